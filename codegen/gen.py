@@ -1,0 +1,148 @@
+"""`make gen` / `make check-gen`: regenerate everything under generated/ from the .ksy.
+
+* the Kaitai Python parser and the graphviz diagram come from the official compiler
+  (codegen/ksc.js, pinned in codegen/package-lock.json), every warning and error shown;
+* the C++ header, the numpy layout module and SPEC.md come from the jinja2 templates
+  in codegen/templates/, fed by codegen/model.py.
+
+usage: python codegen/gen.py [--out DIR] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SPEC = ROOT / "spec" / "smoe.ksy"
+GENERATED = ROOT / "generated"
+
+sys.path.insert(0, str(HERE))
+import model as ksy_model  # noqa: E402
+
+PARSER = "python/smoe_gen/smoe_kaitai.py"
+OPTIONAL = {"docs/smoe.svg"}  # written only where graphviz's `dot` is installed
+
+
+class GenError(Exception):
+    pass
+
+
+def compile_ksy(spec: Path) -> dict[str, dict[str, str]]:
+    """Run the Kaitai compiler; print its problems; raise on errors."""
+    node = shutil.which("node")
+    if node is None:
+        raise GenError("node is not installed; run `make setup`")
+    if not (HERE / "node_modules" / "kaitai-struct-compiler").is_dir():
+        raise GenError("codegen/node_modules is missing; run `make setup` (npm ci)")
+    proc = subprocess.run([node, str(HERE / "ksc.js"), str(spec), "python", "graphviz"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode == 2 or not proc.stdout:
+        raise GenError(f"kaitai-struct-compiler failed to run:\n{proc.stderr}")
+    result = json.loads(proc.stdout)
+    for p in result["problems"]:
+        print(f"ksc {result['version']} {p['severity']}: {p['text']}", file=sys.stderr)
+    if proc.returncode != 0:
+        raise GenError(f"{spec.name}: compilation failed (see errors above)")
+    return result["files"]
+
+
+def render_all(spec: Path) -> dict[str, str]:
+    """Every generated file, as relative path -> text."""
+    files = compile_ksy(spec)
+    m = ksy_model.load(spec)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["oneline"] = lambda s: " ".join(str(s).split())
+    env.filters["pyrepr"] = repr
+    env.filters["cbytes"] = lambda b: ", ".join(f"0x{x:02X}" for x in b)
+    env.filters["pybytes"] = lambda b: "b'" + "".join(f"\\x{x:02x}" for x in b) + "'"
+    ctx = {"m": m, "spec_name": f"spec/{spec.name}", "ksc_version": "0.11.0"}
+    out = {
+        PARSER: files["python"][f"{m.meta['id']}.py"],
+        "python/smoe_gen/__init__.py": env.get_template("init.py.j2").render(ctx),
+        "python/smoe_gen/layout.py": env.get_template("layout.py.j2").render(ctx),
+        "cpp/common.hpp": env.get_template("common.hpp.j2").render(ctx),
+        "docs/SPEC.md": env.get_template("SPEC.md.j2").render(ctx),
+        "docs/smoe.dot": files["graphviz"][f"{m.meta['id']}.dot"],
+    }
+    dot = shutil.which("dot")
+    if dot is not None:
+        svg = subprocess.run([dot, "-Tsvg"], input=out["docs/smoe.dot"], capture_output=True,
+                             text=True, check=True).stdout
+        out["docs/smoe.svg"] = svg
+    return out
+
+
+def write_tree(files: dict[str, str], dest: Path) -> None:
+    for rel, text in files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def drift(files: dict[str, str], committed: Path) -> list[str]:
+    """Relative paths that differ between fresh output and the committed tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp)
+        write_tree(files, fresh)
+        problems = []
+        existing = {p.relative_to(committed).as_posix() for p in committed.rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts}
+        for rel in sorted(set(files) | existing):
+            if rel not in files:
+                if rel in OPTIONAL:
+                    continue
+                problems.append(f"{rel}: not produced by the spec (stale file)")
+            elif rel not in existing:
+                problems.append(f"{rel}: missing (never generated or deleted)")
+            elif not filecmp.cmp(fresh / rel, committed / rel, shallow=False):
+                problems.append(f"{rel}: differs from what {SPEC.name} generates")
+        return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=GENERATED, help="output tree (default generated/)")
+    ap.add_argument("--spec", type=Path, default=SPEC, help="the .ksy (default spec/smoe.ksy)")
+    ap.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = ap.parse_args(argv)
+    try:
+        files = render_all(args.spec)
+    except GenError as e:
+        print(f"gen: {e}", file=sys.stderr)
+        return 1
+    if args.check:
+        if "docs/smoe.svg" not in files:
+            print("check-gen: graphviz `dot` not installed; docs/smoe.svg not compared",
+                  file=sys.stderr)
+        problems = drift(files, args.out)
+        for p in problems:
+            print(f"check-gen: generated/{p}", file=sys.stderr)
+        if problems:
+            print("check-gen: generated files are stale or hand-edited; run `make gen`",
+                  file=sys.stderr)
+            return 1
+        print(f"check-gen: {len(files)} generated files are current")
+        return 0
+    write_tree(files, args.out)
+    print(f"gen: wrote {len(files)} files under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
