@@ -1,0 +1,212 @@
+"""Benchmark of :mod:`smoe.quant` against the reference Sculptor encoders (ruling D2).
+
+The reference encoders live only here: plain absmax for SMOE-Q4 and the 64-candidate grid
+search (``linspace(0.1, 1.0, 64) * absmax``, minimum squared error) for SMOE-Q2. The grid
+rounds every candidate to fp16 before scoring it, which makes it a slightly stronger
+baseline than scoring unrounded scales. The Q4 "bound" is a dense search: every fp16 value
+in ``[0.5, 1.5] * absmax`` is tried for every group and the best kept.
+
+Data: seeded ``[1536, 4096]`` float32 tensors, "realistic" (``normal(0, 0.02)`` with four
+8-10x outliers per row) and "plain" (``normal(0, 0.02)``). The dense bound (and in quick
+mode the quality figures) use fewer rows; figure names say so. Throughput is the best of a
+few runs, one process, weights already in memory.
+
+Run ``python -m bench.quant_bench [--quick]``; :func:`run` returns the figures.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from smoe import quant
+from smoe_gen.layout import GROUP_SIZE
+
+SIGMA = 0.02
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def realistic_weights(rows: int = 1536, cols: int = 4096, seed: int = 0) -> np.ndarray:
+    """``normal(0, 0.02)`` with four outliers of 8-10 sigma (random sign) per row."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0.0, SIGMA, size=(rows, cols)).astype(np.float32)
+    k = 4
+    idx = rng.integers(0, cols, size=(rows, k))
+    mag = rng.uniform(8.0, 10.0, size=(rows, k)) * SIGMA * rng.choice([-1.0, 1.0], (rows, k))
+    np.put_along_axis(w, idx, mag.astype(np.float32), axis=1)
+    return w
+
+
+def plain_weights(rows: int = 1536, cols: int = 4096, seed: int = 1) -> np.ndarray:
+    """``normal(0, 0.02)``."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(0.0, SIGMA, size=(rows, cols)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- references
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return np.minimum(x, 65504.0).astype(np.float16).astype(np.float32)
+
+
+def _codes(g: np.ndarray, s: np.ndarray, bits: int) -> np.ndarray:
+    """Reference nearest-level codes ``clip(rint(w / s * c + c))`` (0 for zero scales)."""
+    c = np.float32(((1 << bits) - 1) / 2)
+    safe = np.where(s > 0, s, np.float32(1))  # a zero scale decodes to 0 whatever the code
+    u = g / safe[:, None] * c + c
+    return np.clip(np.rint(u), 0, (1 << bits) - 1)
+
+
+def _pack(q: np.ndarray, bits: int) -> np.ndarray:
+    q = q.astype(np.uint8).reshape(-1)
+    per = 8 // bits
+    if len(q) % per:
+        q = np.concatenate([q, np.zeros(-len(q) % per, np.uint8)])
+    out = q[0::per].copy()
+    for j in range(1, per):
+        out |= q[j::per] << (bits * j)
+    return out
+
+
+def ref_absmax_q4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reference SMOE-Q4 encoder: scale = fp16(absmax) per group."""
+    g = w.reshape(-1, GROUP_SIZE)
+    s = _f16(np.abs(g).max(axis=1))
+    return _pack(_codes(g, s, 4), 4), s.astype(np.float16)
+
+
+def _sse(g: np.ndarray, s: np.ndarray, bits: int) -> np.ndarray:
+    c = ((1 << bits) - 1) / 2
+    rec = (_codes(g, s, bits) - c) / c * s[:, None]
+    return np.square(rec - g).sum(axis=1)
+
+
+def ref_grid_q2(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reference SMOE-Q2 encoder: best of 64 scales ``linspace(0.1, 1, 64) * absmax``."""
+    g = w.reshape(-1, GROUP_SIZE)
+    a = np.abs(g).max(axis=1)
+    best_e = np.full(len(g), np.inf, np.float32)
+    best_s = np.zeros(len(g), np.float32)
+    for f in np.linspace(0.1, 1.0, 64, dtype=np.float32):
+        s = _f16(a * f)
+        e = _sse(g, s, 2)
+        better = e < best_e
+        best_e = np.where(better, e, best_e)
+        best_s = np.where(better, s, best_s)
+    return _pack(_codes(g, best_s, 2), 2), best_s.astype(np.float16)
+
+
+def dense_bound_q4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4 with every group's best fp16 scale among all fp16 values in [0.5, 1.5] * absmax."""
+    g = w.reshape(-1, GROUP_SIZE)
+    a = np.abs(g).max(axis=1)
+    best_s = _f16(a)
+    best_e = _sse(g, best_s, 4)
+    lo = _f16(a * 0.5).astype(np.float16).view(np.uint16).astype(np.int64)
+    hi = _f16(a * 1.5).astype(np.float16).view(np.uint16).astype(np.int64)
+    for step in range(int((hi - lo).max()) + 1):
+        s = np.minimum(lo + step, hi).astype(np.uint16).view(np.float16).astype(np.float32)
+        e = _sse(g, s, 4)
+        better = e < best_e
+        best_e = np.where(better, e, best_e)
+        best_s = np.where(better, s, best_s)
+    return _pack(_codes(g, best_s, 4), 4), best_s.astype(np.float16)
+
+
+# ---------------------------------------------------------------------------- figures
+
+
+def _timed(fn: Callable[[], object], repeats: int, warmup: bool = True) -> tuple[float, object]:
+    """Best wall time of ``repeats`` calls (after one warm-up call) and the last result."""
+    result = fn() if warmup else None
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def _snr(w: np.ndarray, enc: tuple[np.ndarray, np.ndarray], bits: int) -> float:
+    packed, scales = enc
+    return quant.snr_db(w, quant.decode(packed, scales, bits, w.shape))
+
+
+def _figure(name: str, ours: float, baseline: float, ratio: float, unit: str, goal: str,
+            ok: bool) -> dict:
+    return {"name": name, "ours": round(ours, 4), "baseline": round(baseline, 4),
+            "ratio": round(ratio, 4), "unit": unit, "goal": goal, "pass": bool(ok)}
+
+
+def run(quick: bool = False) -> list[dict]:
+    """Measure all figures and return them as dicts.
+
+    Each figure: ``name``, ``ours``, ``baseline``, ``ratio``, ``unit``, ``goal``, ``pass``.
+    For dB figures ``ratio`` is ``ours - baseline`` (a ratio of error powers, in dB); for
+    throughput it is ``ours / baseline``. Throughput is always measured on the realistic
+    ``[1536, 4096]`` tensor (``quick``: best of two timed runs instead of three).
+    Quality uses the full tensors, or 192 rows when ``quick``; the dense Q4 bound uses the
+    first 128 rows (16 when ``quick``).
+    """
+    rows = 192 if quick else 1536
+    sub = 16 if quick else 128
+    repeats = 2 if quick else 3
+    figs: list[dict] = []
+
+    # throughput: single process, float32 input already in memory, outputs allocated
+    w = realistic_weights()
+    shape = f"{list(w.shape)}".replace(" ", "")
+    mw = w.size / 1e6
+    t_ours, ours4 = _timed(lambda: quant.encode(w, 4), repeats)
+    t_ref, ref4 = _timed(lambda: ref_absmax_q4(w), repeats)
+    figs.append(_figure(f"q4 encode throughput vs absmax, realistic {shape}",
+                        mw / t_ours, mw / t_ref, t_ref / t_ours, "M weights/s",
+                        "ours / absmax >= 1", t_ref >= t_ours))
+    t_ours2, ours2 = _timed(lambda: quant.encode(w, 2), repeats)
+    t_grid, grid2 = _timed(lambda: ref_grid_q2(w), 1, warmup=False)
+    figs.append(_figure(f"q2 encode throughput vs 64-candidate grid, realistic {shape}",
+                        mw / t_ours2, mw / t_grid, t_grid / t_ours2, "M weights/s",
+                        "ours / grid >= 50", t_grid / t_ours2 >= 50))
+
+    for label, make in (("realistic", realistic_weights), ("plain", plain_weights)):
+        if quick or label != "realistic":
+            w = make(rows)
+            ours4, ref4 = quant.encode(w, 4), ref_absmax_q4(w)
+            ours2, grid2 = quant.encode(w, 2), ref_grid_q2(w)
+        shape = f"[{rows},4096]"
+        snr_o, snr_r = _snr(w, ours4, 4), _snr(w, ref4, 4)
+        figs.append(_figure(f"q4 snr vs absmax, {label} {shape}", snr_o, snr_r,
+                            snr_o - snr_r, "dB", "ours - absmax >= +0.3 dB",
+                            snr_o - snr_r >= 0.3))
+        ws = w[:sub]
+        snr_os = _snr(ws, quant.encode(ws, 4), 4)
+        snr_b = _snr(ws, dense_bound_q4(ws), 4)
+        figs.append(_figure(f"q4 snr gap to dense fp16 bound, {label} first {sub} rows",
+                            snr_os, snr_b, snr_b - snr_os, "dB",
+                            "bound - ours <= 0.1 dB", snr_b - snr_os <= 0.1))
+        snr_o2, snr_g = _snr(w, ours2, 2), _snr(w, grid2, 2)
+        figs.append(_figure(f"q2 snr vs 64-candidate grid, {label} {shape}", snr_o2, snr_g,
+                            snr_o2 - snr_g, "dB", "ours - grid >= 0 dB", snr_o2 >= snr_g))
+    return figs
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the figures; exit status 1 if any misses its goal."""
+    argv = sys.argv[1:] if argv is None else argv
+    figs = run(quick="--quick" in argv)
+    width = max(len(f["name"]) for f in figs)
+    for f in figs:
+        mark = "ok  " if f["pass"] else "MISS"
+        print(f"{mark} {f['name']:<{width}}  ours {f['ours']:>9.3f}  base {f['baseline']:>9.3f}"
+              f"  ratio {f['ratio']:>8.3f}  {f['unit']:<12} goal: {f['goal']}")
+    return 0 if all(f["pass"] for f in figs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

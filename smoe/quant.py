@@ -1,0 +1,580 @@
+"""SMOE-Q2/Q4 group quantisation: encode and decode (ruling D2).
+
+A tensor is flattened row-major; every run of ``GROUP_SIZE`` weights (the last run may be
+partial) shares one IEEE binary16 scale, and weight ``i`` is stored as a ``bits``-wide
+code, packed LSB-first. Decoding is fixed by the format::
+
+    w = (code - c) / c * scale,    c = (2**bits - 1) / 2
+
+The encoder chooses the scales. ``scale="absmax"`` stores each group's absolute maximum
+rounded to fp16 (clipped to the largest finite fp16), as the reference Sculptor did for
+Q4. ``scale="optimal"`` (the default) aims at the least squared error per group:
+
+* Q4: codes are computed for two candidate scales, ``0.96`` and ``0.89`` times the fp16
+  absmax. Each code set gives, from two row sums, the exact error at its own scale and an
+  upper bound of the error at any other scale, hence also its least-squares scale. Those
+  scales and the absmax itself, rounded to fp16, are scored and the best kept. On
+  normal-like weights that is ~0.5 dB better than absmax and within ~0.07 dB of a dense
+  search over all fp16 scales. Choosing by bounds, about one group in ten ends up a
+  little (up to ~20%) worse than with absmax; the total error is ~11% lower.
+* Q2: every code assignment a scale can produce splits a group's sorted magnitudes into
+  an inner (``|level| = 1/3``) and an outer (``|level| = 1``) part. All
+  ``GROUP_SIZE + 1`` splits are scored in closed form from prefix sums and the best one's
+  least-squares scale kept: the exact optimum, then rounded to fp16. Never worse than the
+  reference 64-candidate grid search or absmax, beyond that rounding.
+
+Codes are always the nearest level for the *stored* (fp16-rounded) scale. Large tensors
+are processed in chunks of whole groups, so working memory is bounded by the chunk size;
+:func:`encode_into` writes straight into caller buffers such as a memory-mapped blob.
+
+Inputs are ``float32``, ``float16`` (or any real float numpy can cast) arrays, or raw
+bfloat16 bit patterns as ``uint16`` with ``src_dtype="bf16"``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
+
+__all__ = [
+    "CHUNK_WEIGHTS",
+    "FP16_MAX",
+    "bf16_to_f32",
+    "decode",
+    "dequantize",
+    "encode",
+    "encode_into",
+    "level_center",
+    "num_groups",
+    "packed_size",
+    "scales_size",
+    "snr_db",
+]
+
+ScaleMode = Literal["optimal", "absmax"]
+SrcDtype = Literal["f32", "f16", "bf16"]
+
+CHUNK_WEIGHTS = 1 << 18
+"""Default weights per processing chunk (a multiple of ``GROUP_SIZE``)."""
+
+FP16_MAX = float(np.finfo(np.float16).max)
+"""Largest finite binary16 value (65504); larger scales are clipped to it."""
+
+_Q4_FACTORS = (0.96, 0.89)
+"""Q4 ``optimal``: the candidate scales, as multiples of the fp16 absmax scale (tuned on
+normal-like weights against a dense search of fp16 scales; see bench/quant_bench.py)."""
+
+_SRC_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None}
+
+
+# ---------------------------------------------------------------------------- sizes
+
+
+def num_groups(n: int) -> int:
+    """Number of quantisation groups (= scales) of ``n`` weights."""
+    return -(-int(n) // GROUP_SIZE)
+
+
+def packed_size(n: int, bits: int) -> int:
+    """Bytes of packed codes for ``n`` weights: ``ceil(n * bits / 8)``."""
+    _check_bits(bits)
+    return -(-int(n) * bits // 8)
+
+
+def scales_size(n: int) -> int:
+    """Bytes of fp16 scales for ``n`` weights: ``ceil(n / GROUP_SIZE) * 2``."""
+    return num_groups(n) * 2
+
+
+def level_center(bits: int) -> float:
+    """The ``c`` of ``w = (code - c) / c * scale``: ``(2**bits - 1) / 2``."""
+    _check_bits(bits)
+    return ((1 << bits) - 1) / 2
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
+    if (GROUP_SIZE * bits) % 8:
+        raise ValueError(f"a group of {GROUP_SIZE} {bits}-bit codes is not whole bytes")
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Widen raw bfloat16 bit patterns (``uint16``/``int16``) to ``float32`` exactly."""
+    u16 = np.asarray(bits)
+    if u16.dtype.itemsize != 2 or u16.dtype.kind not in "ui":
+        raise TypeError(f"bfloat16 bit patterns must be 16-bit integers, got {u16.dtype}")
+    out = u16.astype(np.uint32)
+    out <<= 16
+    return out.view(np.float32)
+
+
+def _source_kind(weights: np.ndarray, src_dtype: str | None) -> str:
+    """Resolve how to read ``weights``: "bf16" (uint16 bits), "f16bits" or "float"."""
+    dt = weights.dtype
+    if src_dtype is not None and src_dtype not in _SRC_DTYPES:
+        raise ValueError(f"src_dtype must be one of {sorted(_SRC_DTYPES)}, got {src_dtype!r}")
+    if dt.name == "bfloat16":  # ml_dtypes / jax arrays: reinterpret the bits
+        if src_dtype not in (None, "bf16"):
+            raise TypeError(f"bfloat16 array given with src_dtype={src_dtype!r}")
+        return "bf16"
+    if dt.kind in "ui" and dt.itemsize == 2:
+        if src_dtype == "bf16":
+            return "bf16"
+        if src_dtype == "f16":
+            return "f16bits"
+        raise TypeError(f"{dt} input needs src_dtype='bf16' or 'f16' to say what its bits are")
+    if dt.kind != "f":
+        raise TypeError(f"weights must be a float array or 16-bit patterns, got {dt}")
+    if src_dtype is not None and np.dtype(_SRC_DTYPES[src_dtype] or np.uint16) != dt:
+        raise TypeError(f"src_dtype={src_dtype!r} does not match the array dtype {dt}")
+    return "float"
+
+
+def _flat_source(weights: np.ndarray, kind: str) -> np.ndarray:
+    """A 1-D view (no copy for C-contiguous arrays) of the raw input elements."""
+    if kind == "bf16" and weights.dtype.name == "bfloat16":
+        weights = weights.view(np.uint16)
+    elif kind == "f16bits":
+        weights = weights.view(np.float16)
+    return weights.reshape(-1) if weights.flags.c_contiguous else weights
+
+
+def _read_chunk(src: np.ndarray, kind: str, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """Input elements ``[start, stop)`` as float32: a view, or converted into ``out``."""
+    if src.ndim == 1 and kind == "float" and src.dtype == np.float32 and src.flags.aligned:
+        return src[start:stop]  # no copy needed
+    part = src[start:stop] if src.ndim == 1 else src.flat[start:stop]
+    dst = out[: stop - start]
+    if kind == "bf16":
+        u32 = dst.view(np.uint32)
+        np.copyto(u32, part, casting="unsafe")
+        u32 <<= 16
+    else:
+        np.copyto(dst, part, casting="unsafe")
+    return dst
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+_F16_MIN_NORMAL = np.float32(2.0**-14)
+
+
+def _f16_round(s: np.ndarray) -> np.ndarray:
+    """Round scales to the nearest binary16 value (ties to even), clipped to
+    ``[0, FP16_MAX]``, returned as float32. Same result as ``.astype(np.float16)`` but
+    several times faster: rounds the float32 bit pattern to 10 mantissa bits."""
+    x = np.clip(np.asarray(s, np.float32), 0, FP16_MAX)
+    u = x.view(np.uint32)
+    u += np.uint32(0x0FFF) + ((u >> 13) & 1)
+    u &= np.uint32(0xFFFFE000)
+    tiny = x < _F16_MIN_NORMAL  # fp16 subnormals: a fixed step of 2**-24
+    if tiny.any():
+        x[tiny] = np.rint(np.asarray(s, np.float32)[tiny] * np.float32(2.0**24)) * np.float32(
+            2.0**-24)
+    return x
+
+
+def _floor_codes(g: np.ndarray, s: np.ndarray, bits: int, out: np.ndarray) -> np.ndarray:
+    """Nearest-level codes of groups ``g`` (rows) for scales ``s``, minus ``2**(bits-1)``.
+
+    Levels sit at half-integers ``v = code - c`` of ``x = w * c / s``; the nearest one is
+    ``floor(x) + 0.5``, clipped to ``[-c, c]``. A zero scale maps every weight to ``v = 0.5``
+    (decoded value 0).
+    """
+    c = level_center(bits)
+    half = 1 << (bits - 1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s > 0, np.float32(c) / s, np.float32(0)).astype(np.float32)
+    np.multiply(g, inv[:, None], out=out)
+    np.floor(out, out=out)
+    np.clip(out, -half, half - 1, out=out)
+    return out
+
+
+def _absmax(g: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Per-row ``max(|g|)``, via the sign-cleared bit patterns (integer max is faster)."""
+    bits = work.view(np.int32)
+    np.bitwise_and(g.view(np.int32), 0x7FFFFFFF, out=bits)
+    return bits.max(axis=1).view(np.float32)
+
+
+def _scales_candidates(g: np.ndarray, absmax: np.ndarray, bits: int, work: np.ndarray,
+                       aux: np.ndarray) -> np.ndarray:
+    """Per-group fp16 scales for ``optimal`` Q4 (see module docstring).
+
+    With ``s0`` the fp16 absmax scale and ``f0`` the first factor, works on
+    ``t = g * c / (f0 * s0)``, so every candidate is at most one scalar multiply away. For a
+    candidate's levels ``v`` (half-integers) the squared error at the scale ``r * f0 * s0``
+    is, up to the constant ``sum(g^2)`` and the factor ``(f0 * s0 / c)^2``,
+    ``r^2 * sum(v^2) - 2 r * sum(v t)``: exact for the codes' own scale, an upper bound for
+    any other (re-assigning codes can only lower it). Each candidate's codes give three
+    scores: at its own scale, at its least-squares scale, and at the absmax scale ``s0``.
+    """
+    m = len(g)
+    c = level_center(bits)
+    half = 1 << (bits - 1)
+    s0 = _f16_round(absmax)
+    f0 = _Q4_FACTORS[0]
+    base = s0 * np.float32(f0)  # unit of t: one step is base / c
+    with np.errstate(divide="ignore"):
+        inv = np.float32(c) / base
+    inv[base == 0] = 0
+    t = np.multiply(g, inv[:, None], out=aux)
+    peak = float((absmax * inv).max(initial=0))  # max |t|
+    nf = len(_Q4_FACTORS)
+    svt = np.empty((3 * nf, m), np.float32)
+    svv = np.empty((3 * nf, m), np.float32)
+    cands = np.empty((3 * nf, m), np.float32)
+    for i, factor in enumerate(_Q4_FACTORS):
+        rel = np.float32(factor / f0)  # candidate step in units of t's
+        if i == 0:
+            v = np.floor(t, out=work)
+        else:
+            v = np.multiply(t, 1 / rel, out=work)
+            np.floor(v, out=v)
+        if peak / rel >= half - 0.01:  # codes could leave [0, 2 c]
+            np.clip(v, -half, half - 1, out=v)
+        v += 0.5
+        np.einsum("ij,ij->i", v, t, out=svt[i])
+        np.einsum("ij,ij->i", v, v, out=svv[i])
+        cands[i] = s0 * np.float32(factor)
+        cands[nf + i] = svt[i] / svv[i] * base  # least-squares scale for these codes
+        cands[2 * nf + i] = s0
+    svt[nf:2 * nf] = svt[2 * nf:] = svt[:nf]
+    svv[nf:2 * nf] = svv[2 * nf:] = svv[:nf]
+    cands = _f16_round(cands)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = cands / base
+        err = r * (r * svv - 2 * svt)
+    best = np.fmin.reduce(err, axis=0)  # ignores nan (zero scale or overflowed sums)
+    pick = np.where(err == best, cands, np.float32(np.inf)).min(axis=0)  # ties: smallest
+    return np.where(pick <= FP16_MAX, pick, cands[0])
+
+
+def _q2_split_matrix(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Level matrix of the Q2 splits ``k = 0..n`` of ``n`` sorted magnitudes (1 for the
+    inner level ``s/3``, 3 for the outer ``s``, in thirds of ``s``) and ``1 / sqrt(d_k)``,
+    ``d_k = sum(level^2) = k + 9 (n - k)``."""
+    k = np.arange(n + 1)
+    m = np.where(np.arange(n)[:, None] < k[None, :], 1.0, 3.0)
+    return m, 1.0 / np.sqrt(k + 9.0 * (n - k))
+
+
+_TILE = 128
+"""Groups per block when transposing (keeps the strided copy in cache)."""
+
+
+def _scales_q2_optimal(g: np.ndarray, work: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    """Per-group fp16 scales for Q2 ``optimal``: the least-squares optimum.
+
+    Every code assignment a scale can produce splits a group's sorted magnitudes ``a`` in
+    two: split ``k`` puts ``a[:k]`` on the inner level ``s/3`` and the rest on ``s``. In
+    thirds of ``s``, ``b_k = 3 * sum(a) - 2 * sum(a[:k])`` and ``d_k = k + 9 (n - k)``; the
+    split's least-squares scale is ``3 b_k / d_k`` and its error ``sum(a^2) - b_k^2 / d_k``.
+    All ``n + 1`` splits are scored from prefix sums (groups side by side, so each step is
+    one long vector add) and the best is kept: the exact optimum, then rounded to fp16.
+    The split index rides in the low mantissa bits of the score, so one max finds both; it
+    perturbs scores by < 2**-15, which can only swap near-equal splits.
+    """
+    m, n = g.shape
+    kbits = n.bit_length()
+    ks = np.arange(n + 1)
+    r = (1.0 / np.sqrt(ks + 9.0 * (n - ks))).astype(np.float32)
+    mag = aux.view(np.int32)  # |g| as bit patterns: same order as the floats, faster sort
+    np.bitwise_and(g.view(np.int32), 0x7FFFFFFF, out=mag)
+    mag.sort(axis=1)
+    if not np.isfinite(aux[:, -1]).all():
+        raise ValueError("weights contain inf or nan")
+    p = work.reshape(n, m)  # magnitude rank x group
+    for i in range(0, m, _TILE):
+        p[:, i : i + _TILE] = aux[i : i + _TILE].T
+    for k in range(1, n):  # row k - 1 becomes sum(a[:k])
+        np.add(p[k], p[k - 1], out=p[k])
+    b0 = p[-1] * np.float32(3)  # b_0: every weight on the outer level
+    p *= np.float32(-2)
+    p += b0  # row k - 1: b_k
+    score = np.multiply(p, r[1:, None], out=aux.reshape(n, m))  # b_k / sqrt(d_k) >= 0
+    tag = score.view(np.int32)
+    tag &= np.int32(-1 << kbits)
+    tag |= ks[1:, None].astype(np.int32)
+    top = tag.max(axis=0)
+    tag0 = (b0 * r[0]).view(np.int32) & np.int32(-1 << kbits)  # split 0
+    top = np.maximum(top, tag0)
+    k = top & np.int32((1 << kbits) - 1)
+    bk = np.where(k > 0, p[np.maximum(k - 1, 0), np.arange(m)], b0).astype(np.float64)
+    s = 3.0 * bk / (k + 9.0 * (n - k))
+    over = ~(s <= FP16_MAX)
+    if over.any():  # the optimum does not fit in fp16 (or sums overflowed): redo clipped
+        a = np.sort(np.abs(g[over].astype(np.float64)), axis=1)
+        s[over] = _q2_clipped(a)
+    return _f16_round(s)
+
+
+def _q2_clipped(a: np.ndarray) -> np.ndarray:
+    """Q2 optimum with the scale constrained to ``<= FP16_MAX``, for sorted magnitudes
+    ``a`` (float64, rows = groups; only huge groups get here)."""
+    m, r = _q2_split_matrix(a.shape[1])
+    b = a @ (m / 3.0)  # sum(a * level / s)
+    d = 1.0 / (9.0 * r * r)  # sum((level / s)^2)
+    s = np.minimum(b / d, FP16_MAX)
+    gain = 2 * s * b - s * s * d  # error reduction of split k at its clipped scale
+    return s[np.arange(len(a)), gain.argmax(axis=1)]
+
+
+def _encode_groups(g: np.ndarray, bits: int, scale: str, work: np.ndarray,
+                   aux: np.ndarray) -> np.ndarray:
+    """Choose fp16 scales for the groups (rows) of ``g``; leave ``codes - 2**(bits-1)`` in
+    ``work`` and return the scales as float32. ``work``, ``aux``: scratch shaped like ``g``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if scale == "optimal" and 1 << (bits - 1) == 2:  # two magnitude levels: Q2
+            s = _scales_q2_optimal(g, work, aux)
+        else:
+            absmax = _absmax(g, work)
+            if not np.isfinite(absmax).all():
+                raise ValueError("weights contain inf or nan")
+            if scale == "absmax":
+                s = _f16_round(absmax)
+            else:
+                s = _scales_candidates(g, absmax, bits, work, aux)
+        _floor_codes(g, s, bits, work)
+    return s
+
+
+def _pack_into(f: np.ndarray, bits: int, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Pack codes ``f + 2**(bits-1)`` (float, row-major; ``f`` is overwritten) LSB-first
+    into the bytes ``out``. ``scratch``: ``uint8`` buffer of at least ``f.size`` bytes."""
+    per = 8 // bits
+    flat = f.reshape(-1)
+    np.add(flat, 1 << (bits - 1), out=flat)
+    codes = scratch[: flat.size]
+    np.copyto(codes, flat, casting="unsafe")
+    whole = flat.size // per
+    if whole:  # the codes of one byte as one little-endian word: shift each field down
+        word = codes[: whole * per].view(np.dtype(f"<u{per}"))
+        acc = word.copy()
+        for j in range(1, per):
+            acc |= word >> ((8 - bits) * j)
+        np.copyto(out[:whole], acc, casting="unsafe")  # keeps the low byte
+    if whole * per < flat.size:  # partial last byte: unused high fields stay zero
+        tail = codes[whole * per :].astype(np.int64)
+        out[whole] = int((tail << (bits * np.arange(tail.size))).sum())
+
+
+# ---------------------------------------------------------------------------- encode
+
+
+def encode_into(
+    weights: np.ndarray,
+    bits: int,
+    packed_out: np.ndarray,
+    scales_out: np.ndarray,
+    scale: ScaleMode = "optimal",
+    *,
+    src_dtype: SrcDtype | None = None,
+    chunk_weights: int = CHUNK_WEIGHTS,
+) -> None:
+    """Quantise ``weights`` into caller buffers (e.g. slices of a memory-mapped blob).
+
+    ``packed_out``: writable ``uint8`` array of ``packed_size(n, bits)`` bytes.
+    ``scales_out``: writable array of ``num_groups(n)`` fp16 values, or ``uint8`` of
+    ``scales_size(n)`` bytes (stored little-endian; alignment does not matter).
+    See :func:`encode` for the other arguments. Working memory is ``O(chunk_weights)``.
+    """
+    _check_bits(bits)
+    if scale not in ("optimal", "absmax"):
+        raise ValueError(f"scale must be 'optimal' or 'absmax', got {scale!r}")
+    if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
+        raise ValueError(f"chunk_weights must be a positive multiple of {GROUP_SIZE}")
+    weights = np.asarray(weights)
+    kind = _source_kind(weights, src_dtype)
+    n = weights.size
+    packed = _out_view(packed_out, np.uint8, packed_size(n, bits), "packed_out")
+    scales = _out_view(scales_out, np.dtype("<f2"), num_groups(n), "scales_out")
+    src = _flat_source(weights, kind)
+    if n == 0:
+        return
+
+    chunk = min(chunk_weights, num_groups(n) * GROUP_SIZE)
+    buf, work, aux = (np.empty(chunk, np.float32) for _ in range(3))
+    codes = np.empty(chunk, np.uint8)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        flat = _read_chunk(src, kind, start, stop, buf)
+        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
+        g0 = start // GROUP_SIZE
+        b0 = start * bits // 8
+        for lo, hi in ((0, full), (full, stop - start)):
+            if hi == lo:
+                continue
+            g = flat[lo:hi].reshape(-1, min(hi - lo, GROUP_SIZE))
+            f = work[: hi - lo].reshape(g.shape)
+            s = _encode_groups(g, bits, scale, f, aux[: hi - lo].reshape(g.shape))
+            scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)] = s
+            nbytes = -(-(hi - lo) * bits // 8)
+            _pack_into(f, bits, packed[b0 + lo * bits // 8 :][:nbytes], codes)
+
+
+def _out_view(arr: np.ndarray, dtype: np.dtype | type, count: int, name: str) -> np.ndarray:
+    """Validate an output buffer and return it as a flat array of ``count`` ``dtype``."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array")
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be writable and C-contiguous")
+    flat = arr.reshape(-1)
+    dtype = np.dtype(dtype)
+    if flat.dtype == np.uint8 and dtype != np.uint8:
+        if flat.size != count * dtype.itemsize:
+            raise ValueError(f"{name} has {flat.size} bytes, need {count * dtype.itemsize}")
+        return flat.view(dtype)
+    if flat.dtype.kind != np.dtype(dtype).kind or flat.dtype.itemsize != dtype.itemsize:
+        raise TypeError(f"{name} must be {dtype} (or uint8 bytes), got {flat.dtype}")
+    if flat.size != count:
+        raise ValueError(f"{name} has {flat.size} elements, need {count}")
+    return flat
+
+
+def encode(
+    weights: np.ndarray,
+    bits: int,
+    scale: ScaleMode = "optimal",
+    *,
+    src_dtype: SrcDtype | None = None,
+    chunk_weights: int = CHUNK_WEIGHTS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Quantise ``weights`` (any shape, flattened row-major) to SMOE-Q``bits``.
+
+    ``weights``: float32 / float16 (any real float) array, or raw bfloat16 bits as a
+    ``uint16`` array with ``src_dtype="bf16"`` (``"f16"`` reads ``uint16`` as fp16 bits).
+    ``scale``: ``"optimal"`` (least squared error) or ``"absmax"`` (reference).
+    Returns ``(packed, scales)``: ``uint8[packed_size(n, bits)]`` and little-endian
+    ``float16[num_groups(n)]``. Raises ``ValueError`` on inf/nan weights.
+    """
+    n = np.asarray(weights).size
+    packed = np.empty(packed_size(n, bits), np.uint8)
+    scales = np.empty(num_groups(n), np.dtype("<f2"))
+    encode_into(weights, bits, packed, scales, scale, src_dtype=src_dtype,
+                chunk_weights=chunk_weights)
+    return packed, scales
+
+
+# ---------------------------------------------------------------------------- decode
+
+_LUTS: dict[int, np.ndarray] = {}
+
+
+def _level_lut(bits: int) -> np.ndarray:
+    """``lut[byte, j]`` = level ``(code - c) / c`` of field ``j`` of ``byte``."""
+    if bits not in _LUTS:
+        per = 8 // bits
+        c = level_center(bits)
+        byte = np.arange(256)[:, None]
+        codes = (byte >> (bits * np.arange(per))) & ((1 << bits) - 1)
+        _LUTS[bits] = ((codes - c) / c).astype(np.float32)
+    return _LUTS[bits]
+
+
+def decode(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    shape: tuple[int, ...],
+    *,
+    out: np.ndarray | None = None,
+    chunk_weights: int = CHUNK_WEIGHTS,
+) -> np.ndarray:
+    """Dequantise SMOE-Q``bits`` codes to a float32 array of ``shape`` (ruling D2).
+
+    ``packed``: ``uint8`` bytes; ``scales``: fp16 values or their raw ``uint8`` bytes.
+    Both must have exactly the D2 sizes for ``prod(shape)`` weights. ``out`` optionally
+    receives the result (float32, C-contiguous, ``shape``).
+    """
+    _check_bits(bits)
+    if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
+        raise ValueError(f"chunk_weights must be a positive multiple of {GROUP_SIZE}")
+    shape = tuple(int(d) for d in shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    p = np.ascontiguousarray(packed).reshape(-1)
+    if p.dtype != np.uint8 or p.size != packed_size(n, bits):
+        raise ValueError(f"packed must be {packed_size(n, bits)} uint8 bytes for shape {shape}")
+    sc = np.ascontiguousarray(scales).reshape(-1)
+    if sc.dtype == np.uint8:
+        sc = sc.view("<f2") if sc.size % 2 == 0 else sc
+    if sc.dtype.kind != "f" or sc.dtype.itemsize != 2 or sc.size != num_groups(n):
+        raise ValueError(f"scales must be {num_groups(n)} float16 values for shape {shape}")
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}")
+    flat = out.reshape(-1)
+    lut = _level_lut(bits)
+    per = 8 // bits
+    for start in range(0, n, chunk_weights):
+        stop = min(start + chunk_weights, n)
+        levels = lut[p[start // per : -(-stop // per)]].reshape(-1)[: stop - start]
+        g0 = start // GROUP_SIZE
+        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
+        s = sc[g0 : g0 + num_groups(stop - start)].astype(np.float32)
+        np.multiply(levels[:full].reshape(-1, GROUP_SIZE), s[: full // GROUP_SIZE, None],
+                    out=flat[start : start + full].reshape(-1, GROUP_SIZE))
+        if full < stop - start:
+            np.multiply(levels[full:], s[-1], out=flat[start + full : stop])
+    return out
+
+
+dequantize = decode
+"""Alias of :func:`decode`."""
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def snr_db(w: np.ndarray, w_hat: np.ndarray, *, chunk_weights: int = CHUNK_WEIGHTS) -> float:
+    """Signal-to-noise ratio ``10 * log10(var(w) / var(w - w_hat))`` in dB (float64 sums).
+
+    ``inf`` when the error is exactly constant (e.g. zero). Computed in chunks.
+    """
+    a = np.asarray(w).reshape(-1)
+    b = np.asarray(w_hat).reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch: {np.shape(w)} vs {np.shape(w_hat)}")
+    sig = _Moments()
+    err = _Moments()
+    for start in range(0, a.size, chunk_weights):
+        x = a[start : start + chunk_weights].astype(np.float64)
+        sig.add(x)
+        x -= b[start : start + chunk_weights]
+        err.add(x)
+    if err.m2 == 0:
+        return float("inf")
+    if sig.m2 == 0:
+        return float("-inf")
+    return float(10 * np.log10(sig.m2 / err.m2))
+
+
+class _Moments:
+    """Streaming count / mean / sum of squared deviations (Chan et al. merge)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    def add(self, x: np.ndarray) -> None:
+        nb = x.size
+        if nb == 0:
+            return
+        mb = float(x.mean())
+        m2b = float(np.square(x - mb).sum())
+        n = self.n + nb
+        delta = mb - self.mean
+        self.m2 += m2b + delta * delta * self.n * nb / n
+        self.mean += delta * nb / n
+        self.n = n

@@ -1,0 +1,176 @@
+"""The vault's fixed records: model facts in, packed header/table/descriptors/arch bytes out.
+
+Everything is packed through the generated numpy dtypes (``smoe_gen.layout``), so the
+byte layout has exactly one source: the .ksy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from smoe.errors import SmoeError
+from smoe.plan import Plan
+from smoe_gen import layout
+
+U32_MAX = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Header facts about the model (ruling D5), the same for full and partial vaults."""
+
+    num_moe_layers: int
+    max_experts_per_layer: int
+    d_model: int
+    vocab_size: int
+    ffn_dim: int
+
+    def check(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or not 0 <= value <= U32_MAX:
+                raise SmoeError(f"header.{f.name}: {value!r} is not a uint32")
+        if self.d_model < 1:
+            raise SmoeError("header.d_model: must be at least 1, got 0")
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """The v2 arch block's model constants (ruling D6)."""
+
+    rope_theta: float
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    moe_top_k: int
+    moe_ffn_dim: int
+    num_hidden_layers: int
+    rms_norm_eps: float
+    model_type: str
+    norm_topk_prob: bool = False
+    has_qk_norm: bool = False
+    has_dense_layer_0: bool = False
+    dense_ffn_dim: int = 0
+    shared_expert_ffn_dim: int = 0
+    activation: int = int(layout.Activation.SILU)
+
+    @property
+    def flags(self) -> int:
+        return ((layout.FLAG_NORM_TOPK_PROB if self.norm_topk_prob else 0)
+                | (layout.FLAG_HAS_QK_NORM if self.has_qk_norm else 0)
+                | (layout.FLAG_HAS_DENSE_LAYER_0 if self.has_dense_layer_0 else 0))
+
+    def check(self) -> None:
+        """Refuse values the engine refuses (D6), naming the field."""
+        for name in ("num_heads", "num_kv_heads", "head_dim", "moe_top_k", "moe_ffn_dim",
+                     "num_hidden_layers", "dense_ffn_dim", "shared_expert_ffn_dim", "activation"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value <= U32_MAX:
+                raise SmoeError(f"arch.{name}: {value!r} is not a uint32")
+        if self.activation != layout.Activation.SILU:
+            raise SmoeError(f"arch.activation: {self.activation} is not 0 (SiLU), the only "
+                            "activation the kernels implement")
+        if not 1 <= self.moe_top_k <= layout.MAX_MOE_TOP_K:
+            raise SmoeError(f"arch.moe_top_k: {self.moe_top_k} is outside "
+                            f"1..{layout.MAX_MOE_TOP_K}")
+        if not 1 <= self.head_dim <= layout.MAX_HEAD_DIM:
+            raise SmoeError(f"arch.head_dim: {self.head_dim} is outside 1..{layout.MAX_HEAD_DIM}")
+        if self.num_heads < 1:
+            raise SmoeError("arch.num_heads: must be at least 1, got 0")
+        if self.num_kv_heads < 1:
+            raise SmoeError("arch.num_kv_heads: must be at least 1, got 0")
+        if self.num_heads % self.num_kv_heads:
+            raise SmoeError(f"arch.num_heads: {self.num_heads} is not divisible by "
+                            f"num_kv_heads {self.num_kv_heads}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = float(getattr(self, name))
+            if not math.isfinite(value) or not math.isfinite(float(np.float32(value))):
+                raise SmoeError(f"arch.{name}: {value!r} is not a finite float32")
+
+    def model_type_bytes(self) -> bytes:
+        """``model_type`` as UTF-8, cut to 24 bytes without splitting a character (D6)."""
+        raw = self.model_type.encode("utf-8")
+        cut = raw[: layout.MODEL_TYPE_SIZE]
+        while True:
+            try:
+                cut.decode("utf-8")
+                return cut
+            except UnicodeDecodeError:
+                cut = cut[:-1]
+
+    def rms_norm_eps_differs(self) -> bool:
+        """D6 warning: ``rms_norm_eps`` more than 10% away from the kernels' 1e-6."""
+        ref = layout.REFERENCE_RMS_NORM_EPS
+        return abs(self.rms_norm_eps - ref) > layout.RMS_NORM_EPS_TOLERANCE * ref
+
+
+def header_record(plan: Plan, model: ModelInfo) -> np.ndarray:
+    h = np.zeros((), layout.HEADER_DTYPE)
+    h["magic"] = np.frombuffer(layout.MAGIC, np.uint8)
+    h["version"] = plan.version
+    h["num_moe_layers"] = model.num_moe_layers
+    h["max_experts_per_layer"] = model.max_experts_per_layer
+    h["total_experts"] = len(plan.experts)
+    h["table_offset"] = layout.TABLE_OFFSET
+    h["data_offset"] = plan.data_offset
+    h["group_size"] = layout.GROUP_SIZE
+    h["bits"] = plan.bits
+    h["d_model"] = model.d_model
+    h["vocab_size"] = model.vocab_size
+    h["ffn_dim"] = model.ffn_dim
+    h["reserved_ext"] = plan.reserved_ext
+    return h
+
+
+def arch_record(arch: ArchInfo) -> np.ndarray:
+    a = np.zeros((), layout.ARCH_BLOCK_DTYPE)
+    a["magic"] = np.frombuffer(layout.ARCH_MAGIC, np.uint8)
+    a["block_version"] = layout.ARCH_BLOCK_VERSION
+    a["block_size"] = layout.ARCH_BLOCK_SIZE
+    a["flags"] = arch.flags
+    for name in ("rope_theta", "num_heads", "num_kv_heads", "head_dim", "moe_top_k",
+                 "moe_ffn_dim", "dense_ffn_dim", "shared_expert_ffn_dim", "activation",
+                 "num_hidden_layers", "rms_norm_eps"):
+        a[name] = getattr(arch, name)
+    a["model_type"] = arch.model_type_bytes()
+    return a
+
+
+def table_records(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The expert table and the descriptors, as structured arrays in table order."""
+    n = len(plan.experts)
+    table = np.zeros(n, layout.EXPERT_ENTRY_DTYPE)
+    descs = np.zeros(n * layout.TENSORS_PER_EXPERT, layout.TENSOR_DESCRIPTOR_DTYPE)
+    if n == 0:
+        return table, descs
+    table["layer_id"] = [e.layer_id for e in plan.experts]
+    table["expert_id"] = [e.expert_id for e in plan.experts]
+    table["byte_offset"] = [e.byte_offset for e in plan.experts]
+    table["raw_size"] = [e.raw_size for e in plan.experts]
+    table["padded_size"] = [e.padded_size for e in plan.experts]
+    table["group_size"] = layout.GROUP_SIZE
+    table["num_groups"] = [e.num_groups for e in plan.experts]
+    slots = [t for e in plan.experts for t in e.tensors]
+    descs["tensor_type"] = np.tile(np.arange(layout.TENSORS_PER_EXPERT), n)
+    descs["ndim"] = layout.TENSOR_NDIM
+    for name in ("rows", "cols", "packed_offset", "packed_size", "scales_offset", "scales_size"):
+        descs[name] = [getattr(t, name) for t in slots]
+    return table, descs
+
+
+def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes:
+    """Everything before ``data_offset``: header, table, descriptors, arch block, zero gap."""
+    out = bytearray(plan.data_offset)
+    out[: layout.HEADER_SIZE] = header_record(plan, model).tobytes()
+    table, descs = table_records(plan)
+    out[layout.TABLE_OFFSET : plan.descriptors_offset] = table.tobytes()
+    out[plan.descriptors_offset : plan.descriptors_end] = descs.tobytes()
+    if plan.version >= layout.VERSION_WITH_ARCH:
+        if arch is None:
+            raise SmoeError(f"a v{plan.version} vault needs an arch block")
+        out[plan.reserved_ext : plan.reserved_ext + layout.ARCH_BLOCK_SIZE] = (
+            arch_record(arch).tobytes())
+    return bytes(out)

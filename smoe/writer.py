@@ -1,0 +1,284 @@
+"""VaultWriter: declare experts, plan the layout, stream blobs, commit atomically.
+
+The writer is an explicit state machine::
+
+    DECLARING --begin()--> STREAMING --commit()--> COMMITTED
+        |                      |
+        +-------abort()--------+-----------------> ABORTED
+
+* ``add_expert`` (DECLARING) records an expert's three shapes; order does not matter,
+  the table is sorted by (layer, expert), so any order gives the same bytes.
+* ``begin`` plans every offset (``smoe.plan``) and creates a temporary file of the
+  final size in the target directory.
+* ``write_expert`` / ``write_encoded`` (STREAMING) put one blob at its planned offset.
+* ``commit`` writes header, table, descriptors and arch block, fsyncs, renames onto the
+  final name and fsyncs the directory. Until then nothing exists under the final name;
+  ``abort`` (also on any exception inside ``with``) removes the temporary file.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from smoe import quant
+from smoe.atomic import AtomicFile
+from smoe.errors import SmoeError, WriterStateError
+from smoe.plan import TENSOR_NAMES, Plan, Shape, make_plan
+from smoe.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
+from smoe_gen import layout
+
+
+class State(enum.Enum):
+    DECLARING = "declaring"
+    STREAMING = "streaming"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+def expert_name(layer: int, expert: int) -> str:
+    return f"layer {layer} expert {expert}"
+
+
+class VaultWriter:
+    """Writes one vault; see the module docstring for the protocol."""
+
+    def __init__(self, path: str | os.PathLike, model: ModelInfo, *, bits: int = layout.BITS_Q4,
+                 version: int = layout.VERSION_MAX, arch: ArchInfo | None = None,
+                 scale: str = "optimal", partial: str | os.PathLike | None = None) -> None:
+        """``partial``: a fixed temporary path (for resumable writes); default a fresh one."""
+        if bits not in layout.SUPPORTED_BITS:
+            raise SmoeError(f"bits: {bits} is not one of {list(layout.SUPPORTED_BITS)}")
+        if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
+            raise SmoeError(f"version: {version} is outside "
+                            f"{layout.VERSION_MIN}..{layout.VERSION_MAX}")
+        model.check()
+        if version >= layout.VERSION_WITH_ARCH:
+            if arch is None:
+                raise SmoeError(f"version {version} needs an arch block (arch=ArchInfo(...))")
+            arch.check()
+        self.path = Path(path)
+        self.model = model
+        self.bits = bits
+        self.version = version
+        self.arch = arch if version >= layout.VERSION_WITH_ARCH else None
+        self.scale = scale
+        self.state = State.DECLARING
+        self._shapes: dict[tuple[int, int], tuple[Shape, Shape, Shape]] = {}
+        self._layer_shapes: dict[int, tuple[Shape, Shape, Shape]] = {}
+        self._plan: Plan | None = None
+        self._index: dict[tuple[int, int], int] = {}
+        self._written: set[tuple[int, int]] = set()
+        self._out: AtomicFile | None = None
+        self._partial = Path(partial) if partial is not None else None
+
+    # ---- state handling ---------------------------------------------------------------
+    def _require(self, *states: State, action: str) -> None:
+        if self.state not in states:
+            allowed = " or ".join(s.value for s in states)
+            raise WriterStateError(f"{action}: the writer is {self.state.value}, "
+                                   f"it must be {allowed}")
+
+    def __enter__(self) -> VaultWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.state not in (State.COMMITTED, State.ABORTED):
+            self.abort()
+
+    # ---- DECLARING ------------------------------------------------------------------------
+    def add_expert(self, layer: int, expert: int,
+                   shapes: Sequence[Sequence[int]]) -> None:
+        """Declare an expert with its gate, up and down shapes."""
+        self._require(State.DECLARING, action="add_expert")
+        name = expert_name(layer, expert)
+        for what, value in (("layer_id", layer), ("expert_id", expert)):
+            if not isinstance(value, (int, np.integer)) or not 0 <= value <= U32_MAX:
+                raise SmoeError(f"{name}: {what} {value!r} is not a uint32")
+        if expert >= self.model.max_experts_per_layer:
+            raise SmoeError(f"{name}: expert_id must be below max_experts_per_layer "
+                            f"{self.model.max_experts_per_layer}")
+        key = (int(layer), int(expert))
+        if key in self._shapes:
+            raise SmoeError(f"{name}: added twice (duplicate (layer_id, expert_id))")
+        norm = self._check_shapes(name, shapes)
+        if layer not in self._layer_shapes and (
+                len(self._layer_shapes) >= self.model.num_moe_layers):
+            raise SmoeError(f"{name}: more MoE layers than num_moe_layers "
+                            f"{self.model.num_moe_layers}")
+        first = self._layer_shapes.setdefault(key[0], norm)
+        if first != norm:
+            raise SmoeError(f"{name}: shapes {list(norm)} differ from the other experts of "
+                            f"layer {layer} {list(first)}")
+        self._shapes[key] = norm
+
+    def _check_shapes(self, name: str, shapes: Sequence[Sequence[int]]
+                      ) -> tuple[Shape, Shape, Shape]:
+        if len(shapes) != layout.TENSORS_PER_EXPERT:
+            raise SmoeError(f"{name}: expected {layout.TENSORS_PER_EXPERT} shapes "
+                            f"(gate, up, down), got {len(shapes)}")
+        norm = []
+        for tname, shape in zip(TENSOR_NAMES, shapes):
+            dims = tuple(int(d) for d in shape)
+            if len(dims) != layout.TENSOR_NDIM or not all(1 <= d <= U32_MAX for d in dims):
+                raise SmoeError(f"{name}: {tname} shape {dims} is not 2-D with positive "
+                                "uint32 dimensions")
+            norm.append(dims)
+        gate, up, down = norm
+        if up != gate:
+            raise SmoeError(f"{name}: up_proj shape {up} differs from gate_proj shape {gate}")
+        if down != (gate[1], gate[0]):
+            raise SmoeError(f"{name}: down_proj shape {down} is not the transpose of "
+                            f"gate_proj shape {gate}")
+        if gate[1] != self.model.d_model:
+            raise SmoeError(f"{name}: gate_proj has {gate[1]} columns, d_model is "
+                            f"{self.model.d_model}")
+        if self.arch is not None and gate[0] != self.arch.moe_ffn_dim:
+            raise SmoeError(f"{name}: gate_proj has {gate[0]} rows, arch.moe_ffn_dim is "
+                            f"{self.arch.moe_ffn_dim}")
+        return norm[0], norm[1], norm[2]
+
+    def begin(self, keep: bool = False) -> Plan:
+        """Plan the layout and create the temporary file; returns the plan.
+
+        ``keep``: reuse the bytes already in the ``partial`` file (resuming); blobs found
+        intact there are declared with :meth:`adopt`.
+        """
+        self._require(State.DECLARING, action="begin")
+        plan = make_plan(self._shapes, self.bits, self.version)
+        self._out = AtomicFile(self.path, tmp=self._partial)
+        try:
+            if not keep:
+                os.ftruncate(self._fd, 0)
+            os.ftruncate(self._fd, plan.file_size)  # holes read as zeros: the padding
+        except BaseException:
+            self.abort()
+            raise
+        self._plan = plan
+        self._index = plan.index()
+        self.state = State.STREAMING
+        return plan
+
+    # ---- STREAMING ----------------------------------------------------------------------
+    @property
+    def _fd(self) -> int:
+        assert self._out is not None and self._out.fd is not None
+        return self._out.fd
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            raise WriterStateError("plan: the layout is planned by begin()")
+        return self._plan
+
+    def _slot(self, layer: int, expert: int):
+        self._require(State.STREAMING, action="write")
+        key = (int(layer), int(expert))
+        if key not in self._index:
+            raise SmoeError(f"{expert_name(layer, expert)}: not declared with add_expert")
+        if key in self._written:
+            raise SmoeError(f"{expert_name(layer, expert)}: written twice")
+        return key, self.plan.experts[self._index[key]]
+
+    def write_expert(self, layer: int, expert: int, weights: Sequence[np.ndarray],
+                     src_dtype: str | None = None) -> None:
+        """Quantise an expert's gate, up and down matrices and write its blob."""
+        key, slot = self._slot(layer, expert)
+        encoded = []
+        for tname, t, w in zip(TENSOR_NAMES, slot.tensors, weights):
+            if tuple(w.shape) != (t.rows, t.cols):
+                raise SmoeError(f"{expert_name(layer, expert)}: {tname} has shape "
+                                f"{tuple(w.shape)}, declared {(t.rows, t.cols)}")
+            encoded.append(quant.encode(w, self.bits, scale=self.scale, src_dtype=src_dtype))
+        self._put(key, slot, encoded)
+
+    def write_encoded(self, layer: int, expert: int,
+                      encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Write an expert whose tensors are already encoded as (packed, scales)."""
+        key, slot = self._slot(layer, expert)
+        self._put(key, slot, encoded)
+
+    def _put(self, key, slot, encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        name = expert_name(*key)
+        blob = bytearray(slot.raw_size)
+        for tname, t, (packed, scales) in zip(TENSOR_NAMES, slot.tensors, encoded):
+            p = np.ascontiguousarray(packed, np.uint8).tobytes()
+            s = np.ascontiguousarray(scales, "<f2").tobytes()
+            if len(p) != t.packed_size or len(s) != t.scales_size:
+                raise SmoeError(f"{name}: {tname} encodes to {len(p)} packed + {len(s)} scale "
+                                f"bytes, the plan has {t.packed_size} + {t.scales_size}")
+            blob[t.packed_offset : t.packed_offset + len(p)] = p
+            blob[t.scales_offset : t.scales_offset + len(s)] = s
+        written = os.pwrite(self._fd, blob, slot.byte_offset)
+        if written != len(blob):
+            raise SmoeError(f"{self.path}: short write of {name} ({written} of {len(blob)} bytes)")
+        self._written.add(key)
+
+    def adopt(self, layer: int, expert: int) -> None:
+        """Count a blob as written: another process put it at its planned offset."""
+        key, _ = self._slot(layer, expert)
+        self._written.add(key)
+
+    @property
+    def partial_path(self) -> Path:
+        assert self._out is not None
+        return self._out.tmp
+
+    @property
+    def missing(self) -> list[tuple[int, int]]:
+        return [k for k in sorted(self._shapes) if k not in self._written]
+
+    def commit(self) -> Path:
+        """Write the metadata, fsync and rename onto the final name."""
+        self._require(State.STREAMING, action="commit")
+        missing = self.missing
+        if missing:
+            shown = ", ".join(expert_name(*k) for k in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise SmoeError(f"commit: {len(missing)} declared experts were not written: "
+                            f"{shown}{more}")
+        assert self._out is not None
+        try:
+            meta = metadata_bytes(self.plan, self.model, self.arch)
+            if os.pwrite(self._fd, meta, 0) != len(meta):
+                raise SmoeError(f"{self.path}: short write of the metadata")
+            self._out.commit()
+        except BaseException:
+            self.abort()
+            raise
+        self.state = State.COMMITTED
+        return self.path
+
+    def suspend(self) -> None:
+        """Stop without deleting the ``partial`` file, so a later run can resume it."""
+        if self._out is not None and self._out.fd is not None:
+            os.close(self._out.fd)
+            self._out.fd = None
+        self.state = State.ABORTED
+
+    def abort(self) -> None:
+        """Drop the temporary file; nothing is left under the final name."""
+        if self.state is State.COMMITTED:
+            raise WriterStateError("abort: the vault is already committed")
+        if self._out is not None:
+            self._out.abort()
+        self.state = State.ABORTED
+
+
+def write_vault(path: str | os.PathLike, model: ModelInfo,
+                experts: dict[tuple[int, int], Sequence[np.ndarray]], *,
+                bits: int = layout.BITS_Q4, version: int = layout.VERSION_MAX,
+                arch: ArchInfo | None = None, scale: str = "optimal") -> Plan:
+    """Write a whole vault from in-memory float matrices: (layer, expert) -> (gate, up, down)."""
+    with VaultWriter(path, model, bits=bits, version=version, arch=arch, scale=scale) as w:
+        for (layer, expert), mats in experts.items():
+            w.add_expert(layer, expert, [m.shape for m in mats])
+        plan = w.begin()
+        for (layer, expert), mats in experts.items():
+            w.write_expert(layer, expert, mats)
+        w.commit()
+    return plan
