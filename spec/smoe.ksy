@@ -528,7 +528,11 @@ types:
         valid:
           min: 1
           max: _root.max_head_dim
-        doc: Attention head dimension, 1..256.
+        doc: |
+          Attention head dimension, 1..256. Ruling R3 (this spec): for multi-head
+          latent attention (DeepSeek V2/V3, whose config has `qk_nope_head_dim` and
+          `qk_rope_head_dim`) it is the query/key head width
+          `qk_nope_head_dim + qk_rope_head_dim`, whatever `head_dim` config.json holds.
       - id: moe_top_k
         type: u4
         valid:

@@ -130,7 +130,7 @@ struct SmoeArchBlock {
     float rope_theta;                    ///< @16: RoPE base frequency (top-level or inside `rope_parameters` in config.json).
     uint32_t num_heads;                  ///< @20: Attention query heads.
     uint32_t num_kv_heads;               ///< @24: Key/value heads (GQA); at least 1 and divides `num_heads`.
-    uint32_t head_dim;                   ///< @28: Attention head dimension, 1..256.
+    uint32_t head_dim;                   ///< @28: Attention head dimension, 1..256. Ruling R3 (this spec): for multi-head latent attention (DeepSeek V2/V3,...
     uint32_t moe_top_k;                  ///< @32: Routed experts per token, 1..16.
     uint32_t moe_ffn_dim;                ///< @36: Routed expert intermediate size.
     uint32_t dense_ffn_dim;              ///< @40: Intermediate size of the dense layer(s); 0 when there are none.

@@ -165,7 +165,7 @@ FIELD_DOCS: dict[str, dict[str, str]] = {
         "rope_theta": 'RoPE base frequency (top-level or inside `rope_parameters` in config.json).',
         "num_heads": 'Attention query heads.',
         "num_kv_heads": 'Key/value heads (GQA); at least 1 and divides `num_heads`.',
-        "head_dim": 'Attention head dimension, 1..256.',
+        "head_dim": 'Attention head dimension, 1..256. Ruling R3 (this spec): for multi-head latent attention (DeepSeek V2/V3, whose config has `qk_nope_head_dim` and `qk_rope_head_dim`) it is the query/key head width `qk_nope_head_dim + qk_rope_head_dim`, whatever `head_dim` config.json holds.',
         "moe_top_k": 'Routed experts per token, 1..16.',
         "moe_ffn_dim": 'Routed expert intermediate size.',
         "dense_ffn_dim": 'Intermediate size of the dense layer(s); 0 when there are none.',

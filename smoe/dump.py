@@ -1,0 +1,174 @@
+"""`smoe-dump`: everything in a vault, as a rich tree or as JSON.
+
+Works on broken vaults too: it shows what can be located and ends with the verifier's
+findings. Field names are exactly those of the spec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from smoe.findings import Finding
+from smoe.plan import TENSOR_NAMES
+from smoe.verify import Report, arch_record, table_views, verify
+from smoe_gen import layout
+
+FLAG_NAMES = {"norm_topk_prob": layout.FLAG_NORM_TOPK_PROB,
+              "has_qk_norm": layout.FLAG_HAS_QK_NORM,
+              "has_dense_layer_0": layout.FLAG_HAS_DENSE_LAYER_0}
+
+
+def _record(rec: np.void) -> dict:
+    out = {}
+    for name in rec.dtype.names:
+        v = rec[name]
+        if isinstance(v, bytes):
+            out[name] = v.decode("utf-8", "replace")
+        elif getattr(v, "shape", ()) != ():
+            out[name] = bytes(np.asarray(v, np.uint8)).hex()
+        else:
+            out[name] = v.item()
+    return out
+
+
+def _records(arr: np.ndarray) -> list[dict]:
+    """Structured array -> list of dicts, vectorised per field (fast for 36k rows)."""
+    cols = {}
+    for name in arr.dtype.names:
+        col = arr[name]
+        cols[name] = ([bytes(r).hex() for r in col] if col.ndim > 1 else col.tolist())
+    return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
+
+
+def collect(path: Path, data: np.ndarray, deep: bool = False) -> tuple[dict, Report]:
+    """The dump as plain data: keys header, arch, experts, findings (plus file)."""
+    report = verify(data, deep=deep)
+    geo = report.geometry
+    out: dict = {"file": {"path": str(path), "size": len(data)}, "header": None, "arch": None,
+                 "experts": [], "findings": [f.to_dict() for f in report.findings]}
+    if len(data) >= layout.HEADER_SIZE and geo is not None:
+        out["header"] = _record(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+        total = int(out["header"]["total_experts"])
+        width = int(out["header"]["num_moe_layers"]) * int(out["header"]["max_experts_per_layer"])
+        out["file"]["vault_type"] = "full" if total >= width else "partial"
+        if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
+            arch = _record(arch_record(data, geo))
+            arch["flag_names"] = [n for n, bit in FLAG_NAMES.items() if arch["flags"] & bit]
+            out["arch"] = arch
+        if geo.table_readable:
+            table, descs = table_views(data, geo)
+            entries = _records(table)
+            tensors = _records(descs.reshape(-1))
+            k = layout.TENSORS_PER_EXPERT
+            for i, e in enumerate(entries):
+                e["tensors"] = tensors[i * k : (i + 1) * k]
+            out["experts"] = entries
+    elif len(data) >= layout.HEADER_SIZE:
+        out["header"] = _record(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+    return out, report
+
+
+def _severity_style(f: Finding | dict) -> str:
+    sev = f["severity"] if isinstance(f, dict) else f.severity
+    return {"error": "bold red", "warning": "yellow", "info": "cyan"}[sev]
+
+
+def render(dump: dict, console: Console, experts: bool = False, layer: int | None = None) -> None:
+    """The rich tree: summary, header, arch, table by layer, findings."""
+    f = dump["file"]
+    h = dump["header"]
+    root = Tree(f"[bold]{f['path']}[/]  {f['size']:,} bytes")
+    if h is not None:
+        root.label += (f"  v{h['version']}  Q{h['bits']}  group {h['group_size']}  "
+                       f"data_offset {h['data_offset']:#x}  {f.get('vault_type', '?')} vault, "
+                       f"{h['total_experts']} experts")
+        ht = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for col in ("offset", "field", "value"):
+            ht.add_column(col, justify="right" if col == "offset" else "left")
+        for name in layout.HEADER_DTYPE.names:
+            off = layout.HEADER_DTYPE.fields[name][1]
+            v = h[name]
+            shown = v if isinstance(v, str) else f"{v} ({v:#x})"
+            ht.add_row(str(off), name, str(shown))
+        root.add("[bold]header[/] (64 bytes at 0)").add(ht)
+    a = dump["arch"]
+    if a is not None:
+        at = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for col in ("offset", "field", "value"):
+            at.add_column(col, justify="right" if col == "offset" else "left")
+        base = h["reserved_ext"]
+        for name in layout.ARCH_BLOCK_DTYPE.names:
+            off = base + layout.ARCH_BLOCK_DTYPE.fields[name][1]
+            v = a[name]
+            if name == "flags":
+                v = f"{v:#x} = {' | '.join(a['flag_names']) or 'none'}"
+            elif name == "reserved":
+                v = "all zero" if set(v) <= {"0"} else v
+            at.add_row(str(off), name, str(v))
+        root.add(f"[bold]arch block[/] (128 bytes at {base})").add(at)
+    elif h is not None:
+        root.add("[bold]arch block[/]: none (version 1)")
+    if dump["experts"]:
+        _render_table(root, dump, experts, layer)
+    fnode = root.add(f"[bold]findings[/] ({len(dump['findings'])})")
+    for fi in dump["findings"]:
+        line = (f"{fi['severity']}: {fi['code']} at {fi['offset']:#x} ({fi['path']}): "
+                f"{fi['message']}")
+        if fi["expected"] is not None or fi["actual"] is not None:
+            line += f" [expected {fi['expected']}, got {fi['actual']}]"
+        fnode.add(f"[{_severity_style(fi)}]{escape(line)}[/]", highlight=False)
+    console.print(root)
+
+
+def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> None:
+    by_layer: dict[int, list[dict]] = {}
+    for e in dump["experts"]:
+        by_layer.setdefault(e["layer_id"], []).append(e)
+    node = root.add(f"[bold]expert table[/] ({len(dump['experts'])} entries, "
+                    f"{len(by_layer)} layers)")
+    for lay, entries in by_layer.items():
+        if layer is not None and lay != layer:
+            continue
+        ids = [e["expert_id"] for e in entries]
+        shapes = entries[0]["tensors"]
+        dims = " ".join(f"{TENSOR_NAMES[t]} {d['rows']}x{d['cols']}" for t, d in
+                        enumerate(shapes))
+        last = entries[-1]
+        span = f"{entries[0]['byte_offset']:#x}..{last['byte_offset'] + last['padded_size']:#x}"
+        ln = node.add(f"layer {lay}: {len(entries)} experts (ids {_ranges(ids)}), {dims}, "
+                      f"blobs {span}")
+        if not (experts or layer is not None):
+            continue
+        for e in entries:
+            en = ln.add(f"expert {e['expert_id']}: blob at {e['byte_offset']:#x}, "
+                        f"raw {e['raw_size']:,} B, padded {e['padded_size']:,} B, "
+                        f"{e['num_groups']} groups")
+            for t, d in enumerate(e["tensors"]):
+                p0 = e["byte_offset"] + d["packed_offset"]
+                s0 = e["byte_offset"] + d["scales_offset"]
+                en.add(f"{TENSOR_NAMES[t]} [{d['rows']}, {d['cols']}]  packed "
+                       f"+{d['packed_offset']} ({p0:#x}) {d['packed_size']:,} B  scales "
+                       f"+{d['scales_offset']} ({s0:#x}) {d['scales_size']:,} B")
+    if not experts and layer is None:
+        node.add("[dim](--experts to list every expert, --layer L for one layer)[/]")
+
+
+def _ranges(ids: list[int]) -> str:
+    out, start, prev = [], None, None
+    for i in ids:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)

@@ -1,0 +1,606 @@
+"""Every rule of the format, checked over numpy views of the whole file.
+
+Rules come in sections, each a function returning findings; the table and descriptor
+rules are vectorised, so a 12,032-expert table checks in milliseconds. ``deep`` also
+reads every blob (zero padding, finite scales, zero unused code bits): linear in the
+file size. Codes are stable; fixtures/corrupt/EXPECTED.json names the code each
+corrupt fixture must raise, and the C++ harness uses the same codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from smoe.findings import Finding
+from smoe_gen import layout
+
+MAX_PER_CODE = 20  # findings of one code listed one by one; the rest are summarised
+
+H = layout.HEADER_DTYPE.fields
+E = layout.EXPERT_ENTRY_DTYPE.fields
+D = layout.TENSOR_DESCRIPTOR_DTYPE.fields
+A = layout.ARCH_BLOCK_DTYPE.fields
+TENSORS = tuple(t.name.lower() for t in layout.TensorType)
+
+
+def hoff(name: str) -> int:
+    return H[name][1]
+
+
+def round_up(v: np.ndarray | int, align: int):
+    return (v + (align - 1)) // align * align
+
+
+@dataclass
+class Geometry:
+    """Where the regions lie, from the header (only meaningful once the header passed)."""
+
+    size: int
+    version: int
+    total: int
+    bits: int
+    data_offset: int
+    descriptors_offset: int
+    descriptors_end: int
+    reserved_ext: int
+    table_readable: bool
+    arch_readable: bool
+
+
+@dataclass
+class Report:
+    """The verdict on one file."""
+
+    size: int
+    findings: list[Finding] = field(default_factory=list)
+    geometry: Geometry | None = None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def add(self, *items: Finding) -> None:
+        self.findings.extend(items)
+
+
+class Collector:
+    """Builds findings from vectorised masks, capping how many of one code are listed."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    def one(self, severity: str, code: str, offset: int, path: str, message: str,
+            expected=None, actual=None) -> None:
+        self.report.add(Finding(severity, code, int(offset), path, message,
+                                _py(expected), _py(actual)))
+
+    def many(self, severity: str, code: str, where: np.ndarray, offsets: np.ndarray,
+             paths, message, expected=None, actual=None) -> None:
+        """``where``: indices of bad items; the other arguments map an index to its parts."""
+        idx = np.flatnonzero(where) if where.dtype == bool else where
+        if not len(idx):
+            return
+        if callable(expected):
+            expected = expected()
+        for i in idx[:MAX_PER_CODE]:
+            i = int(i)
+            self.one(severity, code, int(offsets[i]), paths(i),
+                     message(i) if callable(message) else message,
+                     expected[i] if isinstance(expected, np.ndarray) else expected,
+                     actual[i] if isinstance(actual, np.ndarray) else actual)
+        if len(idx) > MAX_PER_CODE:
+            first = int(idx[MAX_PER_CODE])
+            self.one(severity, code, int(offsets[first]), paths(first),
+                     f"and {len(idx) - MAX_PER_CODE} more like the above")
+
+
+def _py(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+# ---------------------------------------------------------------------------- header
+def check_header(data: np.ndarray, report: Report) -> Geometry | None:
+    """Header rules; returns the geometry, or None when nothing else can be located."""
+    c = Collector(report)
+    size = len(data)
+    h = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
+    magic = bytes(h["magic"])
+    if magic != layout.MAGIC:
+        c.one("error", "header.magic", hoff("magic"), "header.magic",
+              "not a .smoe vault (bad magic)", layout.MAGIC.hex(" "), magic.hex(" "))
+        return None
+    version = int(h["version"])
+    if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
+        c.one("error", "header.version", hoff("version"), "header.version",
+              f"unsupported version; readers accept {layout.VERSION_MIN}..{layout.VERSION_MAX}",
+              f"{layout.VERSION_MIN}..{layout.VERSION_MAX}", version)
+        return None
+    if int(h["table_offset"]) != layout.TABLE_OFFSET:
+        c.one("error", "header.table_offset", hoff("table_offset"), "header.table_offset",
+              "the expert table must start right after the header", layout.TABLE_OFFSET,
+              int(h["table_offset"]))
+        return None
+    if int(h["group_size"]) != layout.GROUP_SIZE:
+        c.one("error", "header.group_size", hoff("group_size"), "header.group_size",
+              "group size must be 64", layout.GROUP_SIZE, int(h["group_size"]))
+    bits = int(h["bits"])
+    if bits not in layout.SUPPORTED_BITS:
+        c.one("error", "header.bits", hoff("bits"), "header.bits",
+              "bits must be 2 (SMOE-Q2) or 4 (SMOE-Q4)", "2 or 4", bits)
+    if int(h["d_model"]) < 1:
+        c.one("error", "header.d_model", hoff("d_model"), "header.d_model",
+              "d_model must be at least 1", ">= 1", 0)
+    total = int(h["total_experts"])
+    layers, width = int(h["num_moe_layers"]), int(h["max_experts_per_layer"])
+    if total > layers * width:
+        c.one("error", "header.counts", hoff("total_experts"), "header.total_experts",
+              "more experts than num_moe_layers x max_experts_per_layer", layers * width, total)
+    elif total < layers * width:
+        c.one("info", "header.partial", hoff("total_experts"), "header.total_experts",
+              f"partial: {total} of {layers * width} experts")
+    d_off = layout.TABLE_OFFSET + total * layout.EXPERT_ENTRY_SIZE
+    d_end = d_off + total * layout.TENSORS_PER_EXPERT * layout.TENSOR_DESCRIPTOR_SIZE
+    data_offset = int(h["data_offset"])
+    if data_offset % layout.PAGE_SIZE:
+        c.one("error", "header.data_offset_align", hoff("data_offset"), "header.data_offset",
+              "data_offset must be a multiple of 16384", round_up(data_offset, layout.PAGE_SIZE),
+              data_offset)
+    if data_offset > size:
+        c.one("error", "header.data_offset_bounds", hoff("data_offset"), "header.data_offset",
+              f"data_offset lies beyond the end of the file ({size} bytes)", f"<= {size}",
+              data_offset)
+    if d_end > data_offset:
+        c.one("error", "header.table_bounds", hoff("total_experts"), "header.total_experts",
+              f"the table and descriptors of {total} experts end at {d_end}, past data_offset",
+              f"<= {data_offset}", d_end)
+    ext = int(h["reserved_ext"])
+    arch_readable = False
+    if version < layout.VERSION_WITH_ARCH:
+        if ext:
+            c.one("warning", "header.reserved_ext", hoff("reserved_ext"), "header.reserved_ext",
+                  "non-zero in a v1 vault (ignored)", 0, ext)
+    else:
+        problems = []
+        if ext % layout.ARCH_ALIGN:
+            problems.append("not a multiple of 64")
+        if ext < d_end:
+            problems.append(f"inside the descriptors (which end at {d_end})")
+        if ext + layout.ARCH_BLOCK_SIZE > data_offset:
+            problems.append(f"the 128-byte block crosses data_offset {data_offset}")
+        if problems:
+            c.one("error", "arch.placement", hoff("reserved_ext"), "header.reserved_ext",
+                  "arch block misplaced: " + "; ".join(problems),
+                  f"multiple of 64 in [{d_end}, {data_offset - layout.ARCH_BLOCK_SIZE}]", ext)
+        arch_readable = ext + layout.ARCH_BLOCK_SIZE <= size
+        if not arch_readable:
+            c.one("error", "arch.bounds", hoff("reserved_ext"), "header.reserved_ext",
+                  f"the arch block lies beyond the end of the file ({size} bytes)",
+                  f"<= {size - layout.ARCH_BLOCK_SIZE}", ext)
+    return Geometry(size, version, total, bits, data_offset, d_off, d_end, ext,
+                    table_readable=d_end <= size, arch_readable=arch_readable)
+
+
+# ---------------------------------------------------------------------------- arch block
+def arch_record(data: np.ndarray, geo: Geometry) -> np.void:
+    return data[geo.reserved_ext : geo.reserved_ext + layout.ARCH_BLOCK_SIZE].view(
+        layout.ARCH_BLOCK_DTYPE)[0]
+
+
+def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
+    c = Collector(report)
+    a = arch_record(data, geo)
+    base = geo.reserved_ext
+
+    def bad(code: str, name: str, message: str, expected, actual, severity="error") -> None:
+        c.one(severity, code, base + A[name][1], f"arch.{name}", message, expected, actual)
+
+    if bytes(a["magic"]) != layout.ARCH_MAGIC:
+        bad("arch.magic", "magic", 'the arch block must start with "SARC"',
+            layout.ARCH_MAGIC.hex(" "), bytes(a["magic"]).hex(" "))
+        return
+    if int(a["block_version"]) != layout.ARCH_BLOCK_VERSION:
+        bad("arch.block_version", "block_version", "unknown arch block version",
+            layout.ARCH_BLOCK_VERSION, int(a["block_version"]))
+    if int(a["block_size"]) != layout.ARCH_BLOCK_SIZE:
+        bad("arch.block_size", "block_size", "arch block size must be 128",
+            layout.ARCH_BLOCK_SIZE, int(a["block_size"]))
+    flags = int(a["flags"])
+    if flags & ~layout.FLAGS_KNOWN_MASK:
+        bad("arch.flags", "flags", "unknown flag bits 3..31 set", flags & layout.FLAGS_KNOWN_MASK,
+            flags)
+    heads, kv = int(a["num_heads"]), int(a["num_kv_heads"])
+    if heads < 1:
+        bad("arch.num_heads", "num_heads", "num_heads must be at least 1", ">= 1", heads)
+    if kv < 1:
+        bad("arch.num_kv_heads", "num_kv_heads", "num_kv_heads must be at least 1", ">= 1", kv)
+    elif heads % kv:
+        bad("arch.num_kv_heads", "num_kv_heads",
+            f"num_heads {heads} is not divisible by num_kv_heads {kv}", "a divisor of "
+            f"{heads}", kv)
+    hd = int(a["head_dim"])
+    if not 1 <= hd <= layout.MAX_HEAD_DIM:
+        bad("arch.head_dim", "head_dim", "head_dim must be in 1..256",
+            f"1..{layout.MAX_HEAD_DIM}", hd)
+    k = int(a["moe_top_k"])
+    if not 1 <= k <= layout.MAX_MOE_TOP_K:
+        bad("arch.moe_top_k", "moe_top_k", "moe_top_k must be in 1..16",
+            f"1..{layout.MAX_MOE_TOP_K}", k)
+    act = int(a["activation"])
+    if act != layout.Activation.SILU:
+        bad("arch.activation", "activation", "only activation 0 (SiLU) is implemented", 0, act)
+    res = np.asarray(a["reserved"])
+    if res.any():
+        first = int(np.flatnonzero(res)[0])
+        c.one("error", "arch.reserved", base + A["reserved"][1] + first, "arch.reserved",
+              "reserved bytes must be zero", 0, int(res[first]))
+    raw = bytes(data[base + A["model_type"][1] : base + A["model_type"][1]
+                     + layout.MODEL_TYPE_SIZE])
+    name, _, rest = raw.partition(b"\0")
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        bad("arch.model_type", "model_type", "model_type is not valid UTF-8", "UTF-8", raw.hex())
+    if rest.strip(b"\0"):
+        bad("arch.model_type", "model_type", "model_type is not NUL-padded (bytes after the "
+            "first NUL must be zero, ruling R2)", "NUL padding", raw.hex())
+    eps = float(a["rms_norm_eps"])
+    ref = layout.REFERENCE_RMS_NORM_EPS
+    if not abs(eps - ref) <= layout.RMS_NORM_EPS_TOLERANCE * ref:
+        bad("arch.rms_norm_eps", "rms_norm_eps", "differs from the kernels' 1e-6 by more than "
+            "10%", ref, eps, severity="warning")
+    for name in ("rope_theta", "rms_norm_eps"):
+        if not np.isfinite(a[name]):
+            bad(f"arch.{name}", name, f"{name} is not finite", "finite", float(a[name]))
+
+
+# ---------------------------------------------------------------------------- table
+def table_views(data: np.ndarray, geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """The expert table and descriptors [n, 3] as structured views (no copies)."""
+    n = geo.total
+    table = data[layout.TABLE_OFFSET : geo.descriptors_offset].view(layout.EXPERT_ENTRY_DTYPE)
+    descs = data[geo.descriptors_offset : geo.descriptors_end].view(
+        layout.TENSOR_DESCRIPTOR_DTYPE).reshape(n, layout.TENSORS_PER_EXPERT)
+    return table, descs
+
+
+class _EntryOffsets:
+    """Absolute offset of field ``name`` of every entry, computed only when indexed."""
+
+    def __init__(self, name: str, lo: int = 0) -> None:
+        self.base = layout.TABLE_OFFSET + E[name][1] + lo * layout.EXPERT_ENTRY_SIZE
+
+    def __getitem__(self, i: int) -> int:
+        return self.base + int(i) * layout.EXPERT_ENTRY_SIZE
+
+
+def entry_offsets(name: str, n: int, lo: int = 0) -> _EntryOffsets:
+    return _EntryOffsets(name, lo)
+
+
+def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void) -> np.ndarray:
+    """Table rules; returns the mask of entries whose blob lies inside the file."""
+    c = Collector(report)
+    table, _ = table_views(data, geo)
+    n = len(table)
+    layer = table["layer_id"].astype(np.uint64)
+    expert = table["expert_id"].astype(np.uint64)
+    off = table["byte_offset"]
+    raw = table["raw_size"]
+    pad = table["padded_size"]
+    size = np.uint64(geo.size)
+    path = lambda name: lambda i: f"experts[{i}].{name}"  # noqa: E731
+    if n > 1:
+        keys = (layer << np.uint64(32)) | expert
+        prev, cur = keys[:-1], keys[1:]
+        dup = np.flatnonzero(cur == prev) + 1
+        order = np.flatnonzero(cur < prev) + 1
+        eo = entry_offsets("expert_id", n)
+        c.many("error", "table.duplicate", dup, eo, path("expert_id"),
+               lambda i: f"(layer {layer[i]}, expert {expert[i]}) appears twice")
+        c.many("error", "table.order", order, eo, path("expert_id"),
+               lambda i: f"(layer {layer[i]}, expert {expert[i]}) follows (layer {layer[i - 1]}, "
+                         f"expert {expert[i - 1]}): the table must be sorted")
+    width = int(header["max_experts_per_layer"])
+    c.many("error", "entry.expert_id", expert >= np.uint64(width), entry_offsets("expert_id", n),
+           path("expert_id"), f"expert_id must be below max_experts_per_layer {width}",
+           f"< {width}", table["expert_id"])
+    if n and not (layer[1:] < layer[:-1]).any():  # sorted: count the changes
+        n_layers = 1 + int(np.count_nonzero(layer[1:] != layer[:-1]))
+    else:
+        n_layers = len(np.unique(layer))
+    if n_layers > int(header["num_moe_layers"]):
+        c.one("error", "table.layers", hoff("num_moe_layers"), "header.num_moe_layers",
+              f"the table holds {n_layers} layers, more than num_moe_layers", n_layers,
+              int(header["num_moe_layers"]))
+    c.many("error", "entry.align", off % np.uint64(layout.PAGE_SIZE) != 0,
+           entry_offsets("byte_offset", n), path("byte_offset"),
+           "blob offset must be a multiple of 16384", lambda: round_up(off, layout.PAGE_SIZE),
+           off)
+    c.many("error", "entry.data_offset", off < np.uint64(geo.data_offset),
+           entry_offsets("byte_offset", n), path("byte_offset"),
+           f"blob starts before data_offset {geo.data_offset}", f">= {geo.data_offset}", off)
+    c.many("error", "entry.raw_size", raw == 0, entry_offsets("raw_size", n), path("raw_size"),
+           "raw_size must be at least 1", ">= 1", raw)
+    start_ok = off < size  # raw_size >= 1, so a blob must start inside the file
+    room = np.where(start_ok, size - np.minimum(off, size), 0)
+    raw_out = ~start_ok | (raw > room)
+    c.many("error", "entry.blob_bounds", ~start_ok, entry_offsets("byte_offset", n),
+           path("byte_offset"), f"blob starts at or beyond the end of the file ({geo.size} bytes)",
+           f"< {geo.size}", off)
+    c.many("error", "entry.blob_bounds", start_ok & raw_out, entry_offsets("raw_size", n),
+           path("raw_size"), lambda i: f"blob data runs past the end of the file "
+           f"({geo.size} bytes)", room, raw)
+    sane = ~raw_out
+    page = np.uint64(layout.PAGE_SIZE)
+    want_pad = (np.minimum(raw, size) + (page - np.uint64(1))) & ~(page - np.uint64(1))
+    c.many("error", "entry.padded_size", sane & (pad != want_pad), entry_offsets("padded_size", n),
+           path("padded_size"), "padded_size must be raw_size rounded up to 16384", want_pad, pad)
+    pad_out = sane & (pad > room)
+    c.many("error", "entry.blob_bounds", pad_out, entry_offsets("padded_size", n),
+           path("padded_size"), f"blob padding runs past the end of the file ({geo.size} bytes)",
+           room, pad)
+    c.many("error", "entry.group_size", table["group_size"] != int(header["group_size"]),
+           entry_offsets("group_size", n), path("group_size"),
+           "group_size must equal header.group_size", int(header["group_size"]),
+           table["group_size"])
+    words = data[layout.TABLE_OFFSET : geo.descriptors_offset].view("<u4").reshape(
+        n, layout.EXPERT_ENTRY_SIZE // 4)
+    c.many("error", "entry.reserved", words[:, E["reserved"][1] // 4] != 0,
+           entry_offsets("reserved", n), path("reserved"), "reserved bytes must be zero")
+    inside = sane & ~pad_out
+    # Overlap and gaps between blobs, in file order (D4: readers need no particular order).
+    idx = np.flatnonzero(inside)
+    if len(idx):
+        o = off[idx]
+        order = idx if not (o[1:] < o[:-1]).any() else idx[np.argsort(o, kind="stable")]
+        starts, ends = off[order], off[order] + pad[order]
+        overl = np.flatnonzero(starts[1:] < ends[:-1]) + 1
+        c.many("error", "table.overlap", order[overl], entry_offsets("byte_offset", n),
+               path("byte_offset"), lambda i: f"blob overlaps another blob (starts at {off[i]})")
+        gaps = np.flatnonzero(starts[1:] > ends[:-1]) + 1
+        c.many("warning", "table.gap", order[gaps], entry_offsets("byte_offset", n),
+               path("byte_offset"), "unused bytes before this blob (blobs are not back to back)")
+        if starts[0] != geo.data_offset:
+            c.one("warning", "table.gap", entry_offsets("byte_offset", n)[order[0]],
+                  f"experts[{order[0]}].byte_offset", "the first blob does not start at "
+                  "data_offset", geo.data_offset, int(starts[0]))
+    return inside
+
+
+# ---------------------------------------------------------------------------- descriptors
+def desc_offsets(geo: Geometry, name: str, lo: int, n: int) -> np.ndarray:
+    """Absolute offsets of field ``name`` of the descriptors of experts lo .. lo + n."""
+    k = layout.TENSORS_PER_EXPERT
+    idx = np.arange(lo * k, (lo + n) * k, dtype=np.int64)
+    return geo.descriptors_offset + idx * layout.TENSOR_DESCRIPTOR_SIZE + D[name][1]
+
+
+def expected_sizes(rows: np.ndarray, cols: np.ndarray, bits: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed bytes, scale bytes, groups) per descriptor, overflow-free in uint64."""
+    n = rows.astype(np.uint64) * cols.astype(np.uint64)
+    b = np.uint64(bits)
+    packed = (n // np.uint64(8)) * b + ((n % np.uint64(8)) * b + np.uint64(7)) // np.uint64(8)
+    groups = n // np.uint64(layout.GROUP_SIZE) + (n % np.uint64(layout.GROUP_SIZE) != 0)
+    return packed, groups * np.uint64(layout.SCALE_BYTES), groups
+
+
+def check_descriptors(data: np.ndarray, geo: Geometry, report: Report, header: np.void,
+                      arch: np.void | None, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Descriptor rules for experts lo..hi (default all); returns the mask of experts whose
+    slices are all sound."""
+    c = Collector(report)
+    table, descs = table_views(data, geo)
+    table, descs = table[lo:hi], descs[lo:hi]
+    n = len(table)
+    flat = descs.reshape(-1)
+    k = layout.TENSORS_PER_EXPERT
+    ok = np.ones(n * k, bool)
+
+    def path(name: str):
+        return lambda i: f"experts[{lo + i // k}].tensors[{i % k}].{name}"
+
+    slot = np.tile(np.arange(k, dtype=np.uint8), n)
+    bad = flat["tensor_type"] != slot
+    c.many("error", "descriptor.tensor_type", bad, desc_offsets(geo, "tensor_type", lo, n),
+           path("tensor_type"), "descriptors must come in the order gate, up, down", slot,
+           flat["tensor_type"])
+    ok &= ~bad
+    bad = flat["ndim"] != layout.TENSOR_NDIM
+    c.many("error", "descriptor.ndim", bad, desc_offsets(geo, "ndim", lo, n), path("ndim"),
+           "ndim must be 2", layout.TENSOR_NDIM, flat["ndim"])
+    c.many("error", "descriptor.reserved", flat["reserved_0"].any(axis=1),
+           desc_offsets(geo, "reserved_0", lo, n), path("reserved_0"),
+           "reserved bytes must be zero")
+    rows, cols = flat["rows"], flat["cols"]
+    bad = (rows == 0) | (cols == 0)
+    c.many("error", "descriptor.shape", bad, desc_offsets(geo, "rows", lo, n), path("rows"),
+           lambda i: f"empty matrix {rows[i]} x {cols[i]}")
+    ok &= ~bad
+    raw = np.repeat(table["raw_size"], k)
+    if geo.bits in layout.SUPPORTED_BITS:
+        want_p, want_s, groups = expected_sizes(rows, cols, geo.bits)
+        bad = flat["packed_size"] != want_p
+        c.many("error", "descriptor.packed_size", bad, desc_offsets(geo, "packed_size", lo, n),
+               path("packed_size"), "packed_size must be ceil(rows * cols * bits / 8)", want_p,
+               flat["packed_size"])
+        ok &= ~bad
+        bad = flat["scales_size"] != want_s
+        c.many("error", "descriptor.scales_size", bad, desc_offsets(geo, "scales_size", lo, n),
+               path("scales_size"), "scales_size must be ceil(rows * cols / 64) * 2", want_s,
+               flat["scales_size"])
+        ok &= ~bad
+        sums = groups.reshape(n, k).sum(axis=1, dtype=np.uint64)
+        bad = table["num_groups"] != sums
+        c.many("error", "entry.num_groups", bad, entry_offsets("num_groups", n, lo),
+               lambda i: f"experts[{lo + i}].num_groups",
+               "num_groups must be the sum of ceil(rows * cols / 64) over the three tensors",
+               sums, table["num_groups"])
+    for what in ("packed", "scales"):
+        o, s = flat[f"{what}_offset"], flat[f"{what}_size"]
+        out = (o > raw) | (s > raw - np.minimum(o, raw))
+        c.many("error", "descriptor.slice_bounds", out, desc_offsets(geo, f"{what}_offset", lo, n),
+               path(f"{what}_offset"), lambda i, o=o, s=s, what=what: f"{what} slice [{o[i]}, "
+               f"+{s[i]}) lies outside the blob's raw_size {raw[i]}", None, o)
+        ok &= ~out
+    # Slices of one expert must not overlap each other.
+    exp_ok = ok.reshape(n, k).all(axis=1)
+    if exp_ok.any():
+        starts = np.stack([descs["packed_offset"], descs["scales_offset"]], axis=2).reshape(n, -1)
+        sizes = np.stack([descs["packed_size"], descs["scales_size"]], axis=2).reshape(n, -1)
+        order = np.argsort(starts, axis=1, kind="stable")
+        s_sorted = np.take_along_axis(starts, order, axis=1)
+        e_sorted = s_sorted + np.take_along_axis(sizes, order, axis=1)
+        overl = (s_sorted[:, 1:] < e_sorted[:, :-1]).any(axis=1) & exp_ok
+        first_desc = (geo.descriptors_offset
+                      + (lo + np.arange(n)) * k * layout.TENSOR_DESCRIPTOR_SIZE)
+        c.many("error", "descriptor.overlap", overl, first_desc,
+               lambda i: f"experts[{lo + i}].tensors", "two slices of this expert overlap")
+        exp_ok &= ~overl
+    _check_shapes(c, geo, table, descs, header, arch, lo)
+    return exp_ok
+
+
+def _check_shapes(c: Collector, geo: Geometry, table: np.ndarray, descs: np.ndarray,
+                  header: np.void, arch: np.void | None, lo: int) -> None:
+    n = len(table)
+    if n == 0:
+        return
+    rows, cols = descs["rows"], descs["cols"]
+    d_model = int(header["d_model"])
+    shape_ok = ((rows[:, 1] == rows[:, 0]) & (cols[:, 1] == cols[:, 0])
+                & (rows[:, 2] == cols[:, 0]) & (cols[:, 2] == rows[:, 0]))
+    off0 = geo.descriptors_offset + (lo + np.arange(n)) * 3 * layout.TENSOR_DESCRIPTOR_SIZE
+    c.many("error", "descriptor.shape", ~shape_ok, off0 + D["rows"][1],
+           lambda i: f"experts[{lo + i}].tensors",
+           lambda i: f"shapes gate {rows[i, 0]}x{cols[i, 0]}, up {rows[i, 1]}x{cols[i, 1]}, "
+                     f"down {rows[i, 2]}x{cols[i, 2]}: up must equal gate and down its transpose")
+    c.many("error", "descriptor.d_model", shape_ok & (cols[:, 0] != d_model), off0 + D["cols"][1],
+           lambda i: f"experts[{lo + i}].tensors[0].cols", "gate_proj columns must equal d_model",
+           d_model, cols[:, 0])
+    layer = table["layer_id"]
+    first = np.r_[True, layer[1:] != layer[:-1]] if n else np.zeros(0, bool)
+    # Compare each entry with the first entry of its (sorted) layer run.
+    run = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    differ = (rows[:, 0] != rows[run, 0]) | (cols[:, 0] != cols[run, 0])
+    c.many("error", "descriptor.layer_shapes", differ, off0 + D["rows"][1],
+           lambda i: f"experts[{lo + i}].tensors[0].rows",
+           lambda i: f"layer {layer[i]}: shape {rows[i, 0]}x{cols[i, 0]} differs from the "
+                     f"layer's first expert {rows[run[i], 0]}x{cols[run[i], 0]}")
+    if arch is not None and bytes(arch["magic"]) == layout.ARCH_MAGIC:
+        moe = int(arch["moe_ffn_dim"])
+        mism = np.flatnonzero(shape_ok & (rows[:, 0] != moe))
+        if len(mism):
+            i = int(mism[0])
+            c.one("warning", "arch.moe_ffn_dim", geo.reserved_ext + A["moe_ffn_dim"][1],
+                  "arch.moe_ffn_dim", f"disagrees with the descriptors ({len(mism)} experts); "
+                  "shapes win", int(rows[i, 0]), moe)
+
+
+def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
+    """D5: warn on vaults whose ffn_dim looks like the reference Sculptor's d_model mistake."""
+    ffn, d_model = int(header["ffn_dim"]), int(header["d_model"])
+    want = None
+    if arch is not None and bytes(arch["magic"]) == layout.ARCH_MAGIC:
+        want = int(arch["dense_ffn_dim"]) or int(arch["shared_expert_ffn_dim"]) or None
+    if want is not None and ffn != want:
+        c.one("warning", "header.ffn_dim", hoff("ffn_dim"), "header.ffn_dim",
+              "differs from the arch block's dense/shared FFN size (D5)", want, ffn)
+    elif want is None and ffn == d_model:
+        c.one("warning", "header.ffn_dim", hoff("ffn_dim"), "header.ffn_dim",
+              "equals d_model, as the reference Sculptor wrote it; routed-expert shapes come "
+              "from the descriptors (D5)", "dense/shared FFN size", ffn)
+
+
+# ---------------------------------------------------------------------------- blobs (deep)
+def check_blobs(data: np.ndarray, geo: Geometry, report: Report, sound: np.ndarray) -> None:
+    """Zero padding, finite scales, zero unused code bits, zero metadata gap."""
+    c = Collector(report)
+    table, descs = table_views(data, geo)
+    gap_start = (geo.reserved_ext + layout.ARCH_BLOCK_SIZE
+                 if geo.version >= layout.VERSION_WITH_ARCH else geo.descriptors_end)
+    for lo, hi in ((geo.descriptors_end, min(geo.reserved_ext, geo.data_offset))
+                   if geo.version >= layout.VERSION_WITH_ARCH else (0, 0),
+                   (gap_start, min(geo.data_offset, geo.size))):
+        if hi > lo:
+            nz = np.flatnonzero(data[lo:hi])
+            if len(nz):
+                c.one("warning", "header.gap", lo + int(nz[0]), "gap",
+                      "the gap before data_offset is not zero", 0, int(data[lo + int(nz[0])]))
+    per = {2: 4, 4: 2}.get(geo.bits)
+    pad_bad, scale_bad, tail_bad = [], [], []
+    for i in np.flatnonzero(sound):
+        off, raw, pad = (int(table["byte_offset"][i]), int(table["raw_size"][i]),
+                         int(table["padded_size"][i]))
+        nz = np.flatnonzero(data[off + raw : off + pad])
+        if len(nz):
+            pad_bad.append((i, off + raw + int(nz[0])))
+        for t in range(layout.TENSORS_PER_EXPERT):
+            d = descs[i, t]
+            s0 = off + int(d["scales_offset"])
+            sc = data[s0 : s0 + int(d["scales_size"])].view("<f2")
+            fin = np.isfinite(sc)
+            if not fin.all():
+                scale_bad.append((i, t, s0 + 2 * int(np.flatnonzero(~fin)[0])))
+            n = int(d["rows"]) * int(d["cols"])
+            if per and n % per:
+                last = off + int(d["packed_offset"]) + int(d["packed_size"]) - 1
+                if int(data[last]) >> ((n % per) * geo.bits):
+                    tail_bad.append((i, t, last))
+    for i, at in pad_bad[:MAX_PER_CODE]:
+        c.one("error", "blob.padding", at, f"experts[{i}].padding",
+              "blob padding must be zero", 0, int(data[at]))
+    for i, t, at in scale_bad[:MAX_PER_CODE]:
+        c.one("error", "blob.scales", at, f"experts[{i}].tensors[{t}].scales",
+              "scales must be finite float16", "finite", float(data[at : at + 2].view("<f2")[0]))
+    for i, t, at in tail_bad[:MAX_PER_CODE]:
+        c.one("error", "blob.packed_tail", at, f"experts[{i}].tensors[{t}].packed",
+              "unused high bits of the last code byte must be zero", 0, int(data[at]))
+    for what, items in (("blob.padding", pad_bad), ("blob.scales", scale_bad),
+                        ("blob.packed_tail", tail_bad)):
+        if len(items) > MAX_PER_CODE:
+            c.one("error", what, items[MAX_PER_CODE][-1], "blobs",
+                  f"and {len(items) - MAX_PER_CODE} more like the above")
+
+
+# ---------------------------------------------------------------------------- all
+def verify(data: np.ndarray, deep: bool = False) -> Report:
+    """All rules over the whole file (a uint8 array, typically a read-only memmap)."""
+    report = Report(size=len(data))
+    if len(data) < layout.HEADER_SIZE:
+        report.add(Finding("error", "header.size", 0, "header",
+                           f"file of {len(data)} bytes is shorter than the 64-byte header",
+                           layout.HEADER_SIZE, len(data)))
+        return report
+    geo = check_header(data, report)
+    report.geometry = geo
+    if geo is None:
+        return report
+    header = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
+    arch = None
+    if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
+        check_arch(data, geo, report)
+        arch = arch_record(data, geo)
+    check_ffn_dim(Collector(report), header, arch)
+    if not geo.table_readable:
+        return report
+    inside = check_table(data, geo, report, header)
+    sound = check_descriptors(data, geo, report, header, arch) & inside
+    if deep:
+        check_blobs(data, geo, report, sound)
+    report.findings.sort(key=lambda f: (("error", "warning", "info").index(f.severity),
+                                        f.offset))
+    return report
+
+
+def codes(findings: Iterable[Finding]) -> set[str]:
+    return {f.code for f in findings}
