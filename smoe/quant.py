@@ -42,6 +42,7 @@ from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 __all__ = [
     "CHUNK_WEIGHTS",
     "FP16_MAX",
+    "QuantStats",
     "bf16_to_f32",
     "decode",
     "dequantize",
@@ -380,12 +381,16 @@ def encode_into(
     *,
     src_dtype: SrcDtype | None = None,
     chunk_weights: int = CHUNK_WEIGHTS,
+    stats: QuantStats | None = None,
 ) -> None:
     """Quantise ``weights`` into caller buffers (e.g. slices of a memory-mapped blob).
 
     ``packed_out``: writable ``uint8`` array of ``packed_size(n, bits)`` bytes.
     ``scales_out``: writable array of ``num_groups(n)`` fp16 values, or ``uint8`` of
     ``scales_size(n)`` bytes (stored little-endian; alignment does not matter).
+    ``stats``: if given, accumulates the signal and the quantisation error (the decoded
+    value of every code, computed in the same pass), so ``stats.snr_db`` equals
+    ``snr_db(w, decode(...))`` without decoding.
     See :func:`encode` for the other arguments. Working memory is ``O(chunk_weights)``.
     """
     _check_bits(bits)
@@ -418,6 +423,13 @@ def encode_into(
             f = work[: hi - lo].reshape(g.shape)
             s = _encode_groups(g, bits, scale, f, aux[: hi - lo].reshape(g.shape))
             scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)] = s
+            if stats is not None:  # code - c = work + 0.5, so w_hat = (work + 0.5) * s / c
+                err = aux[: hi - lo].reshape(g.shape)
+                np.add(f, np.float32(0.5), out=err)
+                err *= (scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)]
+                        .astype(np.float32) / np.float32(level_center(bits)))[:, None]
+                np.subtract(g, err, out=err)
+                stats.add(g, err)
             nbytes = -(-(hi - lo) * bits // 8)
             _pack_into(f, bits, packed[b0 + lo * bits // 8 :][:nbytes], codes)
 
@@ -557,6 +569,26 @@ def snr_db(w: np.ndarray, w_hat: np.ndarray, *, chunk_weights: int = CHUNK_WEIGH
     if sig.m2 == 0:
         return float("-inf")
     return float(10 * np.log10(sig.m2 / err.m2))
+
+
+class QuantStats:
+    """Signal and error moments of one or more encodes; see ``encode_into(stats=...)``."""
+
+    def __init__(self) -> None:
+        self.signal = _Moments()
+        self.error = _Moments()
+
+    def add(self, w: np.ndarray, err: np.ndarray) -> None:
+        self.signal.add(w.reshape(-1))
+        self.error.add(err.reshape(-1))
+
+    @property
+    def snr_db(self) -> float:
+        if self.error.m2 == 0:
+            return float("inf")
+        if self.signal.m2 == 0:
+            return float("-inf")
+        return float(10 * np.log10(self.signal.m2 / self.error.m2))
 
 
 class _Moments:

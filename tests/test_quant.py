@@ -434,3 +434,17 @@ def test_snr_db():
     want = 10 * np.log10(np.var(w) / np.var(noise))
     assert quant.snr_db(w, w - noise, chunk_weights=64 * 7) == pytest.approx(want, rel=1e-9)
     assert quant.snr_db(np.zeros(5), np.ones(5)) == float("inf")  # constant error
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([(1, 1), (1, 63), (7, 65), (33, 64), (300, 70)]),
+       st.sampled_from(SUPPORTED_BITS), st.sampled_from(MODES), st.integers(0, 2**32 - 1))
+def test_stats_snr_equals_snr_of_decoded(shape, bits, mode, seed) -> None:
+    """encode_into(stats=...) reports exactly the SNR of decoding what it wrote."""
+    w = np.random.default_rng(seed).normal(0, 0.02, shape).astype(np.float32)
+    stats = quant.QuantStats()
+    packed = np.empty(quant.packed_size(w.size, bits), np.uint8)
+    scales = np.empty(quant.num_groups(w.size), "<f2")
+    quant.encode_into(w, bits, packed, scales, mode, stats=stats, chunk_weights=GROUP_SIZE * 4)
+    want = quant.snr_db(w, quant.decode(packed, scales, bits, shape))
+    assert stats.snr_db == pytest.approx(want, rel=1e-6, abs=1e-9)
