@@ -12,9 +12,12 @@ BUILD := build
 VENV_STAMP := $(VENV)/.installed
 NODE_STAMP := codegen/node_modules/.installed
 GEN_HEADER := generated/cpp/common.hpp
-HARNESS_TESTS := $(BUILD)/layout_test
+HARNESS_SRC := $(wildcard harness/*.cpp)
+HARNESS_HDR := $(wildcard harness/*.hpp)
+ASAN_FLAGS := -std=c++20 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined \
+	-fno-omit-frame-pointer -fno-sanitize-recover=all
 
-.PHONY: all setup gen check-gen build lint test demo bench clean
+.PHONY: all setup gen check-gen fixtures build build-asan lint test fuzz demo bench clean
 
 all: test
 
@@ -37,25 +40,58 @@ gen: setup
 check-gen: setup
 	$(PY) codegen/gen.py --check
 
+# ---- golden fixtures (deterministic; tests prove a rerun is byte-identical)
+fixtures: setup
+	$(PY) fixtures/generate.py
+
 # ---- C++ (built on the generated header only)
 $(BUILD)/layout_test: harness/tests/layout_test.cpp $(GEN_HEADER)
 	@mkdir -p $(BUILD)
 	$(CXX) $(CXXFLAGS) -Igenerated/cpp $< -o $@
 
-build: $(HARNESS_TESTS)
+$(BUILD)/smoe-stream: $(HARNESS_SRC) $(HARNESS_HDR) $(GEN_HEADER)
+	@mkdir -p $(BUILD)
+	$(CXX) $(CXXFLAGS) -Igenerated/cpp -Iharness $(HARNESS_SRC) -o $@ -pthread
+
+$(BUILD)/asan/smoe-stream: $(HARNESS_SRC) $(HARNESS_HDR) $(GEN_HEADER)
+	@mkdir -p $(BUILD)/asan
+	$(CXX) $(ASAN_FLAGS) -Igenerated/cpp -Iharness $(HARNESS_SRC) -o $@ -pthread
+
+build: $(BUILD)/layout_test $(if $(HARNESS_SRC),$(BUILD)/smoe-stream)
+
+build-asan: $(if $(HARNESS_SRC),$(BUILD)/asan/smoe-stream)
 
 lint: setup
 	$(PY) -m ruff check .
 
-test: setup check-gen build lint
+test: setup check-gen build build-asan lint
 	$(PY) -m pytest -q
+	$(PY) -m fuzz.campaign --quick
 
-demo: setup
-	$(PY) -m smoe.cli spec
+# ---- robustness campaign (time-boxed, seeded): build/fuzz.json
+fuzz: setup build-asan
+	$(PY) -m fuzz.campaign
+
+# ---- the main job on the bundled tiny checkpoint (transformers-made qwen3_moe)
+DEMO_MODEL := fixtures/checkpoints/qwen3_moe
+DEMO_OUT := build/demo
+demo: setup build
+	@echo "== 1. sculpt $(DEMO_MODEL) -> $(DEMO_OUT)"
+	$(PY) -m smoe.cli sculpt $(DEMO_MODEL) $(DEMO_OUT) --jobs 2
+	@echo "== 2. verify (deep)"
+	$(PY) -m smoe.cli verify --deep $(DEMO_OUT)/qwen3_moe.smoe
+	@echo "== 3. dump"
+	$(PY) -m smoe.cli dump $(DEMO_OUT)/qwen3_moe.smoe
+	@echo "== 4. stream it the way an engine does (C++)"
+	build/smoe-stream check $(DEMO_OUT)/qwen3_moe.smoe
+	$(PY) -c "import numpy as np; np.random.default_rng(0).standard_normal(64).astype('<f4').tofile('$(DEMO_OUT)/x.f32')"
+	build/smoe-stream forward $(DEMO_OUT)/qwen3_moe.smoe 1 3 $(DEMO_OUT)/x.f32 $(DEMO_OUT)/y.f32
+	$(PY) -c "import numpy as np; y = np.fromfile('$(DEMO_OUT)/y.f32', '<f4'); print('expert (layer 1, expert 3) SwiGLU output:', y.shape, 'first values', y[:4])"
+	build/smoe-stream bench $(DEMO_OUT)/qwen3_moe.smoe --pattern random --topk 2 --seconds 1
 
 bench: setup build
 	$(PY) -m bench
 
 clean:
-	rm -rf $(BUILD) .pytest_cache .ruff_cache
+	rm -rf $(BUILD) .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -not -path './.venv/*' -prune -exec rm -rf {} +

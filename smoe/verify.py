@@ -124,6 +124,14 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
               f"unsupported version; readers accept {layout.VERSION_MIN}..{layout.VERSION_MAX}",
               f"{layout.VERSION_MIN}..{layout.VERSION_MAX}", version)
         return None
+    total = int(h["total_experts"])
+    layers, width = int(h["num_moe_layers"]), int(h["max_experts_per_layer"])
+    if total > layers * width:
+        c.one("error", "header.total_experts", hoff("total_experts"), "header.total_experts",
+              "more experts than num_moe_layers x max_experts_per_layer", layers * width, total)
+    elif total < layers * width:
+        c.one("info", "header.partial", hoff("total_experts"), "header.total_experts",
+              f"partial: {total} of {layers * width} experts")
     if int(h["table_offset"]) != layout.TABLE_OFFSET:
         c.one("error", "header.table_offset", hoff("table_offset"), "header.table_offset",
               "the expert table must start right after the header", layout.TABLE_OFFSET,
@@ -139,14 +147,6 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
     if int(h["d_model"]) < 1:
         c.one("error", "header.d_model", hoff("d_model"), "header.d_model",
               "d_model must be at least 1", ">= 1", 0)
-    total = int(h["total_experts"])
-    layers, width = int(h["num_moe_layers"]), int(h["max_experts_per_layer"])
-    if total > layers * width:
-        c.one("error", "header.counts", hoff("total_experts"), "header.total_experts",
-              "more experts than num_moe_layers x max_experts_per_layer", layers * width, total)
-    elif total < layers * width:
-        c.one("info", "header.partial", hoff("total_experts"), "header.total_experts",
-              f"partial: {total} of {layers * width} experts")
     d_off = layout.TABLE_OFFSET + total * layout.EXPERT_ENTRY_SIZE
     d_end = d_off + total * layout.TENSORS_PER_EXPERT * layout.TENSOR_DESCRIPTOR_SIZE
     data_offset = int(h["data_offset"])
@@ -242,24 +242,28 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
         first = int(np.flatnonzero(res)[0])
         c.one("error", "arch.reserved", base + A["reserved"][1] + first, "arch.reserved",
               "reserved bytes must be zero", 0, int(res[first]))
-    raw = bytes(data[base + A["model_type"][1] : base + A["model_type"][1]
-                     + layout.MODEL_TYPE_SIZE])
-    name, _, rest = raw.partition(b"\0")
+    mt = base + A["model_type"][1]
+    raw = bytes(data[mt : mt + layout.MODEL_TYPE_SIZE])
+    name, nul, rest = raw.partition(b"\0")
     try:
         name.decode("utf-8")
-    except UnicodeDecodeError:
-        bad("arch.model_type", "model_type", "model_type is not valid UTF-8", "UTF-8", raw.hex())
+    except UnicodeDecodeError as e:
+        c.one("error", "arch.model_type", mt + e.start, "arch.model_type",
+              "model_type is not valid UTF-8", "UTF-8", raw.hex())
     if rest.strip(b"\0"):
-        bad("arch.model_type", "model_type", "model_type is not NUL-padded (bytes after the "
-            "first NUL must be zero, ruling R2)", "NUL padding", raw.hex())
+        at = len(name) + len(nul) + next(i for i, b in enumerate(rest) if b)
+        c.one("error", "arch.model_type", mt + at, "arch.model_type",
+              "model_type is not NUL-padded (bytes after the first NUL must be zero, ruling "
+              "R2)", 0, raw[at])
     eps = float(a["rms_norm_eps"])
     ref = layout.REFERENCE_RMS_NORM_EPS
     if not abs(eps - ref) <= layout.RMS_NORM_EPS_TOLERANCE * ref:
         bad("arch.rms_norm_eps", "rms_norm_eps", "differs from the kernels' 1e-6 by more than "
             "10%", ref, eps, severity="warning")
-    for name in ("rope_theta", "rms_norm_eps"):
+    for name in ("rope_theta", "rms_norm_eps"):  # not an engine load rule (D6): warn
         if not np.isfinite(a[name]):
-            bad(f"arch.{name}", name, f"{name} is not finite", "finite", float(a[name]))
+            bad(f"arch.{name}", name, f"{name} is not finite", "finite", float(a[name]),
+                severity="warning")
 
 
 # ---------------------------------------------------------------------------- table
@@ -302,13 +306,17 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
         keys = (layer << np.uint64(32)) | expert
         prev, cur = keys[:-1], keys[1:]
         dup = np.flatnonzero(cur == prev) + 1
-        order = np.flatnonzero(cur < prev) + 1
+        back = np.flatnonzero(layer[1:] < layer[:-1]) + 1
+        order = np.setdiff1d(np.flatnonzero(cur < prev) + 1, back)
         eo = entry_offsets("expert_id", n)
         c.many("error", "table.duplicate", dup, eo, path("expert_id"),
                lambda i: f"(layer {layer[i]}, expert {expert[i]}) appears twice")
-        c.many("error", "table.order", order, eo, path("expert_id"),
-               lambda i: f"(layer {layer[i]}, expert {expert[i]}) follows (layer {layer[i - 1]}, "
-                         f"expert {expert[i - 1]}): the table must be sorted")
+        unsorted = lambda i: (f"(layer {layer[i]}, expert {expert[i]}) follows "  # noqa: E731
+                              f"(layer {layer[i - 1]}, expert {expert[i - 1]}): the table "
+                              "must be sorted")
+        c.many("error", "table.order", back, entry_offsets("layer_id", n), path("layer_id"),
+               unsorted)
+        c.many("error", "table.order", order, eo, path("expert_id"), unsorted)
     width = int(header["max_experts_per_layer"])
     c.many("error", "entry.expert_id", expert >= np.uint64(width), entry_offsets("expert_id", n),
            path("expert_id"), f"expert_id must be below max_experts_per_layer {width}",
@@ -321,11 +329,11 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
         c.one("error", "table.layers", hoff("num_moe_layers"), "header.num_moe_layers",
               f"the table holds {n_layers} layers, more than num_moe_layers", n_layers,
               int(header["num_moe_layers"]))
-    c.many("error", "entry.align", off % np.uint64(layout.PAGE_SIZE) != 0,
+    c.many("error", "entry.byte_offset_align", off % np.uint64(layout.PAGE_SIZE) != 0,
            entry_offsets("byte_offset", n), path("byte_offset"),
            "blob offset must be a multiple of 16384", lambda: round_up(off, layout.PAGE_SIZE),
            off)
-    c.many("error", "entry.data_offset", off < np.uint64(geo.data_offset),
+    c.many("error", "entry.byte_offset", off < np.uint64(geo.data_offset),
            entry_offsets("byte_offset", n), path("byte_offset"),
            f"blob starts before data_offset {geo.data_offset}", f">= {geo.data_offset}", off)
     c.many("error", "entry.raw_size", raw == 0, entry_offsets("raw_size", n), path("raw_size"),
@@ -354,8 +362,13 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
            table["group_size"])
     words = data[layout.TABLE_OFFSET : geo.descriptors_offset].view("<u4").reshape(
         n, layout.EXPERT_ENTRY_SIZE // 4)
-    c.many("error", "entry.reserved", words[:, E["reserved"][1] // 4] != 0,
-           entry_offsets("reserved", n), path("reserved"), "reserved bytes must be zero")
+    res_bad = words[:, E["reserved"][1] // 4] != 0
+    if res_bad.any():  # report the first non-zero byte
+        first_nz = table["reserved"].argmax(axis=1)
+        c.many("error", "entry.reserved", res_bad,
+               layout.TABLE_OFFSET + E["reserved"][1]
+               + np.arange(n, dtype=np.int64) * layout.EXPERT_ENTRY_SIZE + first_nz,
+               path("reserved"), "reserved bytes must be zero")
     inside = sane & ~pad_out
     # Overlap and gaps between blobs, in file order (D4: readers need no particular order).
     idx = np.flatnonzero(inside)
@@ -419,14 +432,22 @@ def check_descriptors(data: np.ndarray, geo: Geometry, report: Report, header: n
     c.many("error", "descriptor.ndim", bad, desc_offsets(geo, "ndim", lo, n), path("ndim"),
            "ndim must be 2", layout.TENSOR_NDIM, flat["ndim"])
     c.many("error", "descriptor.reserved", flat["reserved_0"].any(axis=1),
-           desc_offsets(geo, "reserved_0", lo, n), path("reserved_0"),
-           "reserved bytes must be zero")
+           desc_offsets(geo, "reserved_0", lo, n) + flat["reserved_0"].argmax(axis=1),
+           path("reserved_0"), "reserved bytes must be zero")
     rows, cols = flat["rows"], flat["cols"]
+    c.many("error", "descriptor.rows", rows == 0, desc_offsets(geo, "rows", lo, n),
+           path("rows"), "rows must be at least 1", ">= 1", rows)
+    c.many("error", "descriptor.cols", cols == 0, desc_offsets(geo, "cols", lo, n),
+           path("cols"), "cols must be at least 1", ">= 1", cols)
     bad = (rows == 0) | (cols == 0)
-    c.many("error", "descriptor.shape", bad, desc_offsets(geo, "rows", lo, n), path("rows"),
-           lambda i: f"empty matrix {rows[i]} x {cols[i]}")
     ok &= ~bad
     raw = np.repeat(table["raw_size"], k)
+    if geo.bits in layout.SUPPORTED_BITS:  # the codes fit in the blob (division: no overflow)
+        room = raw * np.uint64(8) // np.uint64(geo.bits) // np.maximum(rows, 1).astype(np.uint64)
+        bad = ~bad & (cols > room)
+        c.many("error", "descriptor.cols", bad, desc_offsets(geo, "cols", lo, n), path("cols"),
+               "the matrix's codes do not fit in the blob's raw_size", room, cols)
+        ok &= ~bad
     if geo.bits in layout.SUPPORTED_BITS:
         want_p, want_s, groups = expected_sizes(rows, cols, geo.bits)
         bad = flat["packed_size"] != want_p
@@ -460,11 +481,17 @@ def check_descriptors(data: np.ndarray, geo: Geometry, report: Report, header: n
         order = np.argsort(starts, axis=1, kind="stable")
         s_sorted = np.take_along_axis(starts, order, axis=1)
         e_sorted = s_sorted + np.take_along_axis(sizes, order, axis=1)
-        overl = (s_sorted[:, 1:] < e_sorted[:, :-1]).any(axis=1) & exp_ok
-        first_desc = (geo.descriptors_offset
-                      + (lo + np.arange(n)) * k * layout.TENSOR_DESCRIPTOR_SIZE)
-        c.many("error", "descriptor.overlap", overl, first_desc,
-               lambda i: f"experts[{lo + i}].tensors", "two slices of this expert overlap")
+        hit = s_sorted[:, 1:] < e_sorted[:, :-1]
+        overl = hit.any(axis=1) & exp_ok
+        # Name the slice that starts inside its predecessor: slot j = tensor j // 2, part j % 2.
+        culprit = np.take_along_axis(order, hit.argmax(axis=1)[:, None] + 1, axis=1)[:, 0]
+        parts = ("packed_offset", "scales_offset")
+        where = (geo.descriptors_offset + ((lo + np.arange(n)) * k + culprit // 2)
+                 * layout.TENSOR_DESCRIPTOR_SIZE
+                 + np.where(culprit % 2, D["scales_offset"][1], D["packed_offset"][1]))
+        c.many("error", "descriptor.slice_overlap", overl, where,
+               lambda i: f"experts[{lo + i}].tensors[{culprit[i] // 2}]."
+                         f"{parts[culprit[i] % 2]}", "this slice overlaps another of the expert")
         exp_ok &= ~overl
     _check_shapes(c, geo, table, descs, header, arch, lo)
     return exp_ok
@@ -477,14 +504,17 @@ def _check_shapes(c: Collector, geo: Geometry, table: np.ndarray, descs: np.ndar
         return
     rows, cols = descs["rows"], descs["cols"]
     d_model = int(header["d_model"])
-    shape_ok = ((rows[:, 1] == rows[:, 0]) & (cols[:, 1] == cols[:, 0])
-                & (rows[:, 2] == cols[:, 0]) & (cols[:, 2] == rows[:, 0]))
+    up_ok = (rows[:, 1] == rows[:, 0]) & (cols[:, 1] == cols[:, 0])
+    down_ok = (rows[:, 2] == cols[:, 0]) & (cols[:, 2] == rows[:, 0])
+    shape_ok = up_ok & down_ok
     off0 = geo.descriptors_offset + (lo + np.arange(n)) * 3 * layout.TENSOR_DESCRIPTOR_SIZE
-    c.many("error", "descriptor.shape", ~shape_ok, off0 + D["rows"][1],
-           lambda i: f"experts[{lo + i}].tensors",
+    bad_t = np.where(up_ok, 2, 1)  # the first tensor that does not fit the gate (D3)
+    c.many("error", "descriptor.shape", ~shape_ok,
+           off0 + bad_t * layout.TENSOR_DESCRIPTOR_SIZE + D["rows"][1],
+           lambda i: f"experts[{lo + i}].tensors[{bad_t[i]}].rows",
            lambda i: f"shapes gate {rows[i, 0]}x{cols[i, 0]}, up {rows[i, 1]}x{cols[i, 1]}, "
                      f"down {rows[i, 2]}x{cols[i, 2]}: up must equal gate and down its transpose")
-    c.many("error", "descriptor.d_model", shape_ok & (cols[:, 0] != d_model), off0 + D["cols"][1],
+    c.many("error", "descriptor.shape", shape_ok & (cols[:, 0] != d_model), off0 + D["cols"][1],
            lambda i: f"experts[{lo + i}].tensors[0].cols", "gate_proj columns must equal d_model",
            d_model, cols[:, 0])
     layer = table["layer_id"]
@@ -492,7 +522,7 @@ def _check_shapes(c: Collector, geo: Geometry, table: np.ndarray, descs: np.ndar
     # Compare each entry with the first entry of its (sorted) layer run.
     run = np.maximum.accumulate(np.where(first, np.arange(n), 0))
     differ = (rows[:, 0] != rows[run, 0]) | (cols[:, 0] != cols[run, 0])
-    c.many("error", "descriptor.layer_shapes", differ, off0 + D["rows"][1],
+    c.many("error", "layer.shape", differ, off0 + D["rows"][1],
            lambda i: f"experts[{lo + i}].tensors[0].rows",
            lambda i: f"layer {layer[i]}: shape {rows[i, 0]}x{cols[i, 0]} differs from the "
                      f"layer's first expert {rows[run[i], 0]}x{cols[run[i], 0]}")

@@ -20,11 +20,12 @@ from smoe.verify import verify
 from smoe_gen.smoe_kaitai import Smoe
 
 from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
+from rule_cases import RULE_CASES, apply
 
 SMOE = [sys.executable, "-m", "smoe.cli"]
 # Rules the .ksy cannot express (Kaitai accepts files that break only these).
-NOT_IN_KSY = {"table.overlap", "descriptor.overlap", "descriptor.shape", "descriptor.d_model",
-              "descriptor.layer_shapes", "table.layers", "arch.model_type", "blob.scales",
+NOT_IN_KSY = {"table.overlap", "descriptor.slice_overlap", "descriptor.shape", "layer.shape",
+              "table.layers", "arch.model_type", "blob.scales",
               "blob.packed_tail", "arch.rope_theta", "arch.rms_norm_eps"}
 
 
@@ -109,6 +110,14 @@ def test_corrupt_fixture_raises_recorded_code(name: str) -> None:
         assert info.value.finding.severity == "error"
 
 
+@pytest.mark.parametrize("code,field,offset,base,patches,cut", RULE_CASES,
+                         ids=[f"{r[0]}-{i}" for i, r in enumerate(RULE_CASES)])
+def test_rule_cases_raise_the_same_code_as_the_cpp_checker(code, field, offset, base, patches,
+                                                           cut) -> None:
+    report = verify(np.frombuffer(apply(base, patches, cut), np.uint8), deep=True)
+    assert (code, field, offset) in [(f.code, f.path, f.offset) for f in report.errors]
+
+
 def test_finding_carries_expected_and_actual_in_hex_and_decimal() -> None:
     report = verify(np.fromfile(CORRUPT / "packed_size_mismatch.smoe", np.uint8))
     f = next(f for f in report.errors if f.code == "descriptor.packed_size")
@@ -156,8 +165,8 @@ def test_reader_errors_name_offset_and_field(tmp_path: Path) -> None:
     struct.pack_into("<Q", data, 64 + 48 + 8, 16384 + 7)  # experts[1].byte_offset misaligned
     with pytest.raises(VaultError) as info:
         Vault.from_array(np.frombuffer(bytes(data), np.uint8), "x.smoe")
-    assert str(info.value) == ("x.smoe: entry.align at offset 120 (experts[1].byte_offset): "
-                               "blob offset must be a multiple of 16384")
+    assert str(info.value) == ("x.smoe: entry.byte_offset_align at offset 120 "
+                               "(experts[1].byte_offset): blob offset must be a multiple of 16384")
     with pytest.raises(SmoeError, match="cannot open"):
         Vault.open(tmp_path / "missing.smoe")
 

@@ -1,0 +1,1 @@
+"""`make bench`: every benchmark of the project, against baselines measured in the same run."""

@@ -1,0 +1,80 @@
+"""`make bench`: run every benchmark, print one table, write build/bench.json.
+
+    python -m bench [--quick] [--only quant,sculpt,reader,harness,machine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("machine", "quant", "sculpt", "reader", "harness")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke run")
+    ap.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
+    ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench.json")
+    args = ap.parse_args()
+    work = ROOT / "build" / "bench-data"
+    work.mkdir(parents=True, exist_ok=True)
+    chosen = args.only.split(",") if args.only else list(SECTIONS)
+    console = Console(width=max(Console().width, 150))
+    figures: list[dict] = []
+    for section in chosen:
+        t = time.perf_counter()
+        console.print(f"[bold]bench:[/] {section} ...")
+        if section == "machine":
+            from bench import machine_bench as m
+            figs = m.run(args.quick)
+        elif section == "quant":
+            from bench import quant_bench as m
+            figs = m.run(args.quick)
+        elif section == "sculpt":
+            from bench import sculpt_bench as m
+            figs = m.run(work / "sculpt", args.quick)
+        elif section == "reader":
+            from bench import reader_bench as m
+            figs = m.run(work / "reader", args.quick)
+        elif section == "harness":
+            from bench import harness_bench as m
+            figs = m.run(work / "harness", args.quick)
+        else:
+            raise SystemExit(f"unknown section {section!r}; choose from {', '.join(SECTIONS)}")
+        for f in figs:
+            f["section"] = section
+        figures.extend(figs)
+        console.print(f"      {len(figs)} figures in {time.perf_counter() - t:.1f} s")
+    table = Table(title="smoe benchmarks (baselines measured in the same run)",
+                  title_justify="left")
+    for col in ("section", "figure", "ours", "baseline", "ratio", "unit", "goal", "pass"):
+        table.add_column(col, justify="right" if col in ("ours", "baseline", "ratio") else
+                         "left", overflow="fold")
+    for f in figures:
+        verdict = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "-"}[f["pass"]]
+        table.add_row(f["section"], f["name"], _fmt(f["ours"]), _fmt(f["baseline"]),
+                      _fmt(f["ratio"]), f["unit"], f["goal"], verdict)
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"quick": args.quick, "figures": figures}, indent=1) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

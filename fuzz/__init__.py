@@ -1,0 +1,1 @@
+"""`make fuzz`: the robustness campaign (fuzzing, and kills during writes)."""

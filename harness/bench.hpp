@@ -1,0 +1,25 @@
+// `smoe-stream bench`: expert streaming throughput next to raw sequential bandwidth,
+// and dequant+SwiGLU throughput of the SIMD kernel next to the scalar reference loop.
+#pragma once
+
+#include "vault.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace smoe::harness {
+
+struct BenchOptions {
+    unsigned threads = 1;
+    bool direct = false;          // O_DIRECT (falls back to buffered reads if refused)
+    bool random = true;           // pattern: random (per layer, K experts) or seq
+    unsigned topk = 0;            // 0: arch.moe_top_k, or 8 for a v1 vault
+    double seconds = 2.0;         // streaming phase; each other phase takes a quarter
+    uint64_t seed = 1;
+};
+
+/// Runs the benchmark on an open, checked vault and returns its JSON report.
+/// Throws IoError if reads fail.
+std::string run_bench(const Vault& v, const BenchOptions& o);
+
+}  // namespace smoe::harness

@@ -1,0 +1,335 @@
+// smoe-stream: reads .smoe vaults the way an SSD-streaming MoE engine does.
+//
+//   smoe-stream check VAULT [--json] [--deep]
+//   smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32
+//   smoe-stream dequant VAULT LAYER EXPERT OUT_DIR
+//   smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random] [--topk K]
+//                           [--seconds S] [--seed N]
+//
+// Exit status: 0 valid / done, 1 the vault breaks a rule (one line on stderr naming the
+// rule's code, offset and field), 2 unreadable file or usage error.
+// Hidden, for the test suite: `fuzz SEED COUNT [--timeout S] [--jobs N] [--save DIR] FILE...` and
+// `fp16-table OUT` (all 65536 binary16 values widened to float32).
+
+#include "bench.hpp"
+#include "fp16.hpp"
+#include "fuzz.hpp"
+#include "io.hpp"
+#include "json.hpp"
+#include "quant.hpp"
+#include "vault.hpp"
+
+#include <common.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+using namespace smoe;
+using namespace smoe::harness;
+
+namespace {
+
+constexpr const char* USAGE =
+    "usage: smoe-stream check VAULT [--json] [--deep]\n"
+    "       smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32\n"
+    "       smoe-stream dequant VAULT LAYER EXPERT OUT_DIR\n"
+    "       smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random]\n"
+    "                               [--topk K] [--seconds S] [--seed N]\n";
+
+/// The vault the current command works on, for the one-line error report.
+std::string g_vault;
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+template <class T>
+T parse_uint(const std::string& text, const char* what) {
+    T v{};
+    auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size())
+        throw UsageError(std::string(what) + ": not a valid number: '" + text + "'");
+    return v;
+}
+
+double parse_seconds(const std::string& text) {
+    double v = 0;
+    auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (r.ec != std::errc() || r.ptr != text.data() + text.size() || !(v > 0) || v > 86400)
+        throw UsageError("--seconds: not a duration in (0, 86400]: '" + text + "'");
+    return v;
+}
+
+std::string hex(const uint8_t* p, size_t n) {
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (size_t k = 0; k < n; ++k) {
+        out += digits[p[k] >> 4];
+        out += digits[p[k] & 15];
+    }
+    return out;
+}
+
+// ---- check ------------------------------------------------------------------------------
+
+#define MEMBER(obj, f) member(#f, (obj).f)
+
+std::string check_json(const Vault& v, bool deep) {
+    const SmoeHeader& h = v.header;
+    JsonWriter j;
+    j.begin_object().member("vault", v.name).member("valid", true).member("deep", deep);
+    j.member("size", v.size);
+    j.key("header").begin_object().member("magic", hex(h.magic, sizeof h.magic));
+    j.MEMBER(h, version).MEMBER(h, num_moe_layers).MEMBER(h, max_experts_per_layer);
+    j.MEMBER(h, total_experts).MEMBER(h, table_offset).MEMBER(h, data_offset);
+    j.MEMBER(h, group_size).MEMBER(h, bits).MEMBER(h, d_model).MEMBER(h, vocab_size);
+    j.MEMBER(h, ffn_dim).MEMBER(h, reserved_ext).end_object();
+    j.key("arch");
+    if (v.arch) {
+        const SmoeArchBlock& a = *v.arch;
+        const auto* mt = reinterpret_cast<const char*>(a.model_type);
+        j.begin_object().member("magic", hex(a.magic, sizeof a.magic));
+        j.MEMBER(a, block_version).MEMBER(a, block_size).MEMBER(a, flags);
+        j.member("rope_theta", static_cast<double>(a.rope_theta));
+        j.MEMBER(a, num_heads).MEMBER(a, num_kv_heads).MEMBER(a, head_dim).MEMBER(a, moe_top_k);
+        j.MEMBER(a, moe_ffn_dim).MEMBER(a, dense_ffn_dim).MEMBER(a, shared_expert_ffn_dim);
+        j.MEMBER(a, activation).MEMBER(a, num_hidden_layers);
+        j.member("rms_norm_eps", static_cast<double>(a.rms_norm_eps));
+        j.member("model_type", std::string(mt, strnlen(mt, MODEL_TYPE_SIZE)));
+        j.member("reserved", hex(a.reserved, sizeof a.reserved));
+        j.member("norm_topk_prob", (a.flags & FLAG_NORM_TOPK_PROB) != 0);
+        j.member("has_qk_norm", (a.flags & FLAG_HAS_QK_NORM) != 0);
+        j.member("has_dense_layer_0", (a.flags & FLAG_HAS_DENSE_LAYER_0) != 0);
+        j.end_object();
+    } else {
+        j.null();
+    }
+    const uint64_t model_experts = uint64_t{h.num_moe_layers} * h.max_experts_per_layer;
+    j.member("experts", static_cast<uint64_t>(v.experts.size()));
+    j.member("partial", v.experts.size() < model_experts);
+    std::map<uint32_t, uint64_t> per_layer;
+    for (const Expert& e : v.experts) ++per_layer[e.layer_id];
+    j.key("layers").begin_array();
+    for (auto [layer, count] : per_layer)
+        j.begin_object().member("layer_id", layer).member("experts", count).end_object();
+    j.end_array();
+    j.member("gap_bytes", v.gap_bytes);
+    j.key("warnings").begin_array();
+    for (const auto& w : v.warnings) j.value(w);
+    j.end_array().end_object();
+    return j.str() + "\n";
+}
+
+int cmd_check(const std::vector<std::string>& args) {
+    std::string path;
+    bool json = false, deep = false;
+    for (const auto& a : args) {
+        if (a == "--json") json = true;
+        else if (a == "--deep") deep = true;
+        else if (!a.empty() && a[0] == '-') throw UsageError("check: unknown option " + a);
+        else if (path.empty()) path = a;
+        else throw UsageError("check: one VAULT expected");
+    }
+    if (path.empty()) throw UsageError("check: VAULT missing");
+    g_vault = path;
+    Vault v;
+    try {
+        v.open(path);
+        if (deep) v.deep_check();
+    } catch (const InvalidVault& e) {
+        if (json) {
+            JsonWriter j;
+            j.begin_object().member("vault", path).member("valid", false);
+            j.key("error").begin_object().member("code", e.issue.code);
+            j.member("field", e.issue.field).member("offset", e.issue.offset);
+            j.member("message", e.issue.message).end_object().end_object();
+            std::fputs((j.str() + "\n").c_str(), stdout);
+        }
+        throw;
+    }
+    if (json) {
+        std::fputs(check_json(v, deep).c_str(), stdout);
+    } else {
+        std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", path.c_str(), v.header.bits,
+                    v.header.version, v.experts.size(),
+                    v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer
+                        ? " (partial)" : "");
+        for (const auto& w : v.warnings) std::printf("warning: %s\n", w.c_str());
+    }
+    return 0;
+}
+
+// ---- forward / dequant: one pread of the blob into a page-aligned buffer ----------------
+
+struct LoadedExpert {
+    Vault vault;
+    const Expert* expert = nullptr;
+    AlignedBuffer blob;
+    QTensor tensors[3];
+};
+
+void load_expert(LoadedExpert& le, const std::string& path, const std::string& layer,
+                 const std::string& expert) {
+    const auto l = parse_uint<uint32_t>(layer, "LAYER");
+    const auto e = parse_uint<uint32_t>(expert, "EXPERT");
+    g_vault = path;
+    le.vault.open(path);
+    le.expert = le.vault.find(l, e);
+    if (le.expert == nullptr)
+        throw UsageError(path + ": no expert " + expert + " in layer " + layer);
+    le.blob = AlignedBuffer(le.expert->padded_size);
+    pread_full(le.vault.fd, le.blob.data(), le.expert->padded_size, le.expert->byte_offset,
+               path);
+    expert_tensors(*le.expert, le.blob.data(), le.vault.header.bits, le.tensors);
+}
+
+int cmd_forward(const std::vector<std::string>& args) {
+    if (args.size() != 5) throw UsageError("forward: VAULT LAYER EXPERT IN.f32 OUT.f32 expected");
+    LoadedExpert le;
+    load_expert(le, args[0], args[1], args[2]);
+    const uint32_t d_model = le.tensors[0].cols;
+    const auto in = read_whole_file(args[3], size_t{1} << 32);
+    if (in.size() != uint64_t{d_model} * sizeof(float))
+        throw UsageError(args[3] + ": " + std::to_string(in.size()) + " bytes, expected " +
+                         std::to_string(d_model) + " float32 (d_model)");
+    std::vector<float> x(d_model), y(le.tensors[2].rows);
+    std::memcpy(x.data(), in.data(), in.size());
+    ExpertKernel kernel;
+    kernel.forward(le.tensors, x.data(), y.data());
+    write_whole_file(args[4], y.data(), y.size() * sizeof(float));
+    return 0;
+}
+
+int cmd_dequant(const std::vector<std::string>& args) {
+    if (args.size() != 4) throw UsageError("dequant: VAULT LAYER EXPERT OUT_DIR expected");
+    LoadedExpert le;
+    load_expert(le, args[0], args[1], args[2]);
+    if (::mkdir(args[3].c_str(), 0755) != 0 && errno != EEXIST)
+        throw IoError(args[3] + ": cannot create: " + std::strerror(errno));
+    const char* names[3] = {"gate.f32", "up.f32", "down.f32"};
+    for (int t = 0; t < 3; ++t) {
+        const QTensor& q = le.tensors[t];
+        std::vector<float> w(uint64_t{q.rows} * q.cols);  // <= 16x the blob: justified
+        dequantize(q, 0, w.size(), w.data());
+        write_whole_file(args[3] + "/" + names[t], w.data(), w.size() * sizeof(float));
+    }
+    return 0;
+}
+
+// ---- bench -------------------------------------------------------------------------------
+
+int cmd_bench(const std::vector<std::string>& args) {
+    BenchOptions o;
+    std::string path;
+    for (size_t k = 0; k < args.size(); ++k) {
+        const std::string& a = args[k];
+        auto next = [&]() -> const std::string& {
+            if (k + 1 >= args.size()) throw UsageError("bench: " + a + " needs a value");
+            return args[++k];
+        };
+        if (a == "--threads") {
+            o.threads = parse_uint<unsigned>(next(), "--threads");
+            if (o.threads < 1 || o.threads > 256) throw UsageError("--threads: 1..256");
+        } else if (a == "--direct") {
+            o.direct = true;
+        } else if (a == "--pattern") {
+            const std::string& p = next();
+            if (p != "seq" && p != "random") throw UsageError("--pattern: seq or random");
+            o.random = p == "random";
+        } else if (a == "--topk") {
+            o.topk = parse_uint<unsigned>(next(), "--topk");
+            if (o.topk < 1) throw UsageError("--topk: at least 1");
+        } else if (a == "--seconds") {
+            o.seconds = parse_seconds(next());
+        } else if (a == "--seed") {
+            o.seed = parse_uint<uint64_t>(next(), "--seed");
+        } else if (!a.empty() && a[0] == '-') {
+            throw UsageError("bench: unknown option " + a);
+        } else if (path.empty()) {
+            path = a;
+        } else {
+            throw UsageError("bench: one VAULT expected");
+        }
+    }
+    if (path.empty()) throw UsageError("bench: VAULT missing");
+    g_vault = path;
+    Vault v;
+    v.open(path);
+    std::fputs(run_bench(v, o).c_str(), stdout);
+    return 0;
+}
+
+// ---- hidden test helpers ------------------------------------------------------------------
+
+int cmd_fuzz(const std::vector<std::string>& args) {
+    if (args.size() < 3) throw UsageError("fuzz: SEED COUNT [--timeout S] [--save DIR] FILE...");
+    FuzzOptions o;
+    o.seed = parse_uint<uint64_t>(args[0], "SEED");
+    o.count = parse_uint<uint64_t>(args[1], "COUNT");
+    std::vector<std::string> files;
+    for (size_t k = 2; k < args.size(); ++k) {
+        if (args[k] == "--timeout" && k + 1 < args.size())
+            o.timeout_s = parse_uint<unsigned>(args[++k], "--timeout");
+        else if (args[k] == "--jobs" && k + 1 < args.size())
+            o.jobs = parse_uint<unsigned>(args[++k], "--jobs");
+        else if (args[k] == "--save" && k + 1 < args.size())
+            o.save_dir = args[++k];
+        else
+            files.push_back(args[k]);
+    }
+    if (files.empty()) throw UsageError("fuzz: no FILE");
+    return run_fuzz(o, files);
+}
+
+int cmd_fp16_table(const std::vector<std::string>& args) {
+    if (args.size() != 1) throw UsageError("fp16-table: OUT expected");
+    std::vector<float> table(65536);
+    for (uint32_t h = 0; h < 65536; ++h) table[h] = fp16_to_f32(static_cast<uint16_t>(h));
+    write_whole_file(args[0], table.data(), table.size() * sizeof(float));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty()) {
+        std::fputs(USAGE, stderr);
+        return 2;
+    }
+    const std::string cmd = args[0];
+    args.erase(args.begin());
+    try {
+        if (cmd == "check") return cmd_check(args);
+        if (cmd == "forward") return cmd_forward(args);
+        if (cmd == "dequant") return cmd_dequant(args);
+        if (cmd == "bench") return cmd_bench(args);
+        if (cmd == "fuzz") return cmd_fuzz(args);
+        if (cmd == "fp16-table") return cmd_fp16_table(args);
+        if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+            std::fputs(USAGE, stdout);
+            return 0;
+        }
+        throw UsageError("unknown command '" + cmd + "'");
+    } catch (const InvalidVault& e) {
+        std::fprintf(stderr, "smoe-stream: %s: %s at offset %llu (%s): %s\n", g_vault.c_str(),
+                     e.issue.code.c_str(), static_cast<unsigned long long>(e.issue.offset),
+                     e.issue.field.c_str(), e.issue.message.c_str());
+        return 1;
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "smoe-stream: %s\n%s", e.what(), USAGE);
+        return 2;
+    } catch (const IoError& e) {
+        std::fprintf(stderr, "smoe-stream: %s\n", e.what());
+        return 2;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "smoe-stream: out of memory\n");
+        return 2;
+    }
+}

@@ -1,0 +1,86 @@
+// Opening a .smoe vault the way the engine does: header, arch block, expert table and
+// descriptors read with pread, every rule checked before anything is trusted, and the
+// (layer, expert) -> entry map built. Blob bytes are only read by deep_check().
+#pragma once
+
+#include <common.hpp>
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace smoe::harness {
+
+/// The first rule a vault breaks. `code` and `field` use the names of
+/// fixtures/corrupt/EXPECTED.json; `offset` is the absolute offset of that field (or
+/// of the offending byte for blob contents).
+struct Issue {
+    std::string code;
+    std::string field;
+    uint64_t offset = 0;
+    std::string message;
+};
+
+/// Thrown when a vault breaks a rule: exit status 1.
+struct InvalidVault : std::exception {
+    explicit InvalidVault(Issue i) : issue(std::move(i)) {}
+    const char* what() const noexcept override { return issue.message.c_str(); }
+    Issue issue;
+};
+
+/// One weight matrix of an expert, from its descriptor (offsets within the blob).
+struct Tensor {
+    uint32_t rows = 0, cols = 0;
+    uint64_t packed_offset = 0, packed_size = 0;
+    uint64_t scales_offset = 0, scales_size = 0;
+    uint64_t weights() const { return uint64_t{rows} * cols; }
+};
+
+/// One expert table entry with its three descriptors (gate, up, down).
+struct Expert {
+    uint32_t layer_id = 0, expert_id = 0;
+    uint64_t byte_offset = 0, raw_size = 0, padded_size = 0;
+    Tensor tensors[TENSORS_PER_EXPERT];
+};
+
+/// An open, checked vault. Owns the file descriptor.
+class Vault {
+public:
+    Vault() = default;
+    Vault(const Vault&) = delete;
+    Vault& operator=(const Vault&) = delete;
+    ~Vault();
+
+    /// Opens `path` read-only and runs every load check (throws IoError, InvalidVault).
+    void open(const std::string& path);
+    /// Same on an already open descriptor, which the vault takes over.
+    void open_fd(int fd, const std::string& name);
+
+    /// Also reads the blobs: padding zero, scales finite, unused code bits zero.
+    void deep_check() const;
+
+    /// The entry for (layer, expert), or nullptr.
+    const Expert* find(uint32_t layer, uint32_t expert) const;
+
+    std::string name;
+    int fd = -1;
+    uint64_t size = 0;
+    SmoeHeader header{};
+    std::optional<SmoeArchBlock> arch;  // v2 only
+    std::vector<Expert> experts;        // table order
+    std::vector<std::string> warnings;  // non-fatal findings (D4 gaps, D6 warnings, ...)
+    uint64_t gap_bytes = 0;             // bytes between blobs that no blob uses
+
+private:
+    void check_header();
+    void check_arch();
+    void check_table();
+    void check_overlap();
+    void check_blob(size_t i, std::vector<uint8_t>& scratch) const;
+    std::unordered_map<uint64_t, uint32_t> index_;
+};
+
+}  // namespace smoe::harness
