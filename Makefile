@@ -65,8 +65,8 @@ lint: setup
 	$(PY) -m ruff check .
 
 test: setup check-gen build build-asan lint
-	$(PY) -m pytest -q
 	$(PY) -m fuzz.campaign --quick
+	$(PY) -m pytest -q
 
 # ---- robustness campaign (time-boxed, seeded): build/fuzz.json
 fuzz: setup build-asan
