@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.figures import figure
+from smoe import quant
 from smoe.records import ArchInfo, ModelInfo
 from smoe.writer import VaultWriter
 
@@ -34,7 +35,7 @@ def make_vault(path: Path, layers: int, experts: int, d_model: int = 2048,
     rng = np.random.default_rng(0)
     n = ffn * d_model
     packed = rng.integers(0, 256, n // 2, dtype=np.uint8)
-    scales = np.full(n // 64, 0.02, "<f2")
+    scales = np.full(quant.num_groups(n), 0.02, "<f2")
     with VaultWriter(path, model, bits=4, arch=arch) as w:
         for lay in range(layers):
             for e in range(experts):

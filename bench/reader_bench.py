@@ -21,6 +21,7 @@ from smoe.records import ArchInfo
 from smoe.synth import write_sparse_vault
 from smoe.upgrade import upgrade
 from smoe.verify import verify
+from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
 
 ENTRY = struct.Struct("<IIQQQIQ4s")
@@ -36,6 +37,7 @@ def struct_loop_open(path: Path) -> dict:
         f.seek(64)
         table = f.read(total * ENTRY.size + total * 3 * DESC.size)
     size = path.stat().st_size
+    page = layout.PAGE_SIZE
     index = {}
     prev = None
     spans = []
@@ -44,8 +46,8 @@ def struct_loop_open(path: Path) -> dict:
         key = (lay, exp)
         if prev is not None and key <= prev:
             raise ValueError("unsorted")
-        if (off % 16384 or off < data_offset or off + pad > size or res != b"\0" * 4
-                or raw == 0 or pad != -(-raw // 16384) * 16384 or gs != 64):
+        if (off % page or off < data_offset or off + pad > size or res != b"\0" * 4
+                or raw == 0 or pad != -(-raw // page) * page or gs != layout.GROUP_SIZE):
             raise ValueError("bad entry")
         spans.append((off, off + pad))
         index[key] = i

@@ -96,7 +96,7 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
             v = h[name]
             shown = v if isinstance(v, str) else f"{v} ({v:#x})"
             ht.add_row(str(off), name, str(shown))
-        root.add("[bold]header[/] (64 bytes at 0)").add(ht)
+        root.add(f"[bold]header[/] ({layout.HEADER_SIZE} bytes at 0)").add(ht)
     a = dump["arch"]
     if a is not None:
         at = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
@@ -111,7 +111,7 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
             elif name == "reserved":
                 v = "all zero" if set(v) <= {"0"} else v
             at.add_row(str(off), name, str(v))
-        root.add(f"[bold]arch block[/] (128 bytes at {base})").add(at)
+        root.add(f"[bold]arch block[/] ({layout.ARCH_BLOCK_SIZE} bytes at {base})").add(at)
     elif h is not None:
         root.add("[bold]arch block[/]: none (version 1)")
     if dump["experts"]:

@@ -101,7 +101,7 @@ def upgrade(path: str | os.PathLike, arch: ArchInfo, *, force: bool = False,
             g = vault.geometry
             raise SmoeError(
                 f"{path}: no room for the arch block: the descriptors end at {g.descriptors_end}, "
-                f"so the 128-byte block would need [{arch_slot(vault)}, "
+                f"so the {layout.ARCH_BLOCK_SIZE}-byte block would need [{arch_slot(vault)}, "
                 f"{arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) before data_offset "
                 f"{g.data_offset}; use --out NEW to rewrite into a new file (blobs shift by "
                 "whole pages, the original is untouched)")

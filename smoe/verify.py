@@ -139,7 +139,7 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
         return None
     if int(h["group_size"]) != layout.GROUP_SIZE:
         c.one("error", "header.group_size", hoff("group_size"), "header.group_size",
-              "group size must be 64", layout.GROUP_SIZE, int(h["group_size"]))
+              f"group size must be {layout.GROUP_SIZE}", layout.GROUP_SIZE, int(h["group_size"]))
     bits = int(h["bits"])
     if bits not in layout.SUPPORTED_BITS:
         c.one("error", "header.bits", hoff("bits"), "header.bits",
@@ -152,8 +152,8 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
     data_offset = int(h["data_offset"])
     if data_offset % layout.PAGE_SIZE:
         c.one("error", "header.data_offset_align", hoff("data_offset"), "header.data_offset",
-              "data_offset must be a multiple of 16384", round_up(data_offset, layout.PAGE_SIZE),
-              data_offset)
+              f"data_offset must be a multiple of {layout.PAGE_SIZE}",
+              round_up(data_offset, layout.PAGE_SIZE), data_offset)
     if data_offset > size:
         c.one("error", "header.data_offset_bounds", hoff("data_offset"), "header.data_offset",
               f"data_offset lies beyond the end of the file ({size} bytes)", f"<= {size}",
@@ -171,11 +171,12 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
     else:
         problems = []
         if ext % layout.ARCH_ALIGN:
-            problems.append("not a multiple of 64")
+            problems.append(f"not a multiple of {layout.ARCH_ALIGN}")
         if ext < d_end:
             problems.append(f"inside the descriptors (which end at {d_end})")
         if ext + layout.ARCH_BLOCK_SIZE > data_offset:
-            problems.append(f"the 128-byte block crosses data_offset {data_offset}")
+            problems.append(f"the {layout.ARCH_BLOCK_SIZE}-byte block crosses data_offset "
+                            f"{data_offset}")
         if problems:
             c.one("error", "arch.placement", hoff("reserved_ext"), "header.reserved_ext",
                   "arch block misplaced: " + "; ".join(problems),
@@ -211,7 +212,7 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
         bad("arch.block_version", "block_version", "unknown arch block version",
             layout.ARCH_BLOCK_VERSION, int(a["block_version"]))
     if int(a["block_size"]) != layout.ARCH_BLOCK_SIZE:
-        bad("arch.block_size", "block_size", "arch block size must be 128",
+        bad("arch.block_size", "block_size", f"arch block size must be {layout.ARCH_BLOCK_SIZE}",
             layout.ARCH_BLOCK_SIZE, int(a["block_size"]))
     flags = int(a["flags"])
     if flags & ~layout.FLAGS_KNOWN_MASK:
@@ -228,11 +229,11 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
             f"{heads}", kv)
     hd = int(a["head_dim"])
     if not 1 <= hd <= layout.MAX_HEAD_DIM:
-        bad("arch.head_dim", "head_dim", "head_dim must be in 1..256",
+        bad("arch.head_dim", "head_dim", f"head_dim must be in 1..{layout.MAX_HEAD_DIM}",
             f"1..{layout.MAX_HEAD_DIM}", hd)
     k = int(a["moe_top_k"])
     if not 1 <= k <= layout.MAX_MOE_TOP_K:
-        bad("arch.moe_top_k", "moe_top_k", "moe_top_k must be in 1..16",
+        bad("arch.moe_top_k", "moe_top_k", f"moe_top_k must be in 1..{layout.MAX_MOE_TOP_K}",
             f"1..{layout.MAX_MOE_TOP_K}", k)
     act = int(a["activation"])
     if act != layout.Activation.SILU:
@@ -258,8 +259,8 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
     eps = float(a["rms_norm_eps"])
     ref = layout.REFERENCE_RMS_NORM_EPS
     if not abs(eps - ref) <= layout.RMS_NORM_EPS_TOLERANCE * ref:
-        bad("arch.rms_norm_eps", "rms_norm_eps", "differs from the kernels' 1e-6 by more than "
-            "10%", ref, eps, severity="warning")
+        bad("arch.rms_norm_eps", "rms_norm_eps", f"differs from the kernels' {ref:g} by more than "
+            f"{layout.RMS_NORM_EPS_TOLERANCE:.0%}", ref, eps, severity="warning")
     for name in ("rope_theta", "rms_norm_eps"):  # not an engine load rule (D6): warn
         if not np.isfinite(a[name]):
             bad(f"arch.{name}", name, f"{name} is not finite", "finite", float(a[name]),
@@ -331,8 +332,8 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
               int(header["num_moe_layers"]))
     c.many("error", "entry.byte_offset_align", off % np.uint64(layout.PAGE_SIZE) != 0,
            entry_offsets("byte_offset", n), path("byte_offset"),
-           "blob offset must be a multiple of 16384", lambda: round_up(off, layout.PAGE_SIZE),
-           off)
+           f"blob offset must be a multiple of {layout.PAGE_SIZE}",
+           lambda: round_up(off, layout.PAGE_SIZE), off)
     c.many("error", "entry.byte_offset", off < np.uint64(geo.data_offset),
            entry_offsets("byte_offset", n), path("byte_offset"),
            f"blob starts before data_offset {geo.data_offset}", f">= {geo.data_offset}", off)
@@ -351,7 +352,8 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
     page = np.uint64(layout.PAGE_SIZE)
     want_pad = (np.minimum(raw, size) + (page - np.uint64(1))) & ~(page - np.uint64(1))
     c.many("error", "entry.padded_size", sane & (pad != want_pad), entry_offsets("padded_size", n),
-           path("padded_size"), "padded_size must be raw_size rounded up to 16384", want_pad, pad)
+           path("padded_size"), f"padded_size must be raw_size rounded up to {layout.PAGE_SIZE}",
+           want_pad, pad)
     pad_out = sane & (pad > room)
     c.many("error", "entry.blob_bounds", pad_out, entry_offsets("padded_size", n),
            path("padded_size"), f"blob padding runs past the end of the file ({geo.size} bytes)",
@@ -457,14 +459,17 @@ def check_descriptors(data: np.ndarray, geo: Geometry, report: Report, header: n
         ok &= ~bad
         bad = flat["scales_size"] != want_s
         c.many("error", "descriptor.scales_size", bad, desc_offsets(geo, "scales_size", lo, n),
-               path("scales_size"), "scales_size must be ceil(rows * cols / 64) * 2", want_s,
-               flat["scales_size"])
+               path("scales_size"),
+               f"scales_size must be ceil(rows * cols / {layout.GROUP_SIZE}) * "
+               f"{layout.SCALE_BYTES}",
+               want_s, flat["scales_size"])
         ok &= ~bad
         sums = groups.reshape(n, k).sum(axis=1, dtype=np.uint64)
         bad = table["num_groups"] != sums
         c.many("error", "entry.num_groups", bad, entry_offsets("num_groups", n, lo),
                lambda i: f"experts[{lo + i}].num_groups",
-               "num_groups must be the sum of ceil(rows * cols / 64) over the three tensors",
+               f"num_groups must be the sum of ceil(rows * cols / {layout.GROUP_SIZE}) over the "
+               "three tensors",
                sums, table["num_groups"])
     for what in ("packed", "scales"):
         o, s = flat[f"{what}_offset"], flat[f"{what}_size"]
@@ -608,7 +613,8 @@ def verify(data: np.ndarray, deep: bool = False) -> Report:
     report = Report(size=len(data))
     if len(data) < layout.HEADER_SIZE:
         report.add(Finding("error", "header.size", 0, "header",
-                           f"file of {len(data)} bytes is shorter than the 64-byte header",
+                           f"file of {len(data)} bytes is shorter than the "
+                           f"{layout.HEADER_SIZE}-byte header",
                            layout.HEADER_SIZE, len(data)))
         return report
     geo = check_header(data, report)
