@@ -164,9 +164,9 @@ def _show_summary(s: dict) -> None:
     if s["throughput_mb_s"]:
         t.add_row("throughput", f"{s['throughput_mb_s']:.1f} MB/s of expert weights")
     c.print(t)
-    q = Table(title="quantisation SNR (dB) over experts", title_justify="left")
+    q = Table(title="quantisation SNR (dB)", title_justify="left")
     q.add_column("tensor")
-    q.add_column("min", justify="right")
+    q.add_column("min over experts", justify="right")
     q.add_column("median", justify="right")
     for name, v in s["snr_db"].items():
         q.add_row(name, *(("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")))
@@ -344,8 +344,9 @@ def _run(args: argparse.Namespace) -> int:
                                    soft_wrap=True)
         return 1
     except KeyboardInterrupt:
-        Console(stderr=True).print("interrupted; run the same command with --resume to continue",
-                                   highlight=False)
+        hint = ("; run the same command with --resume to continue"
+                if getattr(args, "func", None) is cmd_sculpt else "")
+        Console(stderr=True).print(f"interrupted{hint}", highlight=False)
         return 130
     except BrokenPipeError:  # e.g. `smoe-dump --json VAULT | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
