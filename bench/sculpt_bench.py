@@ -1,10 +1,10 @@
 """Sculpt end to end on a synthetic checkpoint with Qwen3-30B-A3B expert shapes.
 
-d_model 2048, expert ffn 768, 128 experts per layer, BF16. Ours (`smoe sculpt`, Q4 and
-Q2, --jobs 1 and 2) against the straightforward sequential baseline measured in the same
-run: load each expert, quantise with the reference encoders (absmax Q4, 64-candidate grid
-Q2), append. Throughput is MB/s of expert weights in; peak RSS is the sum over the
-process tree, sampled every 10 ms.
+d_model 2048, expert ffn 768, 128 experts per layer, 2 layers (2.4 GB), BF16. Ours
+(`smoe sculpt`, Q4 and Q2, --jobs 1 and 2) against the straightforward sequential
+baseline measured in the same run: load each expert, quantise with the reference
+encoders (absmax Q4, 64-candidate grid Q2), append. Throughput is MB/s of expert weights
+in; peak RSS is the sum over the process tree, sampled every 10 ms.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def baseline_mb_s(ckpt: Path, bits: int, n_experts: int) -> float:
 
 
 def run(workdir: Path, quick: bool = False) -> list[dict]:
-    layers = 1
-    ckpt = checkpoint(workdir, layers)
+    ckpt = checkpoint(workdir, 1 if quick else 2)
     expert_bytes = 3 * GEOMETRY["ffn"] * GEOMETRY["d_model"]
     one_expert_f32 = expert_bytes * 4
     figs = []

@@ -157,3 +157,42 @@ def write_sparse_vault(path: str | Path, *, layers: int = 94, experts: int = 128
         os.ftruncate(out.fd, plan.file_size)
         out.commit()
     return Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m smoe.synth sparse-vault OUT [--version 1]`` or ``checkpoint OUT ...``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m smoe.synth", description=__doc__)
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("sparse-vault", help="Qwen3-235B-A22B geometry, blobs left as holes")
+    p.add_argument("out", type=Path)
+    p.add_argument("--version", type=int, default=2, choices=(1, 2))
+    p.add_argument("--layers", type=int, default=94)
+    p.add_argument("--experts", type=int, default=128)
+    p = sub.add_parser("checkpoint", help="a synthetic HF checkpoint directory")
+    p.add_argument("out", type=Path)
+    p.add_argument("--model-type", default="qwen3_moe", choices=("qwen3_moe", "mixtral", "olmoe"))
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--experts", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--ffn", type=int, default=32)
+    p.add_argument("--dtype", default="BF16", choices=("BF16", "F16", "F32"))
+    p.add_argument("--fused", action="store_true")
+    p.add_argument("--shards", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.what == "sparse-vault":
+        path = write_sparse_vault(args.out, layers=args.layers, experts=args.experts,
+                                  version=args.version)
+        st = path.stat()
+        print(f"{path}: {st.st_size:,} bytes apparent, {st.st_blocks * 512:,} on disk")
+    else:
+        write_checkpoint(args.out, model_type=args.model_type, layers=args.layers,
+                         experts=args.experts, d_model=args.d_model, ffn=args.ffn,
+                         dtype=args.dtype, fused=args.fused, shards=args.shards)
+        print(f"{args.out}: synthetic {args.model_type} checkpoint")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
