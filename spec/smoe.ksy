@@ -59,6 +59,10 @@ doc: |
   Ruling R2 (this spec): `model_type` must be valid UTF-8; its bytes after the
   first NUL must be zero as well (a NUL-padded name), so that the field is
   canonical and byte-identical vaults have identical names.
+
+  Ruling R5 (this spec): `rope_theta` and `rms_norm_eps` are checked for being
+  finite with a warning only; like the other arch values that are not among the
+  engine's load rules (D6), they do not make a vault invalid.
 doc-ref:
   - shared/spec/smoe-format.txt
   - shared/spec/DECISIONS.md
@@ -193,6 +197,8 @@ types:
         doc: |
           Number of transformer layers of the model that hold MoE experts. Ruling
           D5: the model's value, also in a partial vault that stores fewer layers.
+          Ruling R4 (this spec): the table holds experts of at most this many distinct
+          layers; more is an error (verifier code `table.layers`; not expressible here).
         doc-ref: shared/spec/DECISIONS.md D5
       - id: max_experts_per_layer
         type: u4

@@ -124,7 +124,7 @@ FIELD_DOCS: dict[str, dict[str, str]] = {
     "header": {
         "magic": '"SMOE" followed by the model marker DE EA 00 01; never changes with the version.',
         "version": 'Format version; readers accept 1 and 2 and refuse anything else (ruling D6).',
-        "num_moe_layers": "Number of transformer layers of the model that hold MoE experts. Ruling D5: the model's value, also in a partial vault that stores fewer layers.",
+        "num_moe_layers": "Number of transformer layers of the model that hold MoE experts. Ruling D5: the model's value, also in a partial vault that stores fewer layers. Ruling R4 (this spec): the table holds experts of at most this many distinct layers; more is an error (verifier code `table.layers`; not expressible here).",
         "max_experts_per_layer": "Routed-expert count (router width) of the widest MoE layer of the model. Ruling D5: engines size the router from it, so a partial vault (a subset of the experts) keeps the model's value; every `expert_id` is below it.",
         "total_experts": 'Number of entries in the expert table of this file (ruling D5); at most `num_moe_layers * max_experts_per_layer`. Bounded by the file size through `data_offset`.',
         "table_offset": 'Absolute offset of the first expert table entry; always 64, right after the header.',

@@ -64,6 +64,10 @@ class Smoe(KaitaiStruct):
     first NUL must be zero as well (a NUL-padded name), so that the field is
     canonical and byte-identical vaults have identical names.
     
+    Ruling R5 (this spec): `rope_theta` and `rms_norm_eps` are checked for being
+    finite with a warning only; like the other arch values that are not among the
+    engine's load rules (D6), they do not make a vault invalid.
+    
     .. seealso::
        shared/spec/smoe-format.txt
     
