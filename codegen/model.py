@@ -231,6 +231,7 @@ def load(path: Path) -> Model:
 
     structs = []
     magics: dict[str, bytes] = {}
+    sizes: dict[str, int] = {}
     for type_id, node in spec["types"].items():
         if "-smoe-struct" not in node:
             continue
@@ -245,6 +246,21 @@ def load(path: Path) -> Model:
                 magics[type_id] = c.encode("ascii") if isinstance(c, str) else bytes(c)
         structs.append(Struct(type_id, node["-smoe-struct"], _doc(node), _doc_ref(node),
                               fields, _instances(node)))
+        sizes[type_id] = offset
+
+    def resolve(text: str) -> str:
+        """Spell constants and struct sizes out, for readers of the rendered spec."""
+        text = re.sub(r"_root\.([a-z0-9_]+)",
+                      lambda m: str(by_ksy[m.group(1)].value) if m.group(1) in by_ksy
+                      else m.group(0), text)
+        return re.sub(r"sizeof<([a-z_]+)>", lambda m: str(sizes.get(m.group(1), m.group(0))),
+                      text)
+
+    for st in structs:
+        for f in st.fields:
+            f.valid = resolve(f.valid)
+        for inst in st.instances:
+            inst["what"] = resolve(inst["what"])
 
     enums = [
         Enum(enum_id, [EnumValue(v["id"] if isinstance(v, dict) else v, k,
@@ -268,7 +284,7 @@ def load(path: Path) -> Model:
         constants=constants,
         enums=enums,
         magics=magics,
-        root_instances=_instances(spec),
+        root_instances=[{**i, "what": resolve(i["what"])} for i in _instances(spec)],
         supported_bits=tuple(supported),
         rulings=_rulings(spec),
     )
