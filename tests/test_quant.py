@@ -447,4 +447,4 @@ def test_stats_snr_equals_snr_of_decoded(shape, bits, mode, seed) -> None:
     scales = np.empty(quant.num_groups(w.size), "<f2")
     quant.encode_into(w, bits, packed, scales, mode, stats=stats, chunk_weights=GROUP_SIZE * 4)
     want = quant.snr_db(w, quant.decode(packed, scales, bits, shape))
-    assert stats.snr_db == pytest.approx(want, rel=1e-6, abs=1e-9)
+    assert stats.snr_db == pytest.approx(want, abs=1e-3)  # dB
