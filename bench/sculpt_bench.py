@@ -94,7 +94,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     figs = []
     max_experts = ["--max-experts", "32"] if quick else []
     for bits in (4, 2):
-        base = baseline_mb_s(ckpt, bits, 8 if bits == 4 else 2)
+        base = baseline_mb_s(ckpt, bits, 32 if bits == 4 else 4)
         results = {}
         for jobs in (1, 2):
             out = workdir / f"out-q{bits}-j{jobs}"
