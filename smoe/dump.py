@@ -16,34 +16,13 @@ from rich.tree import Tree
 
 from smoe.findings import Finding
 from smoe.plan import TENSOR_NAMES
+from smoe.records import plain, plain_rows
 from smoe.verify import Report, arch_record, table_views, verify
 from smoe_gen import layout
 
 FLAG_NAMES = {"norm_topk_prob": layout.FLAG_NORM_TOPK_PROB,
               "has_qk_norm": layout.FLAG_HAS_QK_NORM,
               "has_dense_layer_0": layout.FLAG_HAS_DENSE_LAYER_0}
-
-
-def _record(rec: np.void) -> dict:
-    out = {}
-    for name in rec.dtype.names:
-        v = rec[name]
-        if isinstance(v, bytes):
-            out[name] = v.decode("utf-8", "replace")
-        elif getattr(v, "shape", ()) != ():
-            out[name] = bytes(np.asarray(v, np.uint8)).hex()
-        else:
-            out[name] = v.item()
-    return out
-
-
-def _records(arr: np.ndarray) -> list[dict]:
-    """Structured array -> list of dicts, vectorised per field (fast for 36k rows)."""
-    cols = {}
-    for name in arr.dtype.names:
-        col = arr[name]
-        cols[name] = ([bytes(r).hex() for r in col] if col.ndim > 1 else col.tolist())
-    return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
 
 
 def collect(path: Path, data: np.ndarray, deep: bool = False) -> tuple[dict, Report]:
@@ -53,24 +32,24 @@ def collect(path: Path, data: np.ndarray, deep: bool = False) -> tuple[dict, Rep
     out: dict = {"file": {"path": str(path), "size": len(data)}, "header": None, "arch": None,
                  "experts": [], "findings": [f.to_dict() for f in report.findings]}
     if len(data) >= layout.HEADER_SIZE and geo is not None:
-        out["header"] = _record(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+        out["header"] = plain(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
         total = int(out["header"]["total_experts"])
         width = int(out["header"]["num_moe_layers"]) * int(out["header"]["max_experts_per_layer"])
         out["file"]["vault_type"] = "full" if total >= width else "partial"
         if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
-            arch = _record(arch_record(data, geo))
+            arch = plain(arch_record(data, geo))
             arch["flag_names"] = [n for n, bit in FLAG_NAMES.items() if arch["flags"] & bit]
             out["arch"] = arch
         if geo.table_readable:
             table, descs = table_views(data, geo)
-            entries = _records(table)
-            tensors = _records(descs.reshape(-1))
+            entries = plain_rows(table)
+            tensors = plain_rows(descs.reshape(-1))
             k = layout.TENSORS_PER_EXPERT
             for i, e in enumerate(entries):
                 e["tensors"] = tensors[i * k : (i + 1) * k]
             out["experts"] = entries
     elif len(data) >= layout.HEADER_SIZE:
-        out["header"] = _record(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+        out["header"] = plain(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
     return out, report
 
 

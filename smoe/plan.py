@@ -18,8 +18,9 @@ TENSOR_NAMES = tuple(t.name.lower() for t in layout.TensorType)
 Shape = tuple[int, int]
 
 
-def round_up(value: int, align: int) -> int:
-    return -(-value // align) * align
+def round_up(value, align: int):
+    """``value`` rounded up to a multiple of ``align`` (ints or numpy arrays)."""
+    return (value + (align - 1)) // align * align
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,28 @@ def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes
         out[plan.reserved_ext : plan.reserved_ext + layout.ARCH_BLOCK_SIZE] = (
             arch_record(arch).tobytes())
     return bytes(out)
+
+
+def plain(rec: np.void | np.ndarray) -> dict:
+    """One structured record as JSON-ready values: ints, floats, strings, hex for bytes."""
+    if isinstance(rec, np.ndarray):
+        rec = rec[()]
+    out = {}
+    for name in rec.dtype.names:
+        v = rec[name]
+        if isinstance(v, bytes):
+            out[name] = v.decode("utf-8", "replace")
+        elif getattr(v, "shape", ()) != ():
+            out[name] = bytes(np.asarray(v, np.uint8)).hex()
+        else:
+            out[name] = v.item()
+    return out
+
+
+def plain_rows(arr: np.ndarray) -> list[dict]:
+    """A structured array as a list of ``plain`` dicts, converted per field (fast)."""
+    cols = {}
+    for name in arr.dtype.names:
+        col = arr[name]
+        cols[name] = [bytes(r).hex() for r in col] if col.ndim > 1 else col.tolist()
+    return [dict(zip(cols, vals)) for vals in zip(*cols.values())]

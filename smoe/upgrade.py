@@ -23,9 +23,9 @@ import numpy as np
 
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
+from smoe.plan import round_up
 from smoe.reader import Vault
 from smoe.records import ArchInfo, arch_record
-from smoe.verify import round_up
 from smoe_gen import layout
 
 H = layout.HEADER_DTYPE.fields

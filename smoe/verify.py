@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from smoe.findings import Finding
+from smoe.plan import round_up
 from smoe_gen import layout
 
 MAX_PER_CODE = 20  # findings of one code listed one by one; the rest are summarised
@@ -28,10 +29,6 @@ TENSORS = tuple(t.name.lower() for t in layout.TensorType)
 
 def hoff(name: str) -> int:
     return H[name][1]
-
-
-def round_up(v: np.ndarray | int, align: int):
-    return (v + (align - 1)) // align * align
 
 
 @dataclass

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from smoe.reader import Vault
+from smoe.records import plain
 from smoe.sculpt import SculptOptions, sculpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,27 +38,14 @@ def stream(*args) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True)
 
 
-def _plain(rec: np.void) -> dict:
-    out = {}
-    for name in rec.dtype.names:
-        v = rec[name]
-        if isinstance(v, bytes):
-            out[name] = v.decode()
-        elif getattr(v, "shape", ()) != ():
-            out[name] = bytes(np.asarray(v, np.uint8)).hex()
-        else:
-            out[name] = v.item()
-    return out
-
-
 @pytest.mark.parametrize("key", [f"{n}-q{b}" for n in CONVERT for b in (4, 2)])
 def test_check_agrees_with_python_reader(vaults, key: str) -> None:
     r = stream("check", "--json", "--deep", vaults[key])
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     v = Vault.open(vaults[key])
-    assert out["header"] == _plain(v.header)
-    arch = _plain(v.arch)
+    assert out["header"] == plain(v.header)
+    arch = plain(v.arch)
     for name, value in arch.items():
         if name == "reserved":
             continue
