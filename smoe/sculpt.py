@@ -24,15 +24,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from smoe import quant
 from smoe.checkpoint import Checkpoint, ExpertRef
 from smoe.errors import SmoeError
 from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, make_plan
 from smoe.records import metadata_bytes
 from smoe.safetensors_io import write_streaming
-from smoe.writer import VaultWriter
+from smoe.writer import VaultWriter, encode_blob
 from smoe_gen import layout
 
 
@@ -120,19 +118,13 @@ class Job:
 
 def quantise_expert(job: Job) -> tuple[tuple[int, int], int, list[float], int]:
     """Read, quantise and write one expert blob; returns (key, crc, snr per tensor, bytes in)."""
-    blob = bytearray(job.slot.raw_size)
-    view = np.frombuffer(blob, np.uint8)
-    snrs = []
-    bytes_in = 0
-    for (arr, src), t in zip(job.ref.load(), job.slot.tensors):
-        bytes_in += arr.nbytes
-        packed = view[t.packed_offset : t.packed_offset + t.packed_size]
-        scales = view[t.scales_offset : t.scales_offset + t.scales_size]
-        stats = quant.QuantStats()  # SNR from the encoder's own pass, no decode needed
-        quant.encode_into(arr, job.bits, packed, scales, job.scale, src_dtype=src, stats=stats)
-        snrs.append(stats.snr_db)
+    mats = job.ref.load()
+    stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
+    blob = encode_blob(job.slot, [a for a, _ in mats], job.bits, job.scale,
+                       [src for _, src in mats], stats)
     os.pwrite(_partial_fd(job.partial), blob, job.slot.byte_offset)
-    return (job.ref.layer, job.ref.expert), zlib.crc32(blob), snrs, bytes_in
+    return ((job.ref.layer, job.ref.expert), zlib.crc32(blob), [s.snr_db for s in stats],
+            sum(a.nbytes for a, _ in mats))
 
 
 # ---- journal -----------------------------------------------------------------------------

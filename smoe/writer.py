@@ -28,7 +28,7 @@ import numpy as np
 from smoe import quant
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError, WriterStateError
-from smoe.plan import TENSOR_NAMES, Plan, Shape, make_plan
+from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, Shape, make_plan
 from smoe.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe_gen import layout
 
@@ -42,6 +42,19 @@ class State(enum.Enum):
 
 def expert_name(layer: int, expert: int) -> str:
     return f"layer {layer} expert {expert}"
+
+
+def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scale: str,
+                src_dtypes: Sequence[str | None] = (None, None, None),
+                stats: Sequence[quant.QuantStats] | None = None) -> bytearray:
+    """One expert's blob (D3): each matrix quantised straight into its planned slices."""
+    blob = bytearray(slot.raw_size)
+    view = np.frombuffer(blob, np.uint8)
+    for i, (t, w) in enumerate(zip(slot.tensors, weights)):
+        quant.encode_into(w, bits, view[t.packed_offset : t.packed_offset + t.packed_size],
+                          view[t.scales_offset : t.scales_offset + t.scales_size], scale,
+                          src_dtype=src_dtypes[i], stats=stats[i] if stats else None)
+    return blob
 
 
 class VaultWriter:
@@ -188,13 +201,12 @@ class VaultWriter:
                      src_dtype: str | None = None) -> None:
         """Quantise an expert's gate, up and down matrices and write its blob."""
         key, slot = self._slot(layer, expert)
-        encoded = []
         for tname, t, w in zip(TENSOR_NAMES, slot.tensors, weights):
             if tuple(w.shape) != (t.rows, t.cols):
                 raise SmoeError(f"{expert_name(layer, expert)}: {tname} has shape "
                                 f"{tuple(w.shape)}, declared {(t.rows, t.cols)}")
-            encoded.append(quant.encode(w, self.bits, scale=self.scale, src_dtype=src_dtype))
-        self._put(key, slot, encoded)
+        blob = encode_blob(slot, weights, self.bits, self.scale, (src_dtype,) * 3)
+        self._write_blob(key, slot, blob)
 
     def write_encoded(self, layer: int, expert: int,
                       encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
@@ -213,9 +225,13 @@ class VaultWriter:
                                 f"bytes, the plan has {t.packed_size} + {t.scales_size}")
             blob[t.packed_offset : t.packed_offset + len(p)] = p
             blob[t.scales_offset : t.scales_offset + len(s)] = s
+        self._write_blob(key, slot, blob)
+
+    def _write_blob(self, key, slot, blob: bytearray) -> None:
         written = os.pwrite(self._fd, blob, slot.byte_offset)
         if written != len(blob):
-            raise SmoeError(f"{self.path}: short write of {name} ({written} of {len(blob)} bytes)")
+            raise SmoeError(f"{self.path}: short write of {expert_name(*key)} ({written} of "
+                            f"{len(blob)} bytes)")
         self._written.add(key)
 
     def adopt(self, layer: int, expert: int) -> None:
