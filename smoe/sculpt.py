@@ -20,7 +20,8 @@ import os
 import statistics
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,9 +117,14 @@ class Job:
     scale: str
 
 
-def quantise_expert(job: Job) -> tuple[tuple[int, int], int, list[float], int]:
-    """Read, quantise and write one expert blob; returns (key, crc, snr per tensor, bytes in)."""
-    mats = job.ref.load()
+Result = tuple[tuple[int, int], int, list[float], int]  # key, blob crc32, SNR per tensor, bytes in
+BATCH = 4  # experts per worker task: reads of the next overlap the current one's compute
+
+
+def quantise_expert(job: Job, mats: list | None = None) -> Result:
+    """Read (unless ``mats`` are given), quantise and write one expert blob."""
+    if mats is None:
+        mats = job.ref.load()
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     blob = encode_blob(job.slot, [a for a, _ in mats], job.bits, job.scale,
                        [src for _, src in mats], stats)
@@ -260,11 +266,29 @@ def sculpt(model_dir: str | Path, out_dir: str | Path, opts: SculptOptions,
                         scout_bytes, time.perf_counter() - t0, snr, ckpt.warnings)
 
 
-def _run_jobs(todo: list[Job], jobs: int):
-    if jobs <= 1 or len(todo) <= 1:
-        for job in todo:
-            yield quantise_expert(job)
+def quantise_stream(todo: list[Job]) -> Iterator[Result]:
+    """Quantise experts in order while a thread reads the next one (preadv drops the GIL)."""
+    if not todo:
         return
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        ahead = reader.submit(todo[0].ref.load)
+        for i, job in enumerate(todo):
+            mats = ahead.result()
+            if i + 1 < len(todo):
+                ahead = reader.submit(todo[i + 1].ref.load)
+            yield quantise_expert(job, mats)
+
+
+def quantise_batch(batch: list[Job]) -> list[Result]:
+    return list(quantise_stream(batch))
+
+
+def _run_jobs(todo: list[Job], jobs: int) -> Iterator[Result]:
+    if jobs <= 1 or len(todo) <= 1:
+        yield from quantise_stream(todo)
+        return
+    batches = [todo[i : i + BATCH] for i in range(0, len(todo), BATCH)]
     ctx = mp.get_context("fork")
     with ctx.Pool(processes=jobs) as pool:
-        yield from pool.imap_unordered(quantise_expert, todo, chunksize=1)
+        for results in pool.imap_unordered(quantise_batch, batches, chunksize=1):
+            yield from results
