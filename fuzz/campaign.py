@@ -93,44 +93,47 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
                    capture_output=True)
     full = time.perf_counter() - t
     out = work / "out"
-    survived, partial_seen, stages = 0, 0, {"before_first_expert": 0, "mid_experts": 0,
-                                            "after_experts": 0, "finished": 0}
+    survived, partial_seen, attempts = 0, 0, 0
+    stages = {"before_first_expert": 0, "mid_experts": 0, "after_experts": 0}
     failures = []
-    for i in range(kills):
+    interrupted = 0
+    while interrupted < kills and attempts < 3 * kills:  # count only runs really cut short
+        attempts += 1
         if out.exists():
             shutil.rmtree(out)
         proc = subprocess.Popen([*SMOE, "sculpt", str(ck), str(out), "--resume"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0, full * 1.05))
+        time.sleep(rng.uniform(0, full * 0.9))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if proc.returncode == 0:
+            continue  # finished before the kill: not an interruption
+        interrupted += 1
         journal = out / ".killme.smoe.journal"
         final = out / "killme.smoe"
         lines = journal.read_text().count("\n") - 1 if journal.exists() else -1
-        if proc.returncode == 0:
-            stages["finished"] += 1
-        elif lines <= 0:
+        if lines <= 0:
             stages["before_first_expert"] += 1
         elif lines < layers * experts:
             stages["mid_experts"] += 1
         else:
             stages["after_experts"] += 1
-        if proc.returncode != 0 and final.exists() and final.read_bytes() != ref_vault:
+        if final.exists() and final.read_bytes() != ref_vault:  # complete is fine, partial not
             partial_seen += 1
-            failures.append(f"kill {i}: a partial vault appeared under the final name")
+            failures.append(f"kill {interrupted}: a partial vault appeared under the final name")
         done = subprocess.run([*SMOE, "sculpt", str(ck), str(out), "--resume"],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            failures.append(f"kill {i}: resume failed: {done.stderr[-300:]}")
+            failures.append(f"kill {interrupted}: resume failed: {done.stderr[-300:]}")
             continue
         if final.read_bytes() != ref_vault or (out / "killme.scout.safetensors").read_bytes() \
                 != ref_scout:
-            failures.append(f"kill {i}: resumed vault differs from the uninterrupted run")
+            failures.append(f"kill {interrupted}: resumed vault differs from the clean run")
             continue
         survived += 1
-    return {"kills": kills, "survived": survived, "stages": stages,
+    return {"kills": interrupted, "attempts": attempts, "survived": survived, "stages": stages,
             "partial_under_final_name": partial_seen, "failures": failures[:10],
-            "ok": survived == kills}
+            "ok": survived == interrupted >= kills}
 
 
 PAUSE = """
