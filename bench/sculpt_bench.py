@@ -23,6 +23,7 @@ from bench.quant_bench import ref_absmax_q4, ref_grid_q2
 from smoe import quant
 from smoe.checkpoint import Checkpoint
 from smoe.synth import write_checkpoint
+from smoe_gen import layout
 
 GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
 
@@ -81,7 +82,7 @@ def baseline_mb_s(ckpt: Path, bits: int, n_experts: int) -> float:
                 packed, scales = enc(w)
                 f.write(packed.tobytes())
                 f.write(scales.astype("<f2").tobytes())
-            f.write(b"\0" * (-f.tell() % 16384))
+            f.write(b"\0" * (-f.tell() % layout.PAGE_SIZE))
     seconds = time.perf_counter() - t
     out.unlink()
     return bytes_in / 1e6 / seconds

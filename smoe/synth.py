@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from smoe.safetensors_io import DTYPE_SIZES
+from smoe.safetensors_io import write_file
 
 _NP = {"F32": np.float32, "F16": np.float16}
 
@@ -75,20 +74,14 @@ def tensor_list(model_type: str, layers: int, experts: int, d_model: int, ffn: i
 
 def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: str,
                       seed: int) -> None:
-    """One shard, header first, then each tensor generated and appended in name order."""
-    items = sorted(tensors)
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    pos = 0
-    for name, shape in items:
-        n = int(np.prod(shape)) * DTYPE_SIZES[dtype]
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + n]}
-        pos += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for name, shape in items:
-            f.write(_values(name, shape, seed, dtype))
+    """One shard; each tensor generated and written at its place, one at a time."""
+    items = [(name, dtype, shape) for name, shape in tensors]
+
+    def fill(fd: int, i: int, offset: int) -> None:
+        name, _, shape = items[i]
+        os.pwrite(fd, _values(name, shape, seed, dtype), offset)
+
+    write_file(path, items, fill, metadata={"format": "pt"})
 
 
 def write_checkpoint(root: str | Path, *, model_type: str = "qwen3_moe", layers: int = 2,
