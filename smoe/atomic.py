@@ -1,28 +1,45 @@
 """Atomic file creation: a temporary file beside the target, fsync, rename, fsync the folder.
 
 Until :meth:`AtomicFile.commit` nothing exists under the final name; :meth:`abort`
-(or leaving a ``with`` block by an exception) removes the temporary file.
+(or leaving a ``with`` block by an exception) removes the temporary file. The temporary
+file is created exclusively and never through a symlink (:mod:`smoe.fileio`); a fixed
+temporary name (a resumable partial file) is reused only if it is a regular file of ours.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import re
+import secrets
 from pathlib import Path
 
+from smoe import fileio
+from smoe.fileio import current_umask, fsync_dir
 
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+__all__ = ["AtomicFile", "current_umask", "fsync_dir", "sweep_stale"]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+_TMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
+
+
+def sweep_stale(path: str | os.PathLike) -> int:
+    """Remove the temporary files a killed writer of ``path`` left (regular files only).
+
+    Call it only while holding the target's lock: a live writer's temporary file has the
+    same form. Returns how many were removed.
+    """
+    path = Path(path)
+    removed = 0
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        names = os.listdir(path.parent)
+    except OSError:
+        return 0
+    for name in names:
+        m = _TMP.match(name)
+        if m and m.group("name") == path.name:
+            fileio.unlink_owned(path.parent / name)
+            removed += 1
+    return removed
 
 
 class AtomicFile:
@@ -30,16 +47,20 @@ class AtomicFile:
 
     def __init__(self, path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fileio.ensure_dir(self.path.parent)
         if tmp is None:
-            fd, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
-                                        dir=self.path.parent)
-            self.tmp = Path(name)
+            while True:
+                self.tmp = self.path.parent / f".{self.path.name}.{secrets.token_hex(4)}.tmp"
+                try:
+                    fd = fileio.create_new(self.tmp)
+                    break
+                except fileio.SmoeError:
+                    if not os.path.lexists(self.tmp):
+                        raise
         else:  # a fixed name, e.g. a resumable partial file
             self.tmp = Path(tmp)
-            fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = fileio.open_owned(self.tmp)
         self.fd: int | None = fd
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 is not what users expect
 
     def __enter__(self) -> AtomicFile:
         return self
@@ -48,18 +69,28 @@ class AtomicFile:
         if exc_type is not None:
             self.abort()
 
-    @property
-    def active(self) -> bool:
-        return self.fd is not None
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (checked; see :func:`fileio.pwrite_all`)."""
+        assert self.fd is not None, "write to a closed AtomicFile"
+        fileio.pwrite_all(self.fd, data, offset, self.path)
+
+    def truncate(self, size: int) -> None:
+        assert self.fd is not None, "truncate of a closed AtomicFile"
+        fileio.truncate(self.fd, size, self.path)
+
+    def sync(self) -> None:
+        """fsync the data without renaming (before a companion file is renamed)."""
+        assert self.fd is not None, "sync of a closed AtomicFile"
+        fileio.fsync(self.fd, self.path)
 
     def commit(self) -> Path:
         """fsync the data, rename onto the final name, fsync the folder."""
         assert self.fd is not None, "commit of a closed AtomicFile"
         try:
-            os.fsync(self.fd)
+            fileio.fsync(self.fd, self.path)
             os.close(self.fd)
             self.fd = None
-            os.replace(self.tmp, self.path)
+            fileio.rename(self.tmp, self.path)
             fsync_dir(self.path.parent)
         except BaseException:
             self.abort()
@@ -71,4 +102,4 @@ class AtomicFile:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.tmp.unlink(missing_ok=True)
+        fileio.unlink_owned(self.tmp)

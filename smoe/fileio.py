@@ -1,0 +1,350 @@
+"""Checked file primitives every smoe writer and reader goes through.
+
+* Writes loop until every byte is written; an OSError (ENOSPC, EDQUOT, EIO, EROFS,
+  EACCES, ...) becomes one :class:`SmoeError` line naming the file and the error.
+* Files the tools create are never reached through a symlink: new files are created
+  exclusively with ``O_NOFOLLOW``; a fixed-name file (a resumable partial, a journal, a
+  lock) is reused only if it is a regular file of ours with a single link.
+* Inputs are untouchable: :func:`refuse_same_file` compares device and inode.
+* Inputs that are not regular files (FIFOs, devices, directories) are refused at once,
+  and a file that shrinks under a reader gives a clean error, never a hang or a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from smoe.errors import SmoeError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegular(SmoeError):
+    """An input is not a regular file, or cannot be opened at all (CLI exit status 2)."""
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def current_umask() -> int:
+    """The process umask (read without changing it for longer than two calls)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---- writing ------------------------------------------------------------------------------
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int,
+               path: str | os.PathLike) -> None:
+    """Write all of ``data`` at ``offset``; short writes continue, errors raise SmoeError."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            n = os.pwrite(fd, view[done:], offset + done)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes at offset "
+                            f"{offset + done}: {_why(e)}") from None
+        if n <= 0:
+            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes at offset "
+                            f"{offset + done}: the write made no progress")
+        done += n
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, path: str | os.PathLike) -> None:
+    """Write all of ``data`` at the file position; errors raise SmoeError."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            n = os.write(fd, view[done:])
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes: {_why(e)}") from None
+        if n <= 0:
+            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes: no progress")
+        done += n
+
+
+def truncate(fd: int, size: int, path: str | os.PathLike) -> None:
+    """``ftruncate`` with a one-line error."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot set the size to {size} bytes: {_why(e)}") from None
+
+
+def fsync(fd: int, path: str | os.PathLike) -> None:
+    """``fsync`` with a one-line error (a failed fsync means the data may be lost)."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot flush to disk (fsync): {_why(e)}") from None
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in ``path`` durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot open the folder to flush it: {_why(e)}") from None
+    try:
+        fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """``os.replace`` with a one-line error."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        raise SmoeError(f"{dst}: cannot rename {Path(src).name} onto it: {_why(e)}") from None
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """Create the output folder (and parents); refuse a non-folder in its place."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise SmoeError(f"{path}: exists and is not a folder") from None
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot create the folder: {_why(e)}") from None
+    if not path.is_dir():
+        raise SmoeError(f"{path}: exists and is not a folder")
+    return path
+
+
+# ---- creating files without following links ------------------------------------------------
+def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
+    """Create ``path`` exclusively (never through a symlink); returns a read-write fd."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise SmoeError(f"{path}: already exists (refusing to overwrite or follow it)") from None
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot create: {_why(e)}") from None
+    with contextlib.suppress(OSError):  # e.g. a filesystem without modes: still ours
+        os.fchmod(fd, mode & ~current_umask())
+    return fd
+
+
+def open_owned(path: str | os.PathLike, create: bool = True) -> int:
+    """Open a fixed-name working file (partial, journal, lock) read-write.
+
+    Refused, and neither followed nor deleted: a symlink, anything that is not a regular
+    file, a file with more than one hard link or owned by another user.
+    """
+    flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666 & ~current_umask())
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SmoeError(f"{path}: is a symlink, not a file smoe made; refused, not "
+                            "followed and not deleted") from None
+        raise SmoeError(f"{path}: cannot open: {_why(e)}") from None
+    try:
+        st = os.fstat(fd)
+        foreign = None
+        if not stat.S_ISREG(st.st_mode):
+            foreign = "is not a regular file"
+        elif st.st_nlink != 1:
+            foreign = f"has {st.st_nlink} hard links"
+        elif hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            foreign = f"belongs to user {st.st_uid}"
+        if foreign:
+            raise SmoeError(f"{path}: {foreign}, not a file smoe made; refused, not followed "
+                            "and not deleted")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlink_owned(path: str | os.PathLike) -> None:
+    """Remove a working file if it is a regular file (a symlink there is left alone)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+# ---- inputs ------------------------------------------------------------------------------
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def refuse_same_file(out: str | os.PathLike, inputs: Iterable[str | os.PathLike],
+                     what: str = "output") -> None:
+    """Refuse an output that is (through symlinks or hard links) one of the inputs."""
+    try:
+        st_out = os.stat(out)
+    except OSError:
+        return  # does not exist (or cannot be reached): it cannot be an input
+    for src in inputs:
+        try:
+            st_in = os.stat(src)
+        except OSError:
+            continue
+        if same_file(st_out, st_in):
+            raise SmoeError(f"{out}: the {what} is the input {src} itself; refusing to "
+                            "overwrite an input")
+
+
+def open_input(path: str | os.PathLike) -> int:
+    """Open an input read-only; anything but a regular file is refused without blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    except OSError as e:
+        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def require_regular(path: str | os.PathLike) -> os.stat_result:
+    """``stat`` an input (through symlinks) and refuse anything but a regular file."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+    return st
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
+    """Exactly ``n`` bytes at ``offset``; a file that shrank gives a clean error."""
+    parts = []
+    got = 0
+    while got < n:
+        try:
+            chunk = os.pread(fd, n - got, offset + got)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(f"{path}: cannot read {n} bytes at offset {offset}: "
+                            f"{_why(e)}") from None
+        if not chunk:
+            raise SmoeError(f"{path}: file shrank while reading: {n} bytes at offset {offset}, "
+                            f"got {got}")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def preadv_exact(fd: int, buf: memoryview | bytearray, offset: int,
+                 path: str | os.PathLike) -> None:
+    """Fill ``buf`` from ``offset`` (one copy, no intermediate bytes)."""
+    view = memoryview(buf).cast("B")
+    got = 0
+    while got < len(view):
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(f"{path}: cannot read {len(view)} bytes at offset {offset}: "
+                            f"{_why(e)}") from None
+        if n == 0:
+            raise SmoeError(f"{path}: file shrank while reading: {len(view)} bytes at offset "
+                            f"{offset}, got {got}")
+        got += n
+
+
+# ---- one writer per target ----------------------------------------------------------------
+class Lock:
+    """An exclusive ``flock`` on ``path`` (created without following links) holding our pid.
+
+    The kernel drops the lock when the process dies, so a killed run never blocks the next
+    one. A clean release removes the file; a run that finds the file replaced after locking
+    it (a racing release) simply locks the new one.
+    """
+
+    def __init__(self, path: str | os.PathLike, target: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.target = target
+        self.fd: int | None = None
+
+    def __enter__(self) -> Lock:
+        for _ in range(100):
+            fd = open_owned(self.path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = ""
+                try:
+                    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                    holder = f" (pid {text})" if text.isdigit() else ""
+                except OSError:
+                    pass
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise SmoeError(f"{self.target}: another smoe process{holder} is writing "
+                                    f"it; wait for it to finish (lock {self.path.name})") from None
+                raise SmoeError(f"{self.path}: cannot lock: {_why(e)}") from None
+            try:
+                current = os.lstat(self.path)
+            except OSError:
+                current = None
+            if current is None or not same_file(current, os.fstat(fd)):
+                os.close(fd)  # released and removed by its holder meanwhile: lock the new one
+                continue
+            try:
+                os.ftruncate(fd, 0)
+                pwrite_all(fd, f"{os.getpid()}\n".encode(), 0, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd = fd
+            return self
+        raise SmoeError(f"{self.path}: cannot lock: the lock file keeps being replaced")
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (still held while the file is removed)."""
+        if self.fd is not None:
+            try:
+                st = os.lstat(self.path)
+                if same_file(st, os.fstat(self.fd)):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+            os.close(self.fd)  # closing the last descriptor releases the flock
+            self.fd = None
