@@ -10,21 +10,36 @@ routed experts are located under one of the naming schemes ``transformers`` writ
 * fused 3-D: ``model.layers.{L}.mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows,
   then up rows) and ``model.layers.{L}.mlp.experts.down_proj`` ``[E, H, I]``.
 
-Shapes are the authority for structural facts (q/k norm, dense layer 0, shared expert);
-disagreements with config.json are reported as warnings naming both values.
+Shapes are the authority for structural facts (q/k norm, dense layer 0, shared expert),
+the layer count, d_model and, where one explanation fits, head counts and head_dim;
+disagreements with config.json are reported as warnings naming both values, or refused
+where the tensors cannot say which value is right.
+
+Index shard names must be relative paths inside the folder (checked by name: the files
+themselves may be symlinks elsewhere, as in a HuggingFace cache snapshot); every shard
+header is validated by ``read_header``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from smoe.config import Structure, arch_from_config, first, load_config
+from smoe.config import (
+    Structure,
+    arch_from_config,
+    get_int,
+    get_str,
+    is_mla,
+    load_config,
+    read_json,
+)
 from smoe.errors import SmoeError
 from smoe.records import ArchInfo, ModelInfo
 from smoe.safetensors_io import FLOAT_DTYPES, TensorInfo, read_array, read_header
@@ -39,6 +54,8 @@ FUSED_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.exper
                         r"(gate_up_proj_bias|down_proj_bias)$")
 EXPERT_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
                          r"\w+\.bias$")
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
 MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
 ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 
@@ -92,6 +109,49 @@ def _read_slice(info: TensorInfo, idx: int) -> np.ndarray:
     return read_array(part)
 
 
+def _weight_map(index_path: Path) -> dict[str, str]:
+    """The index's ``weight_map``: a JSON object of tensor name -> shard file name."""
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise SmoeError(f"{index_path}: no weight_map (expected a JSON object of tensor name "
+                        "-> shard file name)")
+    if not weight_map:
+        raise SmoeError(f"{index_path}: weight_map is empty")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise SmoeError(f"{index_path}: tensor {name!r} maps to {json.dumps(shard)[:60]}, "
+                            "expected a shard file name (a string)")
+    return weight_map
+
+
+def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
+    """A shard name from an index: relative, inside the checkpoint folder (checked by name;
+    the file may be a symlink elsewhere, as in a HuggingFace cache snapshot)."""
+    rel = PurePosixPath(shard)
+    reason = None
+    if not shard:
+        reason = "is empty"
+    elif "\0" in shard:
+        reason = "has a NUL byte"
+    elif rel.is_absolute():
+        reason = "is an absolute path"
+    elif ".." in rel.parts:
+        reason = "has a '..' component"
+    elif not rel.parts:
+        reason = "is the checkpoint folder itself"
+    else:
+        try:
+            shard.encode("utf-8")
+        except UnicodeEncodeError:
+            reason = "is not valid Unicode"
+    if reason:
+        raise SmoeError(f"{index_path}: tensor {tensor!r} maps to shard {shard!r}, which "
+                        f"{reason}; refused: shards must be relative paths inside the "
+                        "checkpoint folder")
+    return rel
+
+
 @dataclass
 class Checkpoint:
     """An opened HF checkpoint directory: config, tensor index, routed experts."""
@@ -110,16 +170,17 @@ class Checkpoint:
         if not root.is_dir():
             raise SmoeError(f"{root}: not a checkpoint directory")
         cfg_path = root / "config.json"
-        if not cfg_path.is_file():
+        if not os.path.lexists(cfg_path):  # a FIFO or a dangling link is refused, not "absent"
             raise SmoeError(f"{root}: no config.json (a HuggingFace checkpoint directory needs "
                             "config.json and *.safetensors)")
         config = load_config(cfg_path)
         tensors = cls._index(root)
-        model_type = str(config.get("model_type", ""))
+        where = str(cfg_path)
+        model_type = get_str(config, where, "model_type")
         if model_type in REFUSED_FAMILIES:
             raise SmoeError(f"{root}: model_type {model_type!r} refused: "
                             f"{REFUSED_FAMILIES[model_type]}")
-        act = str(first(config, "hidden_act", "hidden_activation", default="silu")).lower()
+        act = get_str(config, where, "hidden_act", "hidden_activation", default="silu").lower()
         if act not in SILU_ACTS:
             raise SmoeError(f"{root}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
                             "experts can be represented")
@@ -129,31 +190,39 @@ class Checkpoint:
     @staticmethod
     def _index(root: Path) -> dict[str, TensorInfo]:
         index_path = root / "model.safetensors.index.json"
-        if index_path.is_file():
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-                raise SmoeError(f"{index_path}: malformed ({e})") from None
-            shards = sorted({root / s for s in weight_map.values()})
+        places: dict[str, Path] | None = None  # tensor -> shard, from the index
+        if os.path.lexists(index_path):  # a FIFO or a dangling link is refused, not skipped
+            places = {name: root.joinpath(*_shard_name(index_path, name, shard).parts)
+                      for name, shard in _weight_map(index_path).items()}
+            first_user: dict[Path, str] = {}
+            for name, shard in places.items():
+                first_user.setdefault(shard, name)
+            for shard, name in first_user.items():
+                try:
+                    os.stat(shard)
+                except FileNotFoundError:
+                    raise SmoeError(f"{index_path}: tensor {name!r} is in shard "
+                                    f"{str(shard.relative_to(root))!r}, which does not "
+                                    "exist") from None
+                except OSError:
+                    pass  # read_header names the error
+            shards = sorted(first_user)
         else:
-            weight_map = None
             shards = sorted(p for p in root.glob("*.safetensors")
                             if not p.name.endswith(".scout.safetensors"))
         if not shards:
             raise SmoeError(f"{root}: no *.safetensors files")
         tensors: dict[str, TensorInfo] = {}
         for shard in shards:
-            if not shard.is_file():
-                raise SmoeError(f"{index_path}: names shard {shard.name}, which does not exist")
             for name, info in read_header(shard).items():
                 if name in tensors:
                     raise SmoeError(f"{root}: tensor {name!r} is in both "
                                     f"{tensors[name].path.name} and {shard.name}")
                 tensors[name] = info
-        if weight_map is not None:
-            for name, shard_name in weight_map.items():
-                if name not in tensors or tensors[name].path.name != Path(shard_name).name:
-                    raise SmoeError(f"{index_path}: tensor {name!r} is not in {shard_name}")
+        for name, shard in (places or {}).items():
+            if name not in tensors or tensors[name].path != shard:
+                raise SmoeError(f"{index_path}: tensor {name!r} is not in "
+                                f"{str(shard.relative_to(root))!r}")
         return tensors
 
     @staticmethod
@@ -226,7 +295,12 @@ class Checkpoint:
     # ---- facts -----------------------------------------------------------------------------
     @property
     def model_type(self) -> str:
-        return str(self.config.get("model_type", "unknown"))
+        return get_str(self.config, self.where, "model_type", default="unknown")
+
+    @property
+    def where(self) -> str:
+        """config.json's path, as messages name it."""
+        return f"{self.root}/config.json"
 
     @property
     def moe_layers(self) -> list[int]:
@@ -242,26 +316,50 @@ class Checkpoint:
         info = self.tensors.get(name)
         return info.shape if info else None
 
-    def _warn_if(self, what: str, config_value: object, shape_value: object) -> None:
-        if config_value is not None and config_value != shape_value:
-            self.warnings.append(f"{what}: config.json says {config_value!r}, the tensors say "
-                                 f"{shape_value!r}; using the tensors")
+    def _warn(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
 
-    def model_info(self) -> ModelInfo:
-        """Header facts (D5) for the whole model, whatever subset is written."""
-        cfg = self.config
+    def _warn_if(self, what: str, config_value: object, shape_value: object,
+                 why: str = "") -> None:
+        if config_value is not None and config_value != shape_value:
+            self._warn(f"{what}: config.json says {config_value!r}, the tensors say "
+                       f"{shape_value!r}{why}; using the tensors")
+
+    def _embedding(self) -> tuple[int, int]:
+        """(vocab_size, d_model): the embedding's shape."""
         emb = self._shape("model.embed_tokens.weight")
         if emb is None or len(emb) != 2:
             raise SmoeError(f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
                             "vocab_size come from it")
-        vocab, d_model = emb
+        return emb[0], emb[1]
+
+    def _check_hidden_size(self, d_model: int) -> None:
+        """hidden_size must match the embedding's columns: a warning, or refused where
+        head_dim is derived from it and the two values give different head_dims."""
+        cfg, where = self.config, self.where
+        hidden = get_int(cfg, where, "hidden_size")
+        heads = get_int(cfg, where, "num_attention_heads")
+        if hidden is not None and hidden != d_model and heads and not is_mla(cfg, where) \
+                and get_int(cfg, where, "head_dim") is None and hidden // heads != d_model // heads:
+            raise SmoeError(f"{self.root}: hidden_size: config.json says {hidden}, "
+                            f"model.embed_tokens.weight has {d_model} columns; refused: "
+                            "config.json has no head_dim, and hidden_size / num_attention_heads "
+                            f"would be {hidden // heads} by the config, {d_model // heads} by the "
+                            "tensors")
+        self._warn_if("hidden_size", hidden, d_model)
+
+    def model_info(self) -> ModelInfo:
+        """Header facts (D5) for the whole model, whatever subset is written."""
+        vocab, d_model = self._embedding()
+        self._check_hidden_size(d_model)
         widths = {lay: len(self.layer_experts(lay)) for lay in self.moe_layers}
-        n_experts = first(cfg, "num_experts", "num_local_experts", "n_routed_experts")
+        n_experts = get_int(self.config, self.where, "num_experts", "num_local_experts",
+                            "n_routed_experts")
         width = max(widths.values())
-        if n_experts is not None and int(n_experts) != width:
-            self._warn_if("num_experts", int(n_experts), width)
+        self._warn_if("num_experts", n_experts, width)
         return ModelInfo(num_moe_layers=len(widths), max_experts_per_layer=width,
-                         d_model=int(d_model), vocab_size=int(vocab), ffn_dim=self.ffn_dim())
+                         d_model=d_model, vocab_size=vocab, ffn_dim=self.ffn_dim())
 
     def dense_ffn_dim(self) -> int:
         shape = self._shape("model.layers.0.mlp.gate_proj.weight")
@@ -279,7 +377,7 @@ class Checkpoint:
     def ffn_dim(self) -> int:
         """D5: dense layer-0 rows, else shared expert rows, else config intermediate_size."""
         return (self.dense_ffn_dim() or self.shared_expert_ffn_dim()
-                or int(first(self.config, "intermediate_size", default=0)))
+                or get_int(self.config, self.where, "intermediate_size") or 0)
 
     def has_qk_norm(self) -> bool:
         return any(n.endswith(".self_attn.q_norm.weight") for n in self.tensors)
@@ -289,12 +387,102 @@ class Checkpoint:
         return Structure(self.has_qk_norm(), self.dense_ffn_dim(), self.shared_expert_ffn_dim())
 
     def arch_info(self) -> ArchInfo:
-        """The arch block (D6) from config.json, with shapes as the structural authority."""
+        """The arch block (D6) from config.json, with shapes as the authority: structure,
+        layer count, head counts and head_dim (refused where the tensors are ambiguous)."""
         gate_rows = next(iter(self.experts.values())).shapes[0][0]
-        arch, warnings = arch_from_config(self.config, f"{self.root}/config.json", gate_rows,
-                                          self.structure())
+        emb = self._shape("model.embed_tokens.weight")
+        if emb is not None and len(emb) == 2:
+            self._check_hidden_size(emb[1])
+        arch, warnings = arch_from_config(self.config, self.where, gate_rows, self.structure())
         self.warnings.extend(w for w in warnings if w not in self.warnings)
+        arch = self._attention(self._layers(arch))
+        width = max(len(self.layer_experts(lay)) for lay in self.moe_layers)
+        if arch.moe_top_k > width:
+            raise SmoeError(f"{self.where}: num_experts_per_tok is {arch.moe_top_k}, but the "
+                            f"tensors have at most {width} experts per layer")
         return arch
+
+    def _layers(self, arch: ArchInfo) -> ArchInfo:
+        """num_hidden_layers: the tensors' count (highest model.layers.{L} + 1) wins over a
+        smaller config value; a larger one, or a layer missing in between, is refused."""
+        present = {int(m.group(1)) for n in self.tensors if (m := LAYER.match(n))}
+        count = max(present) + 1
+        said = get_int(self.config, self.where, "num_hidden_layers")
+        if said is not None and said > count:
+            raise SmoeError(f"{self.root}: num_hidden_layers: config.json says {said}, but the "
+                            f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
+                            "refused")
+        gaps = sorted(set(range(count)) - present)
+        if gaps:
+            raise SmoeError(f"{self.root}: the tensors have model.layers.{count - 1} but no "
+                            f"tensor of model.layers.{gaps[0]}; refused")
+        mtp = get_int(self.config, self.where, "num_nextn_predict_layers", minimum=0) or 0
+        if said is not None and mtp and said + mtp == count:
+            extra = (f"model.layers.{said} is a multi-token-prediction layer" if mtp == 1 else
+                     f"model.layers.{said}..{count - 1} are multi-token-prediction layers")
+            self._warn(f"num_hidden_layers: config.json says {said}; the tensors' {extra} "
+                       f"(num_nextn_predict_layers {mtp}), kept beyond num_hidden_layers")
+            return arch
+        if said is None:
+            self._warn(f"num_hidden_layers: config.json has none, the tensors say {count}; "
+                       "using the tensors")
+        self._warn_if("num_hidden_layers", said, count)
+        return replace(arch, num_hidden_layers=count)
+
+    def _attention_shapes(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """Per role (q_proj, k_proj, q_norm, k_norm): (first layer, shape), the same in all
+        layers (else refused)."""
+        seen: dict[str, tuple[int, tuple[int, ...]]] = {}
+        for name, info in sorted(self.tensors.items()):
+            m = ATTENTION.match(name)
+            if not m:
+                continue
+            layer, role = int(m.group(1)), m.group(2)
+            first = seen.setdefault(role, (layer, info.shape))
+            if first[1] != info.shape:
+                raise SmoeError(f"{self.root}: {name} has shape {list(info.shape)}, but "
+                                f"model.layers.{first[0]}.self_attn.{role}.weight has "
+                                f"{list(first[1])}; per-layer attention shapes are not "
+                                "representable")
+        return seen
+
+    def _attention(self, arch: ArchInfo) -> ArchInfo:
+        """Head counts and head_dim against the q/k projections' rows (not for MLA, R3):
+        q_proj rows = num_heads × head_dim, k_proj rows = num_kv_heads × head_dim."""
+        if is_mla(self.config, self.where):
+            return arch
+        shapes = self._attention_shapes()
+        if "q_proj" not in shapes or len(shapes["q_proj"][1]) != 2:
+            return arch
+        heads, kv, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        layer, (rows_q, _) = shapes["q_proj"]
+        k = shapes.get("k_proj")
+        rows_k = k[1][0] if k and len(k[1]) == 2 else None
+        if rows_q == heads * hd and rows_k in (None, kv * hd):
+            return arch
+        norm = shapes.get("q_norm")  # a per-head q_norm [head_dim] says head_dim outright
+        witness = norm[1][0] if norm and len(norm[1]) == 1 and norm[1][0] != rows_q else None
+        fits = []
+        if rows_q % heads == 0 and rows_k in (None, kv * (rows_q // heads)) \
+                and witness in (None, rows_q // heads):
+            fits.append(replace(arch, head_dim=rows_q // heads))
+        if rows_q % hd == 0 and (rows_k is None or rows_k % hd == 0) and witness in (None, hd):
+            h, k_heads = rows_q // hd, kv if rows_k is None else rows_k // hd
+            if k_heads and h % k_heads == 0:
+                fits.append(replace(arch, num_heads=h, num_kv_heads=k_heads))
+        seen = f"model.layers.{layer}.self_attn.q_proj.weight has {rows_q} rows" + (
+            "" if rows_k is None else f", k_proj.weight {rows_k}")
+        if len(fits) != 1:
+            reason = ("either head_dim or the head counts could be wrong" if fits else
+                      "no change of head_dim alone or of the head counts alone explains them")
+            raise SmoeError(f"{self.root}: {seen}, but config.json says num_attention_heads "
+                            f"{heads} × head_dim {hd} = {heads * hd} and num_key_value_heads {kv} "
+                            f"× head_dim {hd} = {kv * hd}; refused: {reason}")
+        new = fits[0]
+        for attr, key in (("num_heads", "num_attention_heads"),
+                          ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")):
+            self._warn_if(key, getattr(arch, attr), getattr(new, attr), f" ({seen})")
+        return new
 
     def non_expert_tensors(self) -> list[TensorInfo]:
         """Every tensor that is not a routed-expert weight: the scout's contents (D8)."""

@@ -1,11 +1,20 @@
-"""HF ``config.json`` -> arch block facts, accepting every transformers spelling (D8)."""
+"""HF ``config.json`` -> arch block facts, accepting every transformers spelling (D8).
+
+Every field read is type-checked (a JSON boolean is not the string ``"false"``, a count is
+not ``true`` or ``2.0``); a wrong type is refused naming the file, key, value and the type
+expected. A JSON ``null`` counts as absent, as in transformers.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from smoe import fileio
 from smoe.errors import SmoeError
 from smoe.records import ArchInfo
 
@@ -13,23 +22,121 @@ from smoe.records import ArchInfo
 NORM_TOPK_DEFAULT = {"mixtral": True, "deepseek_v3": True, "qwen3_moe": False,
                      "qwen2_moe": False, "olmoe": False, "deepseek_v2": False}
 QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
+MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
 
 
-def first(cfg: dict, *keys: str, default: object = None) -> object:
-    """The value of the first spelling present (transformers renamed keys over versions)."""
-    for k in keys:
-        if cfg.get(k) is not None:
-            return cfg[k]
-    return default
+def _json(value: object) -> str:
+    """``value`` as it reads in JSON, cut to 60 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _get(cfg: dict, where: str, keys: tuple[str, ...], test: Callable[[object], bool],
+         expected: str, prefix: str = "") -> object:
+    """The value of the first spelling present and not null (None if none), checked."""
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            if not test(value):
+                raise SmoeError(f"{where}: {prefix}{key} is {_json(value)}, expected "
+                                f"{expected}")
+            return value
+    return None
+
+
+def get_int(cfg: dict, where: str, *keys: str, minimum: int = 1) -> int | None:
+    """A count: a JSON integer (not a boolean, not 2.0) of at least ``minimum`` (0 or 1)."""
+    expected = "a positive integer" if minimum else "a non-negative integer"
+    value = _get(cfg, where, keys, lambda v: type(v) is int and v >= minimum, expected)
+    return value if isinstance(value, int) else None
+
+
+def _finite(v: object, positive: bool) -> bool:
+    if type(v) not in (int, float):
+        return False
+    try:
+        f = float(v)
+    except OverflowError:
+        return False
+    return math.isfinite(f) and (f > 0 if positive else f >= 0)
+
+
+def get_float(cfg: dict, where: str, *keys: str, positive: bool = True,
+              prefix: str = "") -> float | None:
+    """A finite JSON number (integers allowed), > 0 (or >= 0 unless ``positive``)."""
+    value = _get(cfg, where, keys, lambda v: _finite(v, positive),
+                 f"a finite number {'>' if positive else '>='} 0", prefix)
+    return None if value is None else float(value)
+
+
+def get_bool(cfg: dict, where: str, key: str) -> bool | None:
+    """A JSON boolean: ``"false"`` or ``0`` is refused, not read as a flag."""
+    value = _get(cfg, where, (key,), lambda v: type(v) is bool,
+                 "a JSON boolean (true or false)")
+    return value if isinstance(value, bool) else None
+
+
+def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
+    value = _get(cfg, where, keys, lambda v: isinstance(v, str), "a string")
+    return value if isinstance(value, str) else default
+
+
+def get_object(cfg: dict, where: str, key: str) -> dict | None:
+    value = _get(cfg, where, (key,), lambda v: isinstance(v, dict), "a JSON object")
+    return value if isinstance(value, dict) else None
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def read_json(path: Path) -> object:
+    """A small JSON input (config.json, an index): a regular file, UTF-8, no key twice.
+
+    FIFOs, folders and devices are refused without blocking (``fileio.open_input``).
+    """
+    fd = fileio.open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > MAX_JSON:
+            raise SmoeError(f"{path}: {size} bytes is too large for a JSON file (over "
+                            f"{MAX_JSON >> 20} MiB)")
+        raw = fileio.pread_exact(fd, size, 0, path)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SmoeError(f"{path}: not valid UTF-8 at offset {e.start} (byte "
+                        f"0x{raw[e.start]:02x})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique)
+    except _Duplicate as e:
+        raise SmoeError(f"{path}: the key {e.key!r} appears twice in one object") from None
+    except json.JSONDecodeError as e:
+        at = len(text[: e.pos].encode("utf-8"))
+        raise SmoeError(f"{path}: not valid JSON at offset {at} "
+                        f"({e.msg.removesuffix(' at').lower()})") from None
+    except RecursionError:
+        raise SmoeError(f"{path}: JSON nested too deeply") from None
+    except ValueError:  # an integer literal of more than 4300 digits
+        raise SmoeError(f"{path}: has an integer too long to read") from None
 
 
 def load_config(path: Path) -> dict:
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as e:
-        raise SmoeError(f"{path}: cannot read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise SmoeError(f"{path}: not valid JSON ({e})") from None
+    """config.json as a dict (its ``text_config`` for multimodal wrappers)."""
+    cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise SmoeError(f"{path}: not a JSON object")
     return cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
@@ -44,16 +151,64 @@ class Structure:
     shared_expert_ffn_dim: int
 
 
-def structure_from_config(cfg: dict) -> Structure:
-    model_type = str(cfg.get("model_type", ""))
-    qk = cfg.get("use_qk_norm")
-    dense = int(cfg.get("intermediate_size", 0) or 0) if int(
-        cfg.get("first_k_dense_replace", 0) or 0) > 0 else 0
-    shared = cfg.get("shared_expert_intermediate_size")
-    if shared is None and cfg.get("n_shared_experts"):
-        shared = int(cfg["n_shared_experts"]) * int(cfg.get("moe_intermediate_size", 0) or 0)
-    return Structure(bool(qk) if qk is not None else model_type in QK_NORM_FAMILIES, dense,
-                     int(shared or 0))
+def structure_from_config(cfg: dict, where: str) -> Structure:
+    qk = get_bool(cfg, where, "use_qk_norm")
+    dense = 0
+    if get_int(cfg, where, "first_k_dense_replace", minimum=0):
+        dense = get_int(cfg, where, "intermediate_size") or 0
+    shared = get_int(cfg, where, "shared_expert_intermediate_size", minimum=0)
+    if shared is None:
+        n_shared = get_int(cfg, where, "n_shared_experts", minimum=0) or 0
+        shared = n_shared * (get_int(cfg, where, "moe_intermediate_size") or 0)
+    qk_default = get_str(cfg, where, "model_type") in QK_NORM_FAMILIES
+    return Structure(qk if qk is not None else qk_default, dense, shared)
+
+
+def is_mla(cfg: dict, where: str) -> bool:
+    """DeepSeek multi-head latent attention: q/k widths instead of one head_dim (R3)."""
+    nope = get_int(cfg, where, "qk_nope_head_dim", minimum=0)
+    rope = get_int(cfg, where, "qk_rope_head_dim", minimum=0)
+    return nope is not None and rope is not None
+
+
+def rope_theta(cfg: dict, where: str) -> float:
+    """``rope_theta``: top-level (old spelling) or in ``rope_parameters``/``rope_scaling``."""
+    theta = get_float(cfg, where, "rope_theta")
+    for nested in ("rope_parameters", "rope_scaling"):
+        sub = get_object(cfg, where, nested)
+        if theta is None and sub is not None:
+            theta = get_float(sub, where, "rope_theta", prefix=f"{nested}.")
+    if theta is None:
+        raise SmoeError(f"{where}: no rope_theta (top-level or in rope_parameters)")
+    return theta
+
+
+def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
+    """(num_heads, num_kv_heads, head_dim); head_dim = hidden_size // heads when absent."""
+    heads = get_int(cfg, where, "num_attention_heads")
+    if heads is None:
+        raise SmoeError(f"{where}: no num_attention_heads")
+    kv = get_int(cfg, where, "num_key_value_heads") or heads
+    if heads % kv:
+        raise SmoeError(f"{where}: num_attention_heads {heads} is not a multiple of "
+                        f"num_key_value_heads {kv}")
+    if is_mla(cfg, where):
+        # Ruling R3: MLA (DeepSeek) has no single head_dim; the block carries the q/k width.
+        head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        if head_dim < 1:
+            raise SmoeError(f"{where}: qk_nope_head_dim + qk_rope_head_dim is 0, expected a "
+                            "positive q/k head width")
+        return heads, kv, head_dim
+    head_dim = get_int(cfg, where, "head_dim")
+    if head_dim is None:
+        hidden = get_int(cfg, where, "hidden_size")
+        if hidden is None:
+            raise SmoeError(f"{where}: no head_dim, and no hidden_size to derive it from")
+        head_dim = hidden // heads
+        if head_dim < 1:
+            raise SmoeError(f"{where}: head_dim = hidden_size {hidden} // num_attention_heads "
+                            f"{heads} is 0")
+    return heads, kv, head_dim
 
 
 def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
@@ -63,31 +218,19 @@ def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
     Returns the block and the warnings for every disagreement between config and shapes.
     """
     warnings = []
-    rope_theta = first(cfg, "rope_theta")
-    for nested in ("rope_parameters", "rope_scaling"):
-        if rope_theta is None and isinstance(cfg.get(nested), dict):
-            rope_theta = cfg[nested].get("rope_theta")
-    if rope_theta is None:
-        raise SmoeError(f"{where}: no rope_theta (top-level or in rope_parameters)")
-    heads = int(first(cfg, "num_attention_heads", default=0))
-    hidden = int(first(cfg, "hidden_size", default=0))
-    kv = int(first(cfg, "num_key_value_heads", default=heads))
-    if "qk_nope_head_dim" in cfg and "qk_rope_head_dim" in cfg:
-        # Ruling R3: MLA (DeepSeek) has no single head_dim; the block carries the q/k width.
-        head_dim = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
-    else:
-        head_dim = int(first(cfg, "head_dim", default=hidden // heads if heads else 0))
-    top_k = first(cfg, "num_experts_per_tok", "moe_top_k", "top_k")
+    theta = rope_theta(cfg, where)
+    heads, kv, head_dim = attention_from_config(cfg, where)
+    top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
     if top_k is None:
         raise SmoeError(f"{where}: no num_experts_per_tok")
-    model_type = str(cfg.get("model_type", "unknown"))
-    moe_cfg = first(cfg, "moe_intermediate_size")
+    model_type = get_str(cfg, where, "model_type", default="unknown")
+    moe_cfg = get_int(cfg, where, "moe_intermediate_size")
     if moe_cfg is None and model_type == "mixtral":
-        moe_cfg = cfg.get("intermediate_size")
-    if moe_cfg is not None and int(moe_cfg) != moe_ffn_dim:
+        moe_cfg = get_int(cfg, where, "intermediate_size")
+    if moe_cfg is not None and moe_cfg != moe_ffn_dim:
         warnings.append(f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
                         f"{moe_ffn_dim}; using the tensors")
-    from_cfg = structure_from_config(cfg)
+    from_cfg = structure_from_config(cfg, where)
     facts = shapes or from_cfg
     if shapes is not None:
         for name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
@@ -97,15 +240,16 @@ def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
             if cfg_has and c != s:
                 warnings.append(f"{name}: config.json says {c!r}, the tensors say {s!r}; "
                                 "using the tensors")
-    norm_topk = cfg.get("norm_topk_prob")
+    norm_topk = get_bool(cfg, where, "norm_topk_prob")
     if norm_topk is None:
         norm_topk = NORM_TOPK_DEFAULT.get(model_type, False)
+    eps = get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
     arch = ArchInfo(
-        rope_theta=float(rope_theta), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-        moe_top_k=int(top_k), moe_ffn_dim=int(moe_ffn_dim),
-        num_hidden_layers=int(first(cfg, "num_hidden_layers", default=0)),
-        rms_norm_eps=float(first(cfg, "rms_norm_eps", "layer_norm_eps", default=1e-6)),
-        model_type=model_type, norm_topk_prob=bool(norm_topk), has_qk_norm=facts.has_qk_norm,
+        rope_theta=theta, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+        moe_top_k=top_k, moe_ffn_dim=int(moe_ffn_dim),
+        num_hidden_layers=get_int(cfg, where, "num_hidden_layers") or 0,
+        rms_norm_eps=1e-6 if eps is None else eps, model_type=model_type,
+        norm_topk_prob=norm_topk, has_qk_norm=facts.has_qk_norm,
         has_dense_layer_0=facts.dense_ffn_dim > 0, dense_ffn_dim=facts.dense_ffn_dim,
         shared_expert_ffn_dim=facts.shared_expert_ffn_dim,
     )

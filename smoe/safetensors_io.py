@@ -17,9 +17,11 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 
+from smoe import fileio
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
 
@@ -47,39 +49,234 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+_MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
+_ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+
+
+class _HeaderFault(ValueError):
+    """A fault in a JSON header: the message is ``{before} at offset {X}{after}``, where X
+    is the absolute file offset of character ``pos`` of the header."""
+
+    def __init__(self, pos: int, before: str, after: str = "") -> None:
+        super().__init__(before, after)
+        self.pos, self.before, self.after = pos, before, after
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``object_pairs_hook`` refusing a key given twice (json.loads would keep the last)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _HeaderFault(-1, "", f" has the key {key!r} twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> object:
+    raise _HeaderFault(-1, "", f" has {name}, which is not JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant)
+
+
+def _skip_ws(text: str, i: int) -> int:
+    return json.decoder.WHITESPACE.match(text, i).end()  # always matches (maybe empty)
+
+
+def _what(key: str) -> str:
+    if key == "__metadata__":
+        return key
+    return f"tensor {key[:77] + '...' if len(key) > 80 else key!r}"
+
+
+def _member(text: str, i: int) -> tuple[str, object, int]:
+    """One ``"key": value`` of an object starting at ``i``: key, value, end position."""
+    if text[i : i + 1] != '"':
+        raise _HeaderFault(i, "header is not valid JSON", " (expecting a quoted key)")
+    try:
+        key, j = json.decoder.scanstring(text, i + 1, True)
+    except json.JSONDecodeError as e:
+        raise _HeaderFault(e.pos, "header is not valid JSON", f" ({_reason(e)})") from None
+    j = _skip_ws(text, j)
+    if text[j : j + 1] != ":":
+        raise _HeaderFault(j, "header is not valid JSON", " (expecting ':')")
+    j = _skip_ws(text, j + 1)
+    try:
+        value, j = _DECODER.raw_decode(text, j)
+    except _HeaderFault as e:
+        raise _HeaderFault(i, f"{_what(key)} (entry", f"){e.after}") from None
+    except json.JSONDecodeError as e:
+        raise _HeaderFault(e.pos, "header is not valid JSON", f" ({_reason(e)})") from None
+    except RecursionError:
+        raise _HeaderFault(i, f"{_what(key)} (entry", ") is nested too deeply") from None
+    except ValueError:  # an integer literal of more than 4300 digits
+        raise _HeaderFault(i, f"{_what(key)} (entry", ") has an integer too long to read") \
+            from None
+    return key, value, j
+
+
+def _reason(e: json.JSONDecodeError) -> str:
+    return e.msg.removesuffix(" at").lower()
+
+
+def _top_level(text: str) -> list[tuple[str, int, object]]:
+    """(key, character position of the key, value) of a JSON object, in file order."""
+    i = _skip_ws(text, 0)
+    if text[i : i + 1] != "{":
+        raise _HeaderFault(i, "header", " is not a JSON object")
+    items: list[tuple[str, int, object]] = []
+    seen: set[str] = set()
+    j = _skip_ws(text, i + 1)
+    while text[j : j + 1] != "}":
+        i = _skip_ws(text, j + 1) if items else j
+        key, value, j = _member(text, i)
+        if key in seen:
+            raise _HeaderFault(i, f"header names {_what(key)} twice, again")
+        seen.add(key)
+        items.append((key, i, value))
+        j = _skip_ws(text, j)
+        if text[j : j + 1] not in (",", "}"):
+            raise _HeaderFault(j, "header is not valid JSON", " (expecting ',' or '}')")
+    end = _skip_ws(text, j + 1)
+    if end != len(text):
+        raise _HeaderFault(end, "header has data after its JSON object")
+    return items
+
+
+def _json(value: object) -> str:
+    """``value`` as it reads in JSON, cut to 60 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape
+        return False
+    return True
+
+
+def _is_u64(value: object) -> bool:
+    return type(value) is int and 0 <= value < 1 << 64  # JSON true/false are not integers
+
+
+def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
+    """A tensor's (dtype, shape, begin, end) from its header entry, every field checked;
+    a fault raises ValueError with the rest of the sentence."""
+    if not name:
+        raise ValueError("has an empty name")
+    if not _valid_unicode(name):
+        raise ValueError("has a name that is not valid Unicode (lone surrogate)")
+    if not isinstance(meta, dict):
+        raise ValueError(f"is {_json(meta)}, expected an object with dtype, shape and "
+                         "data_offsets")
+    for key in _ENTRY_KEYS:
+        if key not in meta:
+            raise ValueError(f"has no {key!r}")
+    for key in meta:
+        if key not in _ENTRY_KEYS:
+            raise ValueError(f"has an unknown key {key!r}")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise ValueError(f"has an unsupported dtype {_json(dtype)}")
+    if not isinstance(shape, list) or not all(map(_is_u64, shape)):
+        raise ValueError(f"has shape {_json(shape)}, expected a list of unsigned 64-bit "
+                         "integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_u64, offsets))):
+        raise ValueError(f"has data_offsets {_json(offsets)}, expected two unsigned 64-bit "
+                         "integers")
+    begin, end = offsets
+    if end < begin:
+        raise ValueError(f"has data_offsets [{begin}, {end}], which end before they begin")
+    nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+    if nbytes >= 1 << 64:
+        raise ValueError(f"has shape {_json(shape)} of {dtype}: 2^64 bytes or more")
+    if end - begin != nbytes:
+        raise ValueError(f"has data_offsets [{begin}, {end}] holding {end - begin} bytes, but "
+                         f"{dtype} {shape} needs {nbytes}")
+    return dtype, tuple(shape), begin, end
+
+
+def _check_metadata(meta: object) -> None:
+    if not isinstance(meta, dict):
+        raise ValueError(f"is {_json(meta)}, expected an object of strings")
+    for key, value in meta.items():
+        if not isinstance(value, str):
+            raise ValueError(f"key {key!r} is {_json(value)}, expected a string")
+        if not (_valid_unicode(key) and _valid_unicode(value)):
+            raise ValueError(f"key {key!r} is not valid Unicode (lone surrogate)")
+
+
+def _tile(path: Path, places: list[tuple[int, int, str]], base: int, size: int) -> None:
+    """The tensors' (begin, end, name), sorted, must cover the data exactly up to the end."""
+    prev_end, prev = 0, "the header"
+    for begin, end, name in sorted(places):
+        if begin != prev_end:
+            what = ("overlaps" if begin < prev_end
+                    else f"leaves a hole of {begin - prev_end} bytes after")
+            raise SmoeError(f"{path}: {_what(name)} data at offset {base + begin} {what} "
+                            f"{prev}, which ends at offset {base + prev_end}")
+        prev_end, prev = end, _what(name)
+    if base + prev_end > size:
+        raise SmoeError(f"{path}: {prev} data ends at offset {base + prev_end}, beyond the end "
+                        f"of the file ({size} bytes)")
+    if base + prev_end < size:
+        raise SmoeError(f"{path}: {size - base - prev_end} bytes at offset {base + prev_end} "
+                        f"after {prev} belong to no tensor")
+
+
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Index one shard's tensors; every offset is checked against the file size."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise SmoeError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(MAX_HEADER, size - 8):
+    """Index one shard's tensors, checked at least as strictly as the safetensors library.
+
+    The header must be UTF-8 JSON, an object without duplicate keys; names valid Unicode;
+    ``__metadata__`` strings only; every entry a known dtype, a shape of unsigned 64-bit
+    integers and data_offsets holding exactly its bytes; and the tensors, sorted by
+    offset, must tile the data (no overlap, no hole) up to the end of the file. Every
+    message names the absolute byte offset at fault.
+    """
+    fd = fileio.open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise SmoeError(f"{path}: not a safetensors file ({size} bytes, shorter than the "
+                            "8-byte header length)")
+        (n,) = struct.unpack("<Q", fileio.pread_exact(fd, 8, 0, path))
+        if n > _MAX_HEADER:
+            raise SmoeError(f"{path}: header length {n} at offset 0 exceeds the safetensors "
+                            f"limit of {_MAX_HEADER} bytes")
+        if n > size - 8:
             raise SmoeError(f"{path}: header length {n} at offset 0 exceeds the file size {size}")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SmoeError(f"{path}: header at offset 8 is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise SmoeError(f"{path}: header at offset 8 is not a JSON object")
+        raw = fileio.pread_exact(fd, n, 8, path)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SmoeError(f"{path}: header is not valid UTF-8 at offset {8 + e.start} (byte "
+                        f"0x{raw[e.start]:02x})") from None
+
+    def offset(pos: int) -> int:  # only called on a fault: O(header) is fine
+        return 8 + len(text[:pos].encode("utf-8"))
+
+    try:
+        items = _top_level(text)
+    except _HeaderFault as e:
+        raise SmoeError(f"{path}: {e.before} at offset {offset(e.pos)}{e.after}") from None
     base = 8 + n
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
+    out: dict[str, TensorInfo] = {}
+    places = []
+    for name, pos, meta in items:
         try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise SmoeError(f"{path}: tensor {name!r} has a malformed header entry") from None
-        if dtype not in DTYPE_SIZES or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise SmoeError(f"{path}: tensor {name!r} has dtype {dtype!r} shape {list(shape)}")
-        nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end
-                and end - begin == nbytes and base + end <= size):
-            raise SmoeError(f"{path}: tensor {name!r} data_offsets [{begin}, {end}] do not hold "
-                            f"{nbytes} bytes inside the file ({size} bytes)")
-        out[name] = TensorInfo(name, path, dtype, shape, base + begin, nbytes)
+            if name == "__metadata__":
+                _check_metadata(meta)
+                continue
+            dtype, shape, begin, end = _entry(name, meta)
+        except ValueError as e:
+            raise SmoeError(f"{path}: {_what(name)} (entry at offset {offset(pos)}) {e}") from None
+        out[name] = TensorInfo(name, path, dtype, shape, base + begin, end - begin)
+        places.append((begin, end, name))
+    _tile(path, places, base, size)
     return out
 
 
@@ -103,28 +300,43 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
 
 
 def copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int,
-               chunk: int = 8 << 20) -> None:
-    """Copy n bytes between files with positioned I/O, at most ``chunk`` bytes in memory."""
+               chunk: int = 8 << 20, *, src_path: str | os.PathLike,
+               dst_path: str | os.PathLike) -> None:
+    """Copy n bytes between files with positioned I/O, at most ``chunk`` bytes in memory.
+
+    Reads and writes are checked: a source that shrank or a failed write (ENOSPC, EIO)
+    raises one SmoeError line naming the file and the offset.
+    """
     buf = bytearray(min(chunk, max(n, 1)))
     view = memoryview(buf)
     done = 0
     while done < n:
         want = min(len(buf), n - done)
-        got = os.preadv(src_fd, [view[:want]], src_off + done)
-        if got <= 0:
-            raise SmoeError(f"short read at offset {src_off + done}")
-        os.pwrite(dst_fd, view[:got], dst_off + done)
-        done += got
+        fileio.preadv_exact(src_fd, view[:want], src_off + done, src_path)
+        fileio.pwrite_all(dst_fd, view[:want], dst_off + done, dst_path)
+        done += want
 
 
+@overload
 def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
-               fill: Callable[[int, int, int], None],
-               metadata: dict[str, str] | None = None) -> int:
+               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
+               *, stage: Literal[False] = False) -> int: ...
+@overload
+def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
+               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
+               *, stage: Literal[True]) -> tuple[int, AtomicFile]: ...
+def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
+               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
+               *, stage: bool = False) -> int | tuple[int, AtomicFile]:
     """Write a safetensors file whose tensors ``items`` = (name, dtype, shape) are in name
-    order; ``fill(fd, i, offset)`` writes tensor i's bytes at absolute ``offset``.
+    order; ``fill(fd, i, offset)`` writes tensor i's bytes at absolute ``offset`` (with
+    :func:`fileio.pwrite_all`).
 
     The header is written first (all sizes are known), so data can be streamed tensor by
-    tensor with bounded memory. Atomic: temp file, fsync, rename. Returns the file size.
+    tensor with bounded memory. Atomic: temp file, fsync, rename; on any error the temp
+    file is removed and nothing appears under ``path``. Returns the file size; with
+    ``stage=True`` the data is written and fsynced but not renamed, and ``(size, file)``
+    is returned: the caller renames with ``file.commit()`` (or drops it with ``.abort()``).
     """
     order = sorted(range(len(items)), key=lambda i: items[i][0])
     header: dict[str, object] = {}
@@ -141,32 +353,58 @@ def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     base = 8 + len(raw)
-    with AtomicFile(path) as out:
+    out = AtomicFile(path)
+    try:
         fd = out.fd
         assert fd is not None
-        os.pwrite(fd, struct.pack("<Q", len(raw)) + raw, 0)
-        os.ftruncate(fd, base + pos)
+        out.pwrite(struct.pack("<Q", len(raw)) + raw, 0)
+        out.truncate(base + pos)
         for i in order:
-            fill(fd, i, base + places[i])
+            try:
+                fill(fd, i, base + places[i])
+            except OSError as e:  # a fill that wrote with a bare os.pwrite
+                raise SmoeError(f"{path}: cannot write tensor {items[i][0]!r} at offset "
+                                f"{base + places[i]}: {e.strerror or e}") from None
+        if stage:
+            out.sync()
+            return base + pos, out
         out.commit()
+    except BaseException:
+        out.abort()
+        raise
     return base + pos
 
 
+@overload
 def write_streaming(path: Path, tensors: Iterable[TensorInfo],
-                    metadata: dict[str, str] | None = None) -> int:
-    """A safetensors file of existing tensors, copied from their source shards chunkwise."""
+                    metadata: dict[str, str] | None = None,
+                    *, stage: Literal[False] = False) -> int: ...
+@overload
+def write_streaming(path: Path, tensors: Iterable[TensorInfo],
+                    metadata: dict[str, str] | None = None,
+                    *, stage: Literal[True]) -> tuple[int, AtomicFile]: ...
+def write_streaming(path: Path, tensors: Iterable[TensorInfo],
+                    metadata: dict[str, str] | None = None,
+                    *, stage: bool = False) -> int | tuple[int, AtomicFile]:
+    """A safetensors file of existing tensors, copied from their source shards chunkwise.
+
+    A source shard is never the output (refused by device and inode); ``stage`` as in
+    :func:`write_file`.
+    """
     items = list(tensors)
+    fileio.refuse_same_file(path, sorted({t.path for t in items}))
     fds: dict[Path, int] = {}
 
     def fill(fd: int, i: int, offset: int) -> None:
         t = items[i]
         src = fds.get(t.path)
         if src is None:
-            src = fds[t.path] = os.open(t.path, os.O_RDONLY)
-        copy_range(src, t.offset, fd, offset, t.nbytes)
+            src = fds[t.path] = fileio.open_input(t.path)
+        copy_range(src, t.offset, fd, offset, t.nbytes, src_path=t.path, dst_path=path)
 
     try:
-        return write_file(path, [(t.name, t.dtype, t.shape) for t in items], fill, metadata)
+        return write_file(path, [(t.name, t.dtype, t.shape) for t in items], fill, metadata,
+                          stage=stage)  # type: ignore[call-overload]
     finally:
         for src in fds.values():
             os.close(src)
