@@ -29,6 +29,24 @@ are processed in chunks of whole groups, so working memory is bounded by the chu
 
 Inputs are ``float32``, ``float16`` (or any real float numpy can cast) arrays, or raw
 bfloat16 bit patterns as ``uint16`` with ``src_dtype="bf16"``.
+
+Weights the format cannot hold (issue 10):
+
+* NaN and ±Inf are always refused with :class:`NonFiniteWeights` (exact count, first
+  position).
+* The top level of both widths is 1.0, so the largest magnitude a group can decode to is
+  ``FP16_MAX`` (65504). ``overflow="raise"`` (what vault writers use) refuses any
+  ``|w| > 65504`` with :class:`ScaleOverflow`; ``overflow="clip"`` (the default of this
+  module) clips the scale to 65504, so larger weights decode to ±65504 and the rest of
+  their group to multiples of ``65504 / c``.
+* Underflow is not refused: a group with ``absmax < 2**-25`` gets scale 0 and decodes to
+  zeros, groups below ``2**-14`` get subnormal (coarser) scales. That loses at most
+  ~``3e-8`` per weight; when a whole tensor is that small its SNR drops to ~0 dB
+  (``N(0, 1e-8)``: 0.9 dB at Q4, against 19.9 dB at ``N(0, 1e-7)``), which the sculpt
+  summary warns about (:data:`SNR_FLOOR_DB`).
+
+Both checks ride on the per-group maxima the encoder computes anyway (one integer max per
+chunk); only a failure rescans the tensor to count.
 """
 
 from __future__ import annotations
@@ -37,12 +55,17 @@ from typing import Literal
 
 import numpy as np
 
+from smoe.errors import SmoeError
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
 __all__ = [
     "CHUNK_WEIGHTS",
     "FP16_MAX",
+    "SNR_FLOOR_DB",
+    "NonFiniteWeights",
     "QuantStats",
+    "ScaleOverflow",
+    "UnrepresentableWeights",
     "bf16_to_f32",
     "decode",
     "dequantize",
@@ -57,18 +80,119 @@ __all__ = [
 
 ScaleMode = Literal["optimal", "absmax"]
 SrcDtype = Literal["f32", "f16", "bf16"]
+Overflow = Literal["clip", "raise"]
 
 CHUNK_WEIGHTS = 1 << 18
 """Default weights per processing chunk (a multiple of ``GROUP_SIZE``)."""
 
 FP16_MAX = float(np.finfo(np.float16).max)
-"""Largest finite binary16 value (65504); larger scales are clipped to it."""
+"""Largest finite binary16 value (65504): the largest scale, and (top level 1.0) the largest
+magnitude either width decodes to."""
+
+SNR_FLOOR_DB = {4: 10.0, 2: 2.5}
+"""Per bit width, the tensor SNR (dB, ``optimal`` scales) below which a sculpt warns.
+
+Measured on 512 x 2048 tensors (Q4 / Q2): N(0, 0.02) 20.5 / 9.5, Laplace 18.0 / 7.3,
+Student-t(5) 17.8 / 7.5, N(0, 0.02) with 4 outliers of 8-10x per row 17.5 / 7.5, one 9x
+outlier in every group (the synthetic test checkpoints) 13.0 / 3.8; Student-t(3) 14.4 /
+5.1. Broken weights sit near 0 dB (a tensor whose groups underflow: 0.9 / 0.0). The
+floors keep ~3 dB (Q4) and ~1.3 dB (Q2) below the worst healthy case. ``absmax`` scales
+lose more, at Q2 much more (1.4 dB on the outlier case), and are warned about there.
+"""
+
+_OK_BITS = {"clip": int(np.float32(np.finfo(np.float32).max).view(np.int32)),
+            "raise": int(np.float32(FP16_MAX).view(np.int32))}
+"""Per ``overflow`` mode, the largest acceptable ``|w|`` as a float32 bit pattern: a
+larger pattern in a group's absmax is non-finite (both modes) or above 65504 ("raise")."""
 
 _Q4_FACTORS = (0.96, 0.89)
 """Q4 ``optimal``: the candidate scales, as multiples of the fp16 absmax scale (tuned on
 normal-like weights against a dense search of fp16 scales; see bench/quant_bench.py)."""
 
 _SRC_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None}
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class UnrepresentableWeights(SmoeError, ValueError):
+    """Weights the format cannot hold; see :class:`NonFiniteWeights`, :class:`ScaleOverflow`.
+
+    ``count``: offending weights; ``groups``: groups holding them; ``position``: index
+    (in the input's shape) of the first non-finite weight, or of the largest ``|w|``;
+    ``value``: the weight there; ``bits``. Pickles with its message and fields (sculpt
+    workers run in other processes). :meth:`within` adds where it happened.
+    """
+
+    def __init__(self, message: str, *, count: int = 0, groups: int = 0,
+                 position: tuple[int, ...] = (), value: float = 0.0, bits: int = 0) -> None:
+        super().__init__(message)
+        self.count, self.groups, self.position = count, groups, position
+        self.value, self.bits = value, bits
+
+    def within(self, where: str) -> UnrepresentableWeights:
+        """The same error with ``where: `` (e.g. ``layer 3 expert 5 down_proj``) prepended."""
+        return type(self)(f"{where}: {self}", count=self.count, groups=self.groups,
+                          position=self.position, value=self.value, bits=self.bits)
+
+
+class NonFiniteWeights(UnrepresentableWeights):
+    """NaN or ±Inf weights: the format stores finite values only."""
+
+
+class ScaleOverflow(UnrepresentableWeights):
+    """``|w| > 65504``: the group would need a scale above the largest float16."""
+
+
+def _where(position: tuple[int, ...]) -> str:
+    if len(position) == 2:
+        return f"row {position[0]} col {position[1]}"
+    return f"index {position[0]}" if len(position) == 1 else f"index {position}"
+
+
+def _refuse(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int, overflow: str,
+            chunk: int) -> UnrepresentableWeights:
+    """The failure path: rescan the whole input, count exactly, build the error."""
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(chunk, np.float32)
+    bad = over = groups = 0
+    first = top = -1
+    top_abs = 0.0
+    for start in range(0, n, chunk):
+        w = _read_chunk(src, kind, start, min(start + chunk, n), buf)
+        finite = np.isfinite(w)
+        k = int(w.size - np.count_nonzero(finite))
+        if k and first < 0:
+            first = start + int(np.argmin(finite))
+        bad += k
+        if bad or overflow != "raise":
+            continue
+        mag = np.abs(w)
+        hit = mag > FP16_MAX
+        k = int(np.count_nonzero(hit))
+        if k:
+            over += k
+            pad = np.zeros(num_groups(w.size) * GROUP_SIZE, bool)
+            pad[: w.size] = hit
+            groups += int(np.count_nonzero(pad.reshape(-1, GROUP_SIZE).any(axis=1)))
+            i = int(np.argmax(mag))
+            if mag[i] > top_abs:
+                top, top_abs = start + i, float(mag[i])
+    if bad:
+        pos = tuple(int(i) for i in np.unravel_index(first, shape))
+        value = float(_read_chunk(src, kind, first, first + 1, buf)[0])
+        msg = (f"1 weight is inf or nan ({value}) at {_where(pos)}" if bad == 1 else
+               f"{bad} weights are inf or nan, the first ({value}) at {_where(pos)}")
+        return NonFiniteWeights(f"{msg}; the format stores finite values only", count=bad,
+                                groups=0, position=pos, value=value, bits=bits)
+    pos = tuple(int(i) for i in np.unravel_index(max(top, 0), shape))
+    need = "1 group needs" if groups == 1 else f"{groups} groups need"
+    have = "1 weight has" if over == 1 else f"{over} weights have"
+    return ScaleOverflow(
+        f"{need} a scale above 65504 (the largest float16): {have} |w| > 65504, up to "
+        f"{np.float32(top_abs)!s} at {_where(pos)}; the largest magnitude Q{bits} can hold "
+        "is 65504 (top level 1.0 x scale 65504)",
+        count=over, groups=groups, position=pos, value=top_abs, bits=bits)
 
 
 # ---------------------------------------------------------------------------- sizes
@@ -273,8 +397,10 @@ _TILE = 128
 """Groups per block when transposing (keeps the strided copy in cache)."""
 
 
-def _scales_q2_optimal(g: np.ndarray, work: np.ndarray, aux: np.ndarray) -> np.ndarray:
-    """Per-group fp16 scales for Q2 ``optimal``: the least-squares optimum.
+def _scales_q2_optimal(g: np.ndarray, work: np.ndarray, aux: np.ndarray,
+                       limit: int) -> np.ndarray | None:
+    """Per-group fp16 scales for Q2 ``optimal``: the least-squares optimum, or ``None`` if
+    a magnitude's bit pattern exceeds ``limit`` (see ``_OK_BITS``).
 
     Every code assignment a scale can produce splits a group's sorted magnitudes ``a`` in
     two: split ``k`` puts ``a[:k]`` on the inner level ``s/3`` and the rest on ``s``. In
@@ -292,8 +418,8 @@ def _scales_q2_optimal(g: np.ndarray, work: np.ndarray, aux: np.ndarray) -> np.n
     mag = aux.view(np.int32)  # |g| as bit patterns: same order as the floats, faster sort
     np.bitwise_and(g.view(np.int32), 0x7FFFFFFF, out=mag)
     mag.sort(axis=1)
-    if not np.isfinite(aux[:, -1]).all():
-        raise ValueError("weights contain inf or nan")
+    if mag[:, -1].max() > limit:  # each group's absmax is its last magnitude
+        return None
     p = work.reshape(n, m)  # magnitude rank x group
     for i in range(0, m, _TILE):
         p[:, i : i + _TILE] = aux[i : i + _TILE].T
@@ -331,16 +457,19 @@ def _q2_clipped(a: np.ndarray) -> np.ndarray:
 
 
 def _encode_groups(g: np.ndarray, bits: int, scale: str, work: np.ndarray,
-                   aux: np.ndarray) -> np.ndarray:
+                   aux: np.ndarray, limit: int) -> np.ndarray | None:
     """Choose fp16 scales for the groups (rows) of ``g``; leave ``codes - 2**(bits-1)`` in
-    ``work`` and return the scales as float32. ``work``, ``aux``: scratch shaped like ``g``."""
+    ``work`` and return the scales as float32. ``work``, ``aux``: scratch shaped like ``g``.
+    ``None`` when a group's absmax, as a float32 bit pattern, exceeds ``limit``."""
     with np.errstate(over="ignore", invalid="ignore"):
         if scale == "optimal" and 1 << (bits - 1) == 2:  # two magnitude levels: Q2
-            s = _scales_q2_optimal(g, work, aux)
+            s = _scales_q2_optimal(g, work, aux, limit)
+            if s is None:
+                return None
         else:
             absmax = _absmax(g, work)
-            if not np.isfinite(absmax).all():
-                raise ValueError("weights contain inf or nan")
+            if absmax.view(np.int32).max() > limit:  # NaN and Inf patterns are the largest
+                return None
             if scale == "absmax":
                 s = _f16_round(absmax)
             else:
@@ -382,6 +511,7 @@ def encode_into(
     src_dtype: SrcDtype | None = None,
     chunk_weights: int = CHUNK_WEIGHTS,
     stats: QuantStats | None = None,
+    overflow: Overflow = "clip",
 ) -> None:
     """Quantise ``weights`` into caller buffers (e.g. slices of a memory-mapped blob).
 
@@ -396,6 +526,9 @@ def encode_into(
     _check_bits(bits)
     if scale not in ("optimal", "absmax"):
         raise ValueError(f"scale must be 'optimal' or 'absmax', got {scale!r}")
+    if overflow not in _OK_BITS:
+        raise ValueError(f"overflow must be 'clip' or 'raise', got {overflow!r}")
+    limit = _OK_BITS[overflow]
     if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
         raise ValueError(f"chunk_weights must be a positive multiple of {GROUP_SIZE}")
     weights = np.asarray(weights)
@@ -421,7 +554,9 @@ def encode_into(
                 continue
             g = flat[lo:hi].reshape(-1, min(hi - lo, GROUP_SIZE))
             f = work[: hi - lo].reshape(g.shape)
-            s = _encode_groups(g, bits, scale, f, aux[: hi - lo].reshape(g.shape))
+            s = _encode_groups(g, bits, scale, f, aux[: hi - lo].reshape(g.shape), limit)
+            if s is None:
+                raise _refuse(src, kind, weights.shape, bits, overflow, chunk) from None
             scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)] = s
             if stats is not None:  # code - c = work + 0.5, so w_hat = (work + 0.5) * s / c
                 err = aux[: hi - lo].reshape(g.shape)
@@ -460,20 +595,24 @@ def encode(
     *,
     src_dtype: SrcDtype | None = None,
     chunk_weights: int = CHUNK_WEIGHTS,
+    overflow: Overflow = "clip",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Quantise ``weights`` (any shape, flattened row-major) to SMOE-Q``bits``.
 
     ``weights``: float32 / float16 (any real float) array, or raw bfloat16 bits as a
     ``uint16`` array with ``src_dtype="bf16"`` (``"f16"`` reads ``uint16`` as fp16 bits).
     ``scale``: ``"optimal"`` (least squared error) or ``"absmax"`` (reference).
+    ``overflow``: ``"clip"`` scales above 65504 to 65504, or ``"raise"``
+    :class:`ScaleOverflow` for any ``|w| > 65504``.
     Returns ``(packed, scales)``: ``uint8[packed_size(n, bits)]`` and little-endian
-    ``float16[num_groups(n)]``. Raises ``ValueError`` on inf/nan weights.
+    ``float16[num_groups(n)]``. Raises :class:`NonFiniteWeights` (a ``SmoeError`` and a
+    ``ValueError``) on inf/nan weights.
     """
     n = np.asarray(weights).size
     packed = np.empty(packed_size(n, bits), np.uint8)
     scales = np.empty(num_groups(n), np.dtype("<f2"))
     encode_into(weights, bits, packed, scales, scale, src_dtype=src_dtype,
-                chunk_weights=chunk_weights)
+                chunk_weights=chunk_weights, overflow=overflow)
     return packed, scales
 
 
@@ -575,9 +714,14 @@ class QuantStats:
     """Signal and error power of one or more encodes; see ``encode_into(stats=...)``.
 
     Keeps count, sum and sum of squares per chunk (float32 BLAS dot products summed in
-    float64): weights and errors are near zero-mean, so ``sumsq - sum**2 / n`` loses
-    nothing that matters for a figure in dB, and it costs a fraction of a decode.
+    float64; a chunk whose float32 sums overflow is redone in float64): weights and errors
+    are near zero-mean, so ``sumsq - sum**2 / n`` loses nothing that matters for a figure
+    in dB, and it costs a fraction of a decode.
     """
+
+    _RESOLUTION = 1e-4
+    """Variances below this fraction of the mean square are taken as zero: float32 sums
+    cannot resolve them (e.g. the error of a constant tensor)."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -586,14 +730,22 @@ class QuantStats:
     def add(self, w: np.ndarray, err: np.ndarray) -> None:
         x, e = w.reshape(-1), err.reshape(-1)
         self.n += x.size
-        for k, v in enumerate((x.sum(), np.dot(x, x), e.sum(), np.dot(e, e))):
-            self.sums[k] += float(v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            part = [float(v) for v in (x.sum(), np.dot(x, x), e.sum(), np.dot(e, e))]
+        if not np.isfinite(part).all():
+            x, e = x.astype(np.float64), e.astype(np.float64)
+            part = [float(v) for v in (x.sum(), np.dot(x, x), e.sum(), np.dot(e, e))]
+        for k, v in enumerate(part):
+            self.sums[k] += v
 
     def _m2(self, s: float, ss: float) -> float:
-        return max(ss - s * s / self.n, 0.0) if self.n else 0.0
+        m2 = ss - s * s / self.n if self.n else 0.0
+        return m2 if m2 > ss * self._RESOLUTION else 0.0
 
     @property
     def snr_db(self) -> float:
+        """``10 * log10(var(w) / var(w - w_hat))`` as :func:`snr_db` gives it: ``inf`` when
+        the error has no variance, ``-inf`` when only the signal has none."""
         sig = self._m2(self.sums[0], self.sums[1])
         err = self._m2(self.sums[2], self.sums[3])
         if err == 0:
@@ -601,6 +753,13 @@ class QuantStats:
         if sig == 0:
             return float("-inf")
         return float(10 * np.log10(sig / err))
+
+    @property
+    def finite_snr_db(self) -> float | None:
+        """:attr:`snr_db`, or ``None`` (JSON ``null``) when it is not finite: the encode is
+        exact up to a constant offset (e.g. an all-zero tensor) or the tensor is constant."""
+        v = self.snr_db
+        return v if np.isfinite(v) else None
 
 
 class _Moments:
