@@ -1,10 +1,19 @@
-"""`smoe export`: dequantise experts to float32 safetensors, named as HF checkpoints name them."""
+"""`smoe export`: dequantise experts to float32 safetensors, named as HF checkpoints name them.
+
+The output is written atomically (nothing under its name until it is complete), every
+write is checked (a full disk is one error line) and an output that is the vault itself
+or its manifest (through symlinks or hard links) is refused before anything is written.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from smoe import fileio, manifest
 from smoe.errors import SmoeError
 from smoe.reader import Vault
 from smoe.safetensors_io import write_file
@@ -14,31 +23,44 @@ def tensor_name(layer: int, expert: int, tensor: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{tensor}.weight"
 
 
-def export(vault_path: str | os.PathLike, out: str | os.PathLike, layer: int | None = None,
-           expert: int | None = None) -> list[str]:
+def export(
+    vault_path: str | os.PathLike,
+    out: str | os.PathLike,
+    layer: int | None = None,
+    expert: int | None = None,
+) -> list[str]:
     """Write the selected experts' float32 weights; returns the tensor names written.
 
     One expert is dequantised at a time, straight into its place in the output file.
     """
+    vault_path, out = Path(vault_path), Path(out)
+    fileio.refuse_same_file(out, [vault_path, manifest.path_for(vault_path)])
+    if out.is_dir():
+        raise SmoeError(f"{out}: is a folder; name the .safetensors file to write")
     vault = Vault.open(vault_path)
-    keys = [k for k in vault
-            if (layer is None or k[0] == layer) and (expert is None or k[1] == expert)]
+    keys = [
+        k for k in vault if (layer is None or k[0] == layer) and (expert is None or k[1] == expert)
+    ]
     if not keys:
-        what = " ".join(f"{n} {v}" for n, v in (("layer", layer), ("expert", expert))
-                        if v is not None)
+        what = " ".join(
+            f"{n} {v}" for n, v in (("layer", layer), ("expert", expert)) if v is not None
+        )
         raise SmoeError(f"{vault_path}: no expert matches {what}")
-    items, where = [], []
-    for key in keys:
-        view = vault.expert(*key)
-        for t in view.tensors:
-            items.append((tensor_name(*key, t.name), "F32", (t.rows, t.cols)))
-            where.append(t)
+    items: list[tuple[str, str, tuple[int, ...]]] = []
+    where: list[tuple[tuple[int, int], int]] = []
+    for key in keys:  # checks each expert's descriptors; no view is kept (bounded memory)
+        for t, view in enumerate(vault.expert(*key).tensors):
+            items.append((tensor_name(*key, view.name), "F32", (view.rows, view.cols)))
+            where.append((key, t))
+    current: dict[tuple[int, int], Any] = {}  # the expert being written (one at a time)
 
     def fill(fd: int, i: int, offset: int) -> None:
-        data = where[i].dequantize().astype("<f4", copy=False).tobytes()
-        os.pwrite(fd, data, offset)
+        key, t = where[i]
+        if key not in current:  # an expert's three names are adjacent in name order
+            current.clear()
+            current[key] = vault.expert(*key)
+        data = np.ascontiguousarray(current[key].tensors[t].dequantize(), dtype="<f4")
+        fileio.pwrite_all(fd, data, offset, out)
 
-    write_file(Path(out), items, fill, metadata={"format": "pt", "source": Path(vault_path).name})
+    write_file(out, items, fill, metadata={"format": "pt", "source": vault_path.name})
     return [name for name, _, _ in items]
-
-

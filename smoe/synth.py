@@ -9,12 +9,12 @@ without torch.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 
+from smoe import fileio
 from smoe.safetensors_io import write_file
 
 _NP = {"F32": np.float32, "F16": np.float16}
@@ -79,7 +79,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], dt
 
     def fill(fd: int, i: int, offset: int) -> None:
         name, _, shape = items[i]
-        os.pwrite(fd, _values(name, shape, seed, dtype), offset)
+        fileio.pwrite_all(fd, _values(name, shape, seed, dtype), offset, path)
 
     write_file(path, items, fill, metadata={"format": "pt"})
 
@@ -144,10 +144,8 @@ def write_sparse_vault(path: str | Path, *, layers: int = 94, experts: int = 128
                     moe_top_k=8, moe_ffn_dim=ffn, num_hidden_layers=layers, rms_norm_eps=1e-6,
                     model_type="qwen3_moe", norm_topk_prob=True, has_qk_norm=True)
     with AtomicFile(Path(path)) as out:
-        assert out.fd is not None
-        meta = metadata_bytes(plan, model, arch if version >= 2 else None)
-        os.pwrite(out.fd, meta, 0)
-        os.ftruncate(out.fd, plan.file_size)
+        out.pwrite(metadata_bytes(plan, model, arch if version >= 2 else None), 0)
+        out.truncate(plan.file_size)
         out.commit()
     return Path(path)
 

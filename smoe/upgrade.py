@@ -8,19 +8,35 @@ are ordered so that an interruption at any instant leaves a valid v1 or v2 vault
 3. ``version`` = 2 (from here on the vault is v2, its block already durable), fsync.
 
 ``force`` re-stamps the block of a v2 vault in its existing slot (one 128-byte write).
-When the gap has no room, ``rewrite`` writes a new file whose blobs are shifted by whole
-pages, leaving the original untouched.
+Every write is checked and continued when short. When a write or fsync fails with an
+error (not a kill), the bytes written are restored in the reverse order, each restore
+made durable before the next, so the vault stays valid throughout and ends unchanged.
+
+One writer per target: an in-place upgrade holds ``.<name>.lock`` beside the vault's real
+file, ``--out NEW`` holds ``.<NEW name>.lock`` beside NEW. A vault named through a symlink
+is edited in place at the link's target (that is what naming it asks for); anything but a
+regular file is refused.
+
+When the gap has no room, ``--out NEW`` writes a new file whose blobs are shifted by
+whole pages, leaving the original untouched, together with ``NEW.manifest.json``: each
+blob's CRC-32C is computed from the bytes copied, and the old vault's manifest (if any)
+must agree with them; its provenance is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from smoe import fileio, manifest
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
 from smoe.plan import round_up
@@ -29,6 +45,7 @@ from smoe.records import ArchInfo, arch_record
 from smoe_gen import layout
 
 H = layout.HEADER_DTYPE.fields
+CHUNK = 8 << 20
 
 
 class FileOps(Protocol):
@@ -63,97 +80,316 @@ def has_room(vault: Vault) -> bool:
     return arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
 
 
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock of a vault: ``.<name>.lock`` beside its real file (symlinks resolved)."""
+    real = Path(os.path.realpath(path))
+    return real.parent / f".{real.name}.lock"
+
+
 def _check_gap(vault: Vault) -> None:
     g = vault.geometry
     gap = vault.data[g.descriptors_end : g.data_offset]
     nz = np.flatnonzero(gap)
     if len(nz):
         at = g.descriptors_end + int(nz[0])
-        raise SmoeError(f"{vault.path}: the gap between the descriptors and data_offset is not "
-                        f"zero (byte {at:#x} = {int(gap[nz[0]]):#04x}); refusing to write into it")
+        raise SmoeError(
+            f"{vault.path}: the gap between the descriptors and data_offset is not "
+            f"zero (byte {at:#x} = {int(gap[nz[0]]):#04x}); refusing to write into it"
+        )
 
 
 def _check_moe_ffn(vault: Vault, arch: ArchInfo) -> None:
     if len(vault) and int(vault.descriptors[0, 0]["rows"]) != arch.moe_ffn_dim:
-        raise SmoeError(f"{vault.path}: arch.moe_ffn_dim {arch.moe_ffn_dim} disagrees with the "
-                        f"vault's expert shapes ({int(vault.descriptors[0, 0]['rows'])} rows)")
+        raise SmoeError(
+            f"{vault.path}: arch.moe_ffn_dim {arch.moe_ffn_dim} disagrees with the "
+            f"vault's expert shapes ({int(vault.descriptors[0, 0]['rows'])} rows)"
+        )
 
 
-def upgrade(path: str | os.PathLike, arch: ArchInfo, *, force: bool = False,
-            out: str | os.PathLike | None = None, ops: FileOps | None = None) -> UpgradeResult:
-    """Upgrade ``path`` to v2 with ``arch`` (see the module docstring)."""
+def upgrade(
+    path: str | os.PathLike,
+    arch: ArchInfo,
+    *,
+    force: bool = False,
+    out: str | os.PathLike | None = None,
+    ops: FileOps | None = None,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> UpgradeResult:
+    """Upgrade ``path`` to v2 with ``arch`` (see the module docstring).
+
+    ``inputs`` are the files the arch came from (config.json, a model folder): with
+    ``out`` they, like the vault and its manifest, are refused as the output.
+    """
     path = Path(path)
     arch.check()
-    vault = Vault.open(path)
-    _check_moe_ffn(vault, arch)
-    version = vault.geometry.version
     if out is not None:
-        return rewrite(vault, arch, Path(out))
-    if version >= layout.VERSION_WITH_ARCH and not force:
-        raise SmoeError(f"{path}: already version {version}; --force re-stamps its arch block")
-    block = arch_record(arch).tobytes()
-    ops = ops or OsOps()
-    if version >= layout.VERSION_WITH_ARCH:
-        slot = vault.geometry.reserved_ext
-        mode = "re-stamp"
-    else:
-        if not has_room(vault):
-            g = vault.geometry
-            raise SmoeError(
-                f"{path}: no room for the arch block: the descriptors end at {g.descriptors_end}, "
-                f"so the {layout.ARCH_BLOCK_SIZE}-byte block would need [{arch_slot(vault)}, "
-                f"{arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) before data_offset "
-                f"{g.data_offset}; use --out NEW to rewrite into a new file (blobs shift by "
-                "whole pages, the original is untouched)")
-        _check_gap(vault)
-        slot = arch_slot(vault)
-        mode = "in-place"
-    del vault  # drop the read-only map before writing
-    fd = os.open(path, os.O_RDWR)
+        return rewrite(path, arch, Path(out), inputs=inputs)
+    fileio.require_regular(path)
+    fd = _open_for_writing(path)  # first: a read-only vault is named as such
     try:
-        ops.pwrite(fd, block, slot)
-        ops.fsync(fd)
-        if mode == "in-place":
-            ops.pwrite(fd, np.uint32(slot).astype("<u4").tobytes(), H["reserved_ext"][1])
-            ops.pwrite(fd, np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes(),
-                       H["version"][1])
-            ops.fsync(fd)
+        with fileio.Lock(lock_path(path), path):
+            return _in_place(path, fd, arch, force, ops or OsOps())
     finally:
         os.close(fd)
-    data_offset = int(np.fromfile(path, "<u8", 1, offset=H["data_offset"][1])[0])
-    return UpgradeResult(path, mode, slot, data_offset)
 
 
-def rewrite(vault: Vault, arch: ArchInfo, out: Path, chunk: int = 8 << 20) -> UpgradeResult:
-    """A v2 copy in a new file, blobs shifted by whole pages; the original is untouched."""
-    if out.resolve() == vault.path.resolve():
-        raise SmoeError(f"{out}: --out must name a new file, not the vault itself")
+# ---- in place ------------------------------------------------------------------------------
+def _open_for_writing(path: Path) -> int:
+    """The vault's real file, read-write; not a regular file -> refused (NotRegular)."""
+    real = os.path.realpath(path)
+    flags = os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(real, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SmoeError(f"{path}: was replaced by a symlink; nothing written") from None
+        raise SmoeError(f"{path}: cannot open for writing: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise fileio.NotRegular(f"{path}: not a regular file; nothing written")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _ops_pwrite(ops: FileOps, fd: int, data: bytes, offset: int, path: Path) -> None:
+    """All of ``data`` through ``ops`` (short writes continued; errors -> SmoeError)."""
+    done = 0
+    while done < len(data):
+        try:
+            n = ops.pwrite(fd, data[done:], offset + done)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(
+                f"{path}: cannot write {len(data) - done} bytes at offset {offset + done}: "
+                f"{e.strerror or e}"
+            ) from None
+        if not isinstance(n, int) or n <= 0:
+            raise SmoeError(
+                f"{path}: cannot write {len(data) - done} bytes at offset {offset + done}: "
+                "the write made no progress"
+            )
+        done += n
+
+
+def _ops_fsync(ops: FileOps, fd: int, path: Path) -> None:
+    try:
+        ops.fsync(fd)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot flush to disk (fsync): {e.strerror or e}") from None
+
+
+def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) -> UpgradeResult:
+    vault = Vault.open(path)
+    if not fileio.same_file(os.fstat(fd), os.stat(path)):
+        raise SmoeError(f"{path}: was replaced by another file while opening; nothing written")
+    _check_moe_ffn(vault, arch)
     g = vault.geometry
-    slot = arch_slot(vault)
-    new_data = round_up(slot + layout.ARCH_BLOCK_SIZE, layout.PAGE_SIZE)
-    shift = new_data - g.data_offset
-    shift = max(shift, 0)
-    header = vault.header.copy()
-    header["version"] = layout.VERSION_WITH_ARCH
-    header["reserved_ext"] = slot
-    header["data_offset"] = g.data_offset + shift
-    table = vault.table.copy()
-    table["byte_offset"] += np.uint64(shift)
-    end = max([g.data_offset] + [int(o) + int(p) for o, p in
-                                 zip(vault.table["byte_offset"], vault.table["padded_size"])])
-    with AtomicFile(out) as dst:
-        fd = dst.fd
-        assert fd is not None
-        os.ftruncate(fd, end + shift)
+    if g.version >= layout.VERSION_WITH_ARCH and not force:
+        raise SmoeError(f"{path}: already version {g.version}; --force re-stamps its arch block")
+    if g.version >= layout.VERSION_WITH_ARCH:
+        slot, mode = g.reserved_ext, "re-stamp"
+    else:
+        if not has_room(vault):
+            raise SmoeError(
+                f"{path}: no room for the arch block: the descriptors end at "
+                f"{g.descriptors_end}, so the {layout.ARCH_BLOCK_SIZE}-byte block would "
+                f"need [{arch_slot(vault)}, {arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) "
+                f"before data_offset {g.data_offset}; use --out NEW to rewrite into a new "
+                "file (blobs shift by whole pages, the original is untouched)"
+            )
+        _check_gap(vault)
+        slot, mode = arch_slot(vault), "in-place"
+    del vault
+    # The forward plan: writes (offset, bytes) and fsyncs (None), in this order.
+    plan: list[tuple[int, bytes] | None] = [(slot, arch_record(arch).tobytes()), None]
+    if mode == "in-place":
+        plan += [
+            (H["reserved_ext"][1], np.uint32(slot).astype("<u4").tobytes()),
+            (H["version"][1], np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes()),
+            None,
+        ]
+    before = [
+        None if s is None else (s[0], fileio.pread_exact(fd, len(s[1]), s[0], path)) for s in plan
+    ]
+    begun: list[tuple[int, bytes]] = []
+    try:
+        for step, old in zip(plan, before):
+            if step is None:
+                _ops_fsync(ops, fd, path)
+            else:
+                assert old is not None
+                begun.append(old)
+                _ops_pwrite(ops, fd, step[1], step[0], path)
+    except SmoeError as e:
+        _roll_back(fd, path, begun, e)
+    return UpgradeResult(path, mode, slot, g.data_offset)
+
+
+def _roll_back(fd: int, path: Path, begun: list[tuple[int, bytes]], error: SmoeError) -> None:
+    """Restore the original bytes, newest first, each durable before the next; then raise."""
+    try:
+        for offset, data in reversed(begun):
+            fileio.pwrite_all(fd, data, offset, path)
+            fileio.fsync(fd, path)
+    except SmoeError as again:
+        raise SmoeError(
+            f"{error}; restoring the original bytes failed too ({again}); the vault is a "
+            "valid v1 or v2 vault (check it with smoe verify)"
+        ) from None
+    raise SmoeError(f"{error}; rolled back, the vault is unchanged") from None
+
+
+# ---- into a new file -----------------------------------------------------------------------
+def _expand(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Inputs as files: a folder (a model directory) stands for the files directly in it."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            with contextlib.suppress(OSError):
+                out += sorted(c for c in p.iterdir() if c.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def _old_manifest(path: Path, vault: Vault) -> dict[str, Any] | None:
+    """The manifest beside the old vault, checked against its table; None when absent."""
+    where = manifest.path_for(path)
+    if not os.path.lexists(where):
+        return None
+    hint = "move it aside to upgrade without it"
+    try:
+        doc = manifest.load(where, len(vault))
+    except SmoeError as e:
+        raise SmoeError(f"{where}: the old vault's manifest is unusable ({e}); {hint}") from None
+    size = len(vault.data)
+    if doc["vault"]["size"] != size or len(doc["experts"]) != len(vault):
+        raise SmoeError(
+            f"{where}: describes a vault of {doc['vault']['size']} bytes with "
+            f"{len(doc['experts'])} experts, {path} has {size} bytes and {len(vault)}; "
+            f"it belongs to another file; {hint}"
+        )
+    for i, row in enumerate(doc["experts"]):
+        e = vault.table[i]
+        want = (e["layer_id"], e["expert_id"], e["byte_offset"], e["raw_size"])
+        got = (row["layer"], row["expert"], row["offset"], row["raw_size"])
+        if tuple(int(x) for x in want) != got:
+            raise SmoeError(
+                f"{where}: experts[{i}] is layer {got[0]} expert {got[1]} at offset {got[2]} "
+                f"({got[3]} bytes), the table of {path} has layer {int(want[0])} expert "
+                f"{int(want[1])} at offset {int(want[2])} ({int(want[3])} bytes); {hint}"
+            )
+    return doc
+
+
+def _copy_blobs(vault: Vault, dst: AtomicFile, end: int, shift: int) -> list[int]:
+    """Copy [data_offset, end) to ``shift`` bytes later (holes stay holes); blob CRC-32Cs."""
+    t = vault.table
+    starts = t["byte_offset"].astype(np.int64)
+    stops = starts + t["raw_size"].astype(np.int64)
+    order = np.argsort(starts, kind="stable")
+    crcs = [0] * len(t)
+    first = 0  # the first blob (in offset order) not yet wholly behind the chunk
+    for pos in range(vault.geometry.data_offset, end, CHUNK):
+        stop = min(pos + CHUNK, end)
+        piece = vault.data[pos:stop]
+        if piece.any():
+            dst.pwrite(np.ascontiguousarray(piece), pos + shift)
+        k = first
+        while k < len(order) and starts[order[k]] < stop:
+            i = int(order[k])
+            a, b = max(int(starts[i]), pos), min(int(stops[i]), stop)
+            if a < b:
+                crcs[i] = manifest.checksum(piece[a - pos : b - pos], crcs[i])
+            k += 1
+        while first < len(order) and stops[order[first]] <= stop:
+            first += 1
+    return crcs
+
+
+def _tensors(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """An old manifest row's per-tensor provenance, if well formed (else dropped)."""
+    tensors = row.get("tensors")
+    if isinstance(tensors, list) and all(
+        isinstance(x, dict) and (x.get("snr_db") is None or type(x.get("snr_db")) in (int, float))
+        for x in tensors
+    ):
+        return tensors
+    return None
+
+
+def _options(old: dict[str, Any] | None, bits: int) -> dict[str, Any]:
+    """The options that shaped the blobs (kept from the old manifest), now at version 2."""
+    tool = old.get("tool") if old else None
+    options = tool.get("options") if isinstance(tool, dict) else None
+    if not isinstance(options, dict):
+        options = {"bits": bits}
+    return {**options, "version": layout.VERSION_WITH_ARCH}
+
+
+def rewrite(
+    path: Path, arch: ArchInfo, out: Path, inputs: Iterable[str | os.PathLike] = ()
+) -> UpgradeResult:
+    """A v2 copy in a new file, blobs shifted by whole pages; the original is untouched."""
+    man_out = manifest.path_for(out)
+    protected = [path, manifest.path_for(path), *_expand(inputs)]
+    for target in (out, man_out):
+        fileio.refuse_same_file(target, protected)
+    if out.is_dir():
+        raise SmoeError(f"{out}: is a folder; --out names the new vault file")
+    fileio.require_regular(path)
+    fileio.ensure_dir(out.parent)
+    with fileio.Lock(out.parent / f".{out.name}.lock", out):
+        vault = Vault.open(path)
+        _check_moe_ffn(vault, arch)
+        old = _old_manifest(path, vault)
+        g = vault.geometry
+        slot = arch_slot(vault)
+        shift = max(round_up(slot + layout.ARCH_BLOCK_SIZE, layout.PAGE_SIZE) - g.data_offset, 0)
+        header = vault.header.copy()
+        header["version"] = layout.VERSION_WITH_ARCH
+        header["reserved_ext"] = slot
+        header["data_offset"] = g.data_offset + shift
+        table = vault.table.copy()
+        table["byte_offset"] += np.uint64(shift)
+        ends = (vault.table["byte_offset"] + vault.table["padded_size"]).astype(np.int64)
+        end = max(g.data_offset, int(ends.max()) if len(ends) else 0)
         meta = bytearray(g.data_offset + shift)
         meta[: layout.HEADER_SIZE] = header.tobytes()
         meta[layout.TABLE_OFFSET : g.descriptors_offset] = table.tobytes()
         meta[g.descriptors_offset : g.descriptors_end] = vault.descriptors.tobytes()
         meta[slot : slot + layout.ARCH_BLOCK_SIZE] = arch_record(arch).tobytes()
-        os.pwrite(fd, meta, 0)
-        for pos in range(g.data_offset, end, chunk):
-            piece = vault.data[pos : min(pos + chunk, end)]
-            if piece.any():  # keep holes as holes
-                os.pwrite(fd, piece.tobytes(), pos + shift)
-        dst.commit()
+        with AtomicFile(out) as dst, AtomicFile(man_out) as mdst:
+            dst.truncate(end + shift)
+            dst.pwrite(meta, 0)
+            crcs = _copy_blobs(vault, dst, end, shift)
+            builder = manifest.ManifestBuilder(
+                manifest.tool_info("upgrade", _options(old, vault.bits)),
+                source=old["source"] if old and isinstance(old.get("source"), dict) else None,
+            )
+            for i, e in enumerate(vault.table):
+                layer, expert = int(e["layer_id"]), int(e["expert_id"])
+                row = old["experts"][i] if old else {}
+                if old and row["crc32c"] != crcs[i]:
+                    raise SmoeError(
+                        f"{path}: layer {layer} expert {expert}: the blob at offset "
+                        f"{int(e['byte_offset'])} has CRC-32C {crcs[i]:#010x}, its manifest "
+                        f"says {row['crc32c']:#010x}; the old vault is damaged, nothing written"
+                    )
+                builder.add(layer, expert, crcs[i], _tensors(row))
+            slots = [
+                (int(e["layer_id"]), int(e["expert_id"]), int(e["byte_offset"]), int(e["raw_size"]))
+                for e in table
+            ]
+            doc = builder.document(out.name, end + shift, vault.bits, slots)
+            mdst.pwrite(manifest.encode(doc), 0)
+            dst.sync()
+            mdst.commit()  # the manifest first, the vault last: both or (on error) neither
+            try:
+                dst.commit()
+            except BaseException:
+                fileio.unlink_owned(man_out)
+                raise
     return UpgradeResult(out, "rewrite", slot, g.data_offset + shift)

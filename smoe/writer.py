@@ -10,10 +10,17 @@ The writer is an explicit state machine::
   the table is sorted by (layer, expert), so any order gives the same bytes.
 * ``begin`` plans every offset (``smoe.plan``) and creates a temporary file of the
   final size in the target directory.
-* ``write_expert`` / ``write_encoded`` (STREAMING) put one blob at its planned offset.
-* ``commit`` writes header, table, descriptors and arch block, fsyncs, renames onto the
-  final name and fsyncs the directory. Until then nothing exists under the final name;
-  ``abort`` (also on any exception inside ``with``) removes the temporary file.
+* ``write_expert`` / ``write_encoded`` (STREAMING) put one blob at its planned offset
+  (every write checked: :func:`smoe.fileio.pwrite_all`) and record its CRC-32C;
+  ``adopt`` records a blob another process wrote, with its provenance.
+* ``commit`` writes header, table, descriptors and arch block, stages the integrity
+  manifest (``<vault>.manifest.json``, docs/MANIFEST.md; ``manifest=False`` skips it),
+  fsyncs every file, renames the companions given to it (e.g. the scout), then the
+  manifest, then the vault LAST, and fsyncs the directory. The vault's appearance is
+  the commit point: if a rename fails, the companions already renamed are removed again,
+  so the vault, its manifest and its companions appear together or not at all. Until
+  then nothing exists under the final names; ``abort`` (also on any exception inside
+  ``with``) removes the temporary files.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ import enum
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from smoe import quant
+from smoe import fileio, quant
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError, WriterStateError
+from smoe.manifest import ManifestBuilder, checksum, encode, path_for, tool_info
 from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, Shape, make_plan
 from smoe.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe_gen import layout
@@ -47,13 +56,23 @@ def expert_name(layer: int, expert: int) -> str:
 def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scale: str,
                 src_dtypes: Sequence[str | None] = (None, None, None),
                 stats: Sequence[quant.QuantStats] | None = None) -> bytearray:
-    """One expert's blob (D3): each matrix quantised straight into its planned slices."""
+    """One expert's blob (D3): each matrix quantised straight into its planned slices.
+
+    Weights the format cannot hold are refused, never clipped: ``quant.NonFiniteWeights``
+    (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
+    expert and tensor, e.g. ``layer 3 expert 5 down_proj: 2 weights are inf or nan, ...``.
+    """
     blob = bytearray(slot.raw_size)
     view = np.frombuffer(blob, np.uint8)
     for i, (t, w) in enumerate(zip(slot.tensors, weights)):
-        quant.encode_into(w, bits, view[t.packed_offset : t.packed_offset + t.packed_size],
-                          view[t.scales_offset : t.scales_offset + t.scales_size], scale,
-                          src_dtype=src_dtypes[i], stats=stats[i] if stats else None)
+        try:
+            quant.encode_into(w, bits, view[t.packed_offset : t.packed_offset + t.packed_size],
+                              view[t.scales_offset : t.scales_offset + t.scales_size], scale,
+                              src_dtype=src_dtypes[i], stats=stats[i] if stats else None,
+                              overflow="raise")
+        except quant.UnrepresentableWeights as e:
+            where = f"{expert_name(slot.layer_id, slot.expert_id)} {TENSOR_NAMES[i]}"
+            raise e.within(where) from None
     return blob
 
 
@@ -62,8 +81,17 @@ class VaultWriter:
 
     def __init__(self, path: str | os.PathLike, model: ModelInfo, *, bits: int = layout.BITS_Q4,
                  version: int = layout.VERSION_MAX, arch: ArchInfo | None = None,
-                 scale: str = "optimal", partial: str | os.PathLike | None = None) -> None:
-        """``partial``: a fixed temporary path (for resumable writes); default a fresh one."""
+                 scale: str = "optimal", partial: str | os.PathLike | None = None,
+                 manifest: bool = True, tool: dict[str, Any] | None = None,
+                 source: dict[str, Any] | None = None) -> None:
+        """``partial``: a fixed temporary path (for resumable writes); default a fresh one.
+
+        ``manifest``: write ``<vault>.manifest.json`` beside the vault at commit (False: none,
+        and one left there by an older vault is removed); ``tool`` and ``source`` are its
+        provenance (default: this writer and its options, no source).
+        Neither may hold time stamps or absolute paths: the manifest's bytes must depend on
+        the vault's content only.
+        """
         if bits not in layout.SUPPORTED_BITS:
             raise SmoeError(f"bits: {bits} is not one of {list(layout.SUPPORTED_BITS)}")
         if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
@@ -88,6 +116,12 @@ class VaultWriter:
         self._written: set[tuple[int, int]] = set()
         self._out: AtomicFile | None = None
         self._partial = Path(partial) if partial is not None else None
+        self._manifest: ManifestBuilder | None = None
+        if manifest:
+            self._manifest = ManifestBuilder(
+                tool if tool is not None else tool_info(
+                    "VaultWriter", {"bits": bits, "version": version, "scale": scale}),
+                source)
 
     # ---- state handling ---------------------------------------------------------------
     def _require(self, *states: State, action: str) -> None:
@@ -166,8 +200,8 @@ class VaultWriter:
         self._out = AtomicFile(self.path, tmp=self._partial)
         try:
             if not keep:
-                os.ftruncate(self._fd, 0)
-            os.ftruncate(self._fd, plan.file_size)  # holes read as zeros: the padding
+                self._out.truncate(0)
+            self._out.truncate(plan.file_size)  # holes read as zeros: the padding
         except BaseException:
             self.abort()
             raise
@@ -228,16 +262,35 @@ class VaultWriter:
         self._write_blob(key, slot, blob)
 
     def _write_blob(self, key, slot, blob: bytearray) -> None:
-        written = os.pwrite(self._fd, blob, slot.byte_offset)
-        if written != len(blob):
-            raise SmoeError(f"{self.path}: short write of {expert_name(*key)} ({written} of "
-                            f"{len(blob)} bytes)")
+        assert self._out is not None
+        self._out.pwrite(blob, slot.byte_offset)
+        self._record(key, checksum(blob))
+
+    def _record(self, key: tuple[int, int], crc: int,
+                tensors: list[dict[str, Any]] | None = None) -> None:
+        if self._manifest is not None:
+            self._manifest.add(*key, crc, tensors)
         self._written.add(key)
 
-    def adopt(self, layer: int, expert: int) -> None:
-        """Count a blob as written: another process put it at its planned offset."""
+    def adopt(self, layer: int, expert: int, crc: int,
+              tensors: list[dict[str, Any]] | None = None) -> None:
+        """Count a blob as written: another process put it at its planned offset.
+
+        ``crc``: the blob's CRC-32C; ``tensors``: its provenance for the manifest (per
+        tensor ``name``, ``source``, ``index``, ``rows``, ``source_crc32c``, ``snr_db``).
+        """
         key, _ = self._slot(layer, expert)
-        self._written.add(key)
+        self._record(key, crc, tensors)
+
+    def stored_crc(self, layer: int, expert: int) -> int | None:
+        """CRC-32C of the blob bytes now in the temporary file (None if it is too short)."""
+        self._require(State.STREAMING, action="stored_crc")
+        slot = self.plan.experts[self._index[(int(layer), int(expert))]]
+        try:
+            data = fileio.pread_exact(self._fd, slot.raw_size, slot.byte_offset, self.path)
+        except SmoeError:
+            return None
+        return checksum(data)
 
     @property
     def partial_path(self) -> Path:
@@ -245,11 +298,22 @@ class VaultWriter:
         return self._out.tmp
 
     @property
+    def partial_identity(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the temporary file, for processes that open it by name."""
+        st = os.fstat(self._fd)
+        return st.st_dev, st.st_ino
+
+    @property
     def missing(self) -> list[tuple[int, int]]:
         return [k for k in sorted(self._shapes) if k not in self._written]
 
-    def commit(self) -> Path:
-        """Write the metadata, fsync and rename onto the final name."""
+    def commit(self, companions: Sequence[AtomicFile] = ()) -> Path:
+        """Write the metadata and the manifest, then commit them with ``companions``.
+
+        ``companions`` (staged files, e.g. the scout) are renamed first, then the manifest,
+        then the vault (the commit point); see :func:`commit_together`. On failure every
+        temporary file is removed (on KeyboardInterrupt the vault's is kept, for a resume).
+        """
         self._require(State.STREAMING, action="commit")
         missing = self.missing
         if missing:
@@ -258,12 +322,27 @@ class VaultWriter:
             raise SmoeError(f"commit: {len(missing)} declared experts were not written: "
                             f"{shown}{more}")
         assert self._out is not None
+        staged = list(companions)
         try:
-            meta = metadata_bytes(self.plan, self.model, self.arch)
-            if os.pwrite(self._fd, meta, 0) != len(meta):
-                raise SmoeError(f"{self.path}: short write of the metadata")
-            self._out.commit()
+            self._out.pwrite(metadata_bytes(self.plan, self.model, self.arch), 0)
+            if self._manifest is not None:
+                doc = self._manifest.document(
+                    self.path.name, self.plan.file_size, self.bits,
+                    ((e.layer_id, e.expert_id, e.byte_offset, e.raw_size)
+                     for e in self.plan.experts))
+                staged.append(AtomicFile(path_for(self.path)))
+                staged[-1].pwrite(encode(doc), 0)
+            else:  # one left by an older vault of this name would describe another file
+                fileio.unlink_owned(path_for(self.path))
+            commit_together([*staged, self._out])
+        except KeyboardInterrupt:
+            for f in staged:
+                f.abort()
+            self.suspend()
+            raise
         except BaseException:
+            for f in staged:
+                f.abort()
             self.abort()
             raise
         self.state = State.COMMITTED
@@ -285,12 +364,45 @@ class VaultWriter:
         self.state = State.ABORTED
 
 
+def commit_together(files: Sequence[AtomicFile]) -> None:
+    """fsync every file, rename each onto its final name in order, fsync the folders.
+
+    The last file's rename is the commit point. If anything fails before the folders are
+    flushed, the files this call already renamed are removed again (a KeyboardInterrupt
+    after the last rename keeps them: the set is complete); temporary files not yet
+    renamed stay for the caller to drop or keep.
+    """
+    renamed: list[AtomicFile] = []
+    try:
+        for f in files:
+            f.sync()
+        for f in files:
+            assert f.fd is not None
+            os.close(f.fd)
+            f.fd = None
+            fileio.rename(f.tmp, f.path)
+            renamed.append(f)
+        for folder in dict.fromkeys(f.path.parent for f in files):
+            fileio.fsync_dir(folder)
+    except BaseException as e:
+        if len(renamed) < len(files) or not isinstance(e, KeyboardInterrupt):
+            for f in renamed:
+                fileio.unlink_owned(f.path)
+        raise
+
+
 def write_vault(path: str | os.PathLike, model: ModelInfo,
                 experts: dict[tuple[int, int], Sequence[np.ndarray]], *,
                 bits: int = layout.BITS_Q4, version: int = layout.VERSION_MAX,
-                arch: ArchInfo | None = None, scale: str = "optimal") -> Plan:
-    """Write a whole vault from in-memory float matrices: (layer, expert) -> (gate, up, down)."""
-    with VaultWriter(path, model, bits=bits, version=version, arch=arch, scale=scale) as w:
+                arch: ArchInfo | None = None, scale: str = "optimal", manifest: bool = True,
+                tool: dict[str, Any] | None = None, source: dict[str, Any] | None = None
+                ) -> Plan:
+    """Write a whole vault from in-memory float matrices: (layer, expert) -> (gate, up, down).
+
+    ``manifest``, ``tool``, ``source``: as for :class:`VaultWriter`.
+    """
+    with VaultWriter(path, model, bits=bits, version=version, arch=arch, scale=scale,
+                     manifest=manifest, tool=tool, source=source) as w:
         for (layer, expert), mats in experts.items():
             w.add_expert(layer, expert, [m.shape for m in mats])
         plan = w.begin()
