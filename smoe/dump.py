@@ -1,14 +1,14 @@
 """`smoe-dump`: everything in a vault, as a rich tree or as JSON.
 
 Works on broken vaults too: it shows what can be located and ends with the verifier's
-findings. Field names are exactly those of the spec.
+findings (with ``deep``, also the manifest's). Field names are exactly those of the spec.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -17,7 +17,8 @@ from rich.tree import Tree
 from smoe.findings import Finding
 from smoe.plan import TENSOR_NAMES
 from smoe.records import plain, plain_rows
-from smoe.verify import Report, arch_record, table_views, verify
+from smoe.verify import Report, verify_file
+from smoe.view import Data, FileView, arch_view, header_view, table_views
 from smoe_gen import layout
 
 FLAG_NAMES = {"norm_topk_prob": layout.FLAG_NORM_TOPK_PROB,
@@ -25,19 +26,30 @@ FLAG_NAMES = {"norm_topk_prob": layout.FLAG_NORM_TOPK_PROB,
               "has_dense_layer_0": layout.FLAG_HAS_DENSE_LAYER_0}
 
 
-def collect(path: Path, data: np.ndarray, deep: bool = False) -> tuple[dict, Report]:
-    """The dump as plain data: keys header, arch, experts, findings (plus file)."""
-    report = verify(data, deep=deep)
+def collect_path(path: str | os.PathLike, deep: bool = False,
+                 manifest: str | os.PathLike | None = "auto") -> tuple[dict, Report]:
+    """Open ``path`` (``fileio.NotRegular`` if it is not a regular file) and :func:`collect`."""
+    with FileView.open(path) as view:
+        return collect(Path(path), view, deep=deep, manifest=manifest)
+
+
+def collect(path: Path, data: Data, deep: bool = False,
+            manifest: str | os.PathLike | None = "auto") -> tuple[dict, Report]:
+    """The dump as plain data: keys header, arch, experts, findings (plus file).
+
+    ``manifest`` as for ``smoe.verify.verify_path`` (checked only with ``deep``).
+    """
+    report = verify_file(data, path, deep=deep, manifest=manifest)
     geo = report.geometry
     out: dict = {"file": {"path": str(path), "size": len(data)}, "header": None, "arch": None,
                  "experts": [], "findings": [f.to_dict() for f in report.findings]}
     if len(data) >= layout.HEADER_SIZE and geo is not None:
-        out["header"] = plain(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+        out["header"] = plain(header_view(data))
         total = int(out["header"]["total_experts"])
         width = int(out["header"]["num_moe_layers"]) * int(out["header"]["max_experts_per_layer"])
         out["file"]["vault_type"] = "full" if total >= width else "partial"
         if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
-            arch = plain(arch_record(data, geo))
+            arch = plain(arch_view(data, geo))
             arch["flag_names"] = [n for n, bit in FLAG_NAMES.items() if arch["flags"] & bit]
             out["arch"] = arch
         if geo.table_readable:
@@ -49,7 +61,7 @@ def collect(path: Path, data: np.ndarray, deep: bool = False) -> tuple[dict, Rep
                 e["tensors"] = tensors[i * k : (i + 1) * k]
             out["experts"] = entries
     elif len(data) >= layout.HEADER_SIZE:
-        out["header"] = plain(data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0])
+        out["header"] = plain(header_view(data))
     return out, report
 
 

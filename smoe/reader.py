@@ -1,14 +1,15 @@
-"""The fast reader: a vault memory-mapped and viewed through the generated numpy dtypes.
+"""The fast reader: a vault read with ``pread`` and viewed through the generated dtypes.
 
-``Vault.open`` maps the file, bounds every count and offset by the file size, runs the
-header, arch and table checks (vectorised; no per-entry Python objects) and builds the
-(layer, expert) lookup as a sorted key array. ``vault.expert(layer, expert)`` gives
-zero-copy views of one expert's packed codes and scales, and ``dequantize()``.
+``Vault.open`` opens the file (regular files only), reads the header, the arch block and
+the table with its descriptors in a few reads bounded by the file size, runs the header,
+arch and table checks (vectorised; no per-entry Python objects) and builds the (layer,
+expert) lookup as a sorted key array. ``vault.expert(layer, expert)`` checks that expert's
+descriptors and reads its tensors with one ``pread``; ``dequantize()`` decodes them. A
+file that shrinks under the reader gives a :class:`SmoeError`, never a signal.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,30 +20,9 @@ from smoe import quant
 from smoe.errors import SmoeError
 from smoe.findings import Finding
 from smoe.plan import TENSOR_NAMES
-from smoe.verify import (
-    Geometry,
-    Report,
-    arch_record,
-    check_arch,
-    check_descriptors,
-    check_header,
-    check_table,
-    table_views,
-)
+from smoe.verify import Report, check_arch, check_descriptors, check_header, check_table
+from smoe.view import Data, FileView, Geometry, arch_view, header_view, table_views
 from smoe_gen import layout
-
-
-def map_file(path: Path) -> np.ndarray:
-    """The whole file as a read-only, memory-mapped uint8 array (zero-copy)."""
-    try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                return np.zeros(0, np.uint8)
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise SmoeError(f"{path}: cannot open ({e.strerror})") from None
-    return np.frombuffer(mm, np.uint8)
 
 
 class VaultError(SmoeError):
@@ -56,14 +36,14 @@ class VaultError(SmoeError):
 
 @dataclass(frozen=True)
 class TensorView:
-    """One weight matrix of an expert: views into the mapped file."""
+    """One weight matrix of an expert: read-only views into the expert's bytes."""
 
     name: str
     rows: int
     cols: int
     bits: int
-    packed: np.ndarray  # uint8, zero-copy
-    scales: np.ndarray  # little-endian float16, zero-copy
+    packed: np.ndarray  # uint8
+    scales: np.ndarray  # little-endian float16
 
     def dequantize(self) -> np.ndarray:
         return quant.decode(self.packed, self.scales, self.bits, (self.rows, self.cols))
@@ -84,28 +64,34 @@ class ExpertView:
 
 
 class Vault:
-    """A read-only, memory-mapped vault."""
+    """A read-only vault: header, arch, table and descriptors in memory, blobs on demand."""
 
-    def __init__(self, path: Path, data: np.ndarray, geo: Geometry, report: Report) -> None:
+    def __init__(self, path: Path, data: Data, geo: Geometry, report: Report,
+                 header: np.void, table: np.ndarray, descriptors: np.ndarray) -> None:
         self.path = path
-        self.data = data
+        self.data = data  # FileView (or an array): data[a:b] reads, len(data) = file size
         self.geometry = geo
         self.report = report  # findings of the checks run at open (warnings, info)
-        self.header = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
-        self.arch = (arch_record(data, geo) if geo.version >= layout.VERSION_WITH_ARCH
-                     else None)
-        self.table, self.descriptors = table_views(data, geo)
+        self.header = header
+        self.arch = arch_view(data, geo) if geo.version >= layout.VERSION_WITH_ARCH else None
+        self.table, self.descriptors = table, descriptors
         self._checked: set[int] = set()
         self._keys = ((self.table["layer_id"].astype(np.uint64) << np.uint64(32))
                       | self.table["expert_id"].astype(np.uint64))
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Vault:
-        path = Path(path)
-        return cls.from_array(map_file(path), path)
+        """Open and check a vault file; ``fileio.NotRegular`` for FIFOs, folders, devices."""
+        view = FileView.open(path)
+        try:
+            return cls.from_array(view, view.path)
+        except BaseException:
+            view.close()
+            raise
 
     @classmethod
-    def from_array(cls, data: np.ndarray, path: Path | str = "<memory>") -> Vault:
+    def from_array(cls, data: Data, path: Path | str = "<memory>") -> Vault:
+        """A vault over an opened :class:`FileView` or an in-memory uint8 array."""
         path = Path(path)
         report = Report(size=len(data))
         if len(data) < layout.HEADER_SIZE:
@@ -115,12 +101,25 @@ class Vault:
         geo = check_header(data, report)
         if geo is not None and geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
             check_arch(data, geo, report)
-        if geo is not None and geo.table_readable and not report.errors:
-            header = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
-            check_table(data, geo, report, header)
-        if report.errors or geo is None:
+        if geo is None or report.errors or not geo.table_readable:
             raise VaultError(path, report.errors[0])
-        return cls(path, data, geo, report)
+        header = header_view(data)
+        table, descriptors = table_views(data, geo)
+        check_table(table, geo, report, header)
+        if report.errors:
+            raise VaultError(path, report.errors[0])
+        return cls(path, data, geo, report, header, table, descriptors)
+
+    def close(self) -> None:
+        """Close the file (a closed vault's lookups still work; expert reads do not)."""
+        if isinstance(self.data, FileView):
+            self.data.close()
+
+    def __enter__(self) -> Vault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ---- lookup ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -158,22 +157,27 @@ class Vault:
         return {int(i): int(c) for i, c in zip(ids, counts)}
 
     def expert(self, layer: int, expert: int) -> ExpertView:
-        """Zero-copy views of one expert's tensors; its descriptors are checked first."""
+        """One expert's tensors, read with one ``pread``; its descriptors are checked first."""
         i = self.index(layer, expert)
         if i not in self._checked:
             report = Report(size=len(self.data))
-            check_descriptors(self.data, self.geometry, report, self.header, self.arch, i, i + 1)
+            check_descriptors(self.table, self.descriptors, self.geometry, report, self.header,
+                              self.arch, i, i + 1)
             if report.errors:
                 raise VaultError(self.path, report.errors[0])
             self._checked.add(i)
         e = self.table[i]
-        off = int(e["byte_offset"])
+        d = self.descriptors[i]
+        starts = np.concatenate([d["packed_offset"], d["scales_offset"]]).astype(np.int64)
+        ends = starts + np.concatenate([d["packed_size"], d["scales_size"]]).astype(np.int64)
+        lo = int(starts.min())
+        base = int(e["byte_offset"]) + lo
+        blob = self.data[base : base + int(ends.max()) - lo]  # the span of the six slices
         views = []
         for t, name in enumerate(TENSOR_NAMES):
-            d = self.descriptors[i, t]
-            p0, s0 = off + int(d["packed_offset"]), off + int(d["scales_offset"])
+            p0, s0 = int(starts[t]) - lo, int(starts[3 + t]) - lo
             views.append(TensorView(
-                name, int(d["rows"]), int(d["cols"]), self.bits,
-                self.data[p0 : p0 + int(d["packed_size"])],
-                self.data[s0 : s0 + int(d["scales_size"])].view("<f2")))
+                name, int(d[t]["rows"]), int(d[t]["cols"]), self.bits,
+                blob[p0 : p0 + int(d[t]["packed_size"])],
+                blob[s0 : s0 + int(d[t]["scales_size"])].view("<f2")))
         return ExpertView(int(e["layer_id"]), int(e["expert_id"]), i, tuple(views))  # type: ignore[arg-type]

@@ -1,24 +1,43 @@
-"""Every rule of the format, checked over numpy views of the whole file.
+"""Every rule of the format, checked over a file read with ``pread`` (or an array).
 
 Rules come in sections, each a function returning findings; the table and descriptor
-rules are vectorised, so a 12,032-expert table checks in milliseconds. ``deep`` also
-reads every blob (zero padding, finite scales, zero unused code bits): linear in the
-file size. Codes are stable; fixtures/corrupt/EXPECTED.json names the code each
-corrupt fixture must raise, and the C++ harness uses the same codes.
+rules are vectorised over the table (read once), so a 12,032-expert table checks in
+milliseconds. ``deep`` also reads, expert by expert in bounded pieces, every blob's
+padding, scales and last code bytes (zero padding, finite scales, zero unused code bits)
+and checks the blobs against the manifest beside the vault (docs/MANIFEST.md). Codes are
+stable; fixtures/corrupt/EXPECTED.json names the code each corrupt fixture must raise,
+and the C++ harness uses the same codes.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from smoe import manifest as manifests
+from smoe.errors import SmoeError
 from smoe.findings import Finding
 from smoe.plan import round_up
+from smoe.view import (
+    Data,
+    FileView,
+    Geometry,
+    arch_block,
+    arch_view,
+    first_nonfinite_f16,
+    first_nonzero,
+    header_view,
+    table_views,
+)
 from smoe_gen import layout
 
 MAX_PER_CODE = 20  # findings of one code listed one by one; the rest are summarised
+SEVERITY_ORDER = ("error", "warning", "info")
 
 H = layout.HEADER_DTYPE.fields
 E = layout.EXPERT_ENTRY_DTYPE.fields
@@ -29,22 +48,6 @@ TENSORS = tuple(t.name.lower() for t in layout.TensorType)
 
 def hoff(name: str) -> int:
     return H[name][1]
-
-
-@dataclass
-class Geometry:
-    """Where the regions lie, from the header (only meaningful once the header passed)."""
-
-    size: int
-    version: int
-    total: int
-    bits: int
-    data_offset: int
-    descriptors_offset: int
-    descriptors_end: int
-    reserved_ext: int
-    table_readable: bool
-    arch_readable: bool
 
 
 @dataclass
@@ -65,6 +68,10 @@ class Report:
 
     def add(self, *items: Finding) -> None:
         self.findings.extend(items)
+
+    def sort(self) -> None:
+        """Errors first, then warnings, then info; each by offset."""
+        self.findings.sort(key=lambda f: (SEVERITY_ORDER.index(f.severity), f.offset))
 
 
 class Collector:
@@ -105,11 +112,11 @@ def _py(v):
 
 
 # ---------------------------------------------------------------------------- header
-def check_header(data: np.ndarray, report: Report) -> Geometry | None:
+def check_header(data: Data, report: Report) -> Geometry | None:
     """Header rules; returns the geometry, or None when nothing else can be located."""
     c = Collector(report)
     size = len(data)
-    h = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
+    h = header_view(data)
     magic = bytes(h["magic"])
     if magic != layout.MAGIC:
         c.one("error", "header.magic", hoff("magic"), "header.magic",
@@ -188,14 +195,11 @@ def check_header(data: np.ndarray, report: Report) -> Geometry | None:
 
 
 # ---------------------------------------------------------------------------- arch block
-def arch_record(data: np.ndarray, geo: Geometry) -> np.void:
-    return data[geo.reserved_ext : geo.reserved_ext + layout.ARCH_BLOCK_SIZE].view(
-        layout.ARCH_BLOCK_DTYPE)[0]
-
-
-def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
+def check_arch(data: Data, geo: Geometry, report: Report) -> None:
+    """Arch block rules (only when ``geo.arch_readable``); one read of its 128 bytes."""
     c = Collector(report)
-    a = arch_record(data, geo)
+    block = arch_block(data, geo)
+    a = block.view(layout.ARCH_BLOCK_DTYPE)[0]
     base = geo.reserved_ext
 
     def bad(code: str, name: str, message: str, expected, actual, severity="error") -> None:
@@ -241,7 +245,7 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
         c.one("error", "arch.reserved", base + A["reserved"][1] + first, "arch.reserved",
               "reserved bytes must be zero", 0, int(res[first]))
     mt = base + A["model_type"][1]
-    raw = bytes(data[mt : mt + layout.MODEL_TYPE_SIZE])
+    raw = bytes(block[A["model_type"][1] : A["model_type"][1] + layout.MODEL_TYPE_SIZE])
     name, nul, rest = raw.partition(b"\0")
     try:
         name.decode("utf-8")
@@ -265,15 +269,6 @@ def check_arch(data: np.ndarray, geo: Geometry, report: Report) -> None:
 
 
 # ---------------------------------------------------------------------------- table
-def table_views(data: np.ndarray, geo: Geometry) -> tuple[np.ndarray, np.ndarray]:
-    """The expert table and descriptors [n, 3] as structured views (no copies)."""
-    n = geo.total
-    table = data[layout.TABLE_OFFSET : geo.descriptors_offset].view(layout.EXPERT_ENTRY_DTYPE)
-    descs = data[geo.descriptors_offset : geo.descriptors_end].view(
-        layout.TENSOR_DESCRIPTOR_DTYPE).reshape(n, layout.TENSORS_PER_EXPERT)
-    return table, descs
-
-
 class _EntryOffsets:
     """Absolute offset of field ``name`` of every entry, computed only when indexed."""
 
@@ -288,10 +283,11 @@ def entry_offsets(name: str, n: int, lo: int = 0) -> _EntryOffsets:
     return _EntryOffsets(name, lo)
 
 
-def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void) -> np.ndarray:
-    """Table rules; returns the mask of entries whose blob lies inside the file."""
+def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.void
+                ) -> np.ndarray:
+    """Table rules over the table (from ``table_views``); returns the mask of entries whose
+    blob lies inside the file."""
     c = Collector(report)
-    table, _ = table_views(data, geo)
     n = len(table)
     layer = table["layer_id"].astype(np.uint64)
     expert = table["expert_id"].astype(np.uint64)
@@ -359,8 +355,7 @@ def check_table(data: np.ndarray, geo: Geometry, report: Report, header: np.void
            entry_offsets("group_size", n), path("group_size"),
            "group_size must equal header.group_size", int(header["group_size"]),
            table["group_size"])
-    words = data[layout.TABLE_OFFSET : geo.descriptors_offset].view("<u4").reshape(
-        n, layout.EXPERT_ENTRY_SIZE // 4)
+    words = table.view("<u4").reshape(n, layout.EXPERT_ENTRY_SIZE // 4)
     res_bad = words[:, E["reserved"][1] // 4] != 0
     if res_bad.any():  # report the first non-zero byte
         first_nz = table["reserved"].argmax(axis=1)
@@ -406,12 +401,12 @@ def expected_sizes(rows: np.ndarray, cols: np.ndarray, bits: int
     return packed, groups * np.uint64(layout.SCALE_BYTES), groups
 
 
-def check_descriptors(data: np.ndarray, geo: Geometry, report: Report, header: np.void,
-                      arch: np.void | None, lo: int = 0, hi: int | None = None) -> np.ndarray:
-    """Descriptor rules for experts lo..hi (default all); returns the mask of experts whose
-    slices are all sound."""
+def check_descriptors(table: np.ndarray, descs: np.ndarray, geo: Geometry, report: Report,
+                      header: np.void, arch: np.void | None, lo: int = 0,
+                      hi: int | None = None) -> np.ndarray:
+    """Descriptor rules for experts lo..hi (default all) of the arrays from ``table_views``;
+    returns the mask of experts whose slices are all sound."""
     c = Collector(report)
-    table, descs = table_views(data, geo)
     table, descs = table[lo:hi], descs[lo:hi]
     n = len(table)
     flat = descs.reshape(-1)
@@ -554,59 +549,66 @@ def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
 
 
 # ---------------------------------------------------------------------------- blobs (deep)
-def check_blobs(data: np.ndarray, geo: Geometry, report: Report, sound: np.ndarray) -> None:
-    """Zero padding, finite scales, zero unused code bits, zero metadata gap."""
+def check_blobs(data: Data, table: np.ndarray, descs: np.ndarray, geo: Geometry,
+                report: Report, sound: np.ndarray) -> None:
+    """Zero padding, finite scales, zero unused code bits, zero metadata gap.
+
+    Reads expert by expert, only those regions, each in pieces of at most ``view.CHUNK``.
+    """
     c = Collector(report)
-    table, descs = table_views(data, geo)
     gap_start = (geo.reserved_ext + layout.ARCH_BLOCK_SIZE
                  if geo.version >= layout.VERSION_WITH_ARCH else geo.descriptors_end)
     for lo, hi in ((geo.descriptors_end, min(geo.reserved_ext, geo.data_offset))
                    if geo.version >= layout.VERSION_WITH_ARCH else (0, 0),
                    (gap_start, min(geo.data_offset, geo.size))):
-        if hi > lo:
-            nz = np.flatnonzero(data[lo:hi])
-            if len(nz):
-                c.one("warning", "header.gap", lo + int(nz[0]), "gap",
-                      "the gap before data_offset is not zero", 0, int(data[lo + int(nz[0])]))
+        hit = first_nonzero(data, lo, hi) if hi > lo else None
+        if hit:
+            c.one("warning", "header.gap", hit[0], "gap",
+                  "the gap before data_offset is not zero", 0, hit[1])
     per = {2: 4, 4: 2}.get(geo.bits)
     pad_bad, scale_bad, tail_bad = [], [], []
     for i in np.flatnonzero(sound):
         off, raw, pad = (int(table["byte_offset"][i]), int(table["raw_size"][i]),
                          int(table["padded_size"][i]))
-        nz = np.flatnonzero(data[off + raw : off + pad])
-        if len(nz):
-            pad_bad.append((i, off + raw + int(nz[0])))
+        hit = first_nonzero(data, off + raw, off + pad)
+        if hit:
+            pad_bad.append((i, *hit))
         for t in range(layout.TENSORS_PER_EXPERT):
             d = descs[i, t]
             s0 = off + int(d["scales_offset"])
-            sc = data[s0 : s0 + int(d["scales_size"])].view("<f2")
-            fin = np.isfinite(sc)
-            if not fin.all():
-                scale_bad.append((i, t, s0 + 2 * int(np.flatnonzero(~fin)[0])))
+            hit = first_nonfinite_f16(data, s0, s0 + int(d["scales_size"]))
+            if hit:
+                scale_bad.append((i, t, *hit))
             n = int(d["rows"]) * int(d["cols"])
             if per and n % per:
                 last = off + int(d["packed_offset"]) + int(d["packed_size"]) - 1
-                if int(data[last]) >> ((n % per) * geo.bits):
-                    tail_bad.append((i, t, last))
-    for i, at in pad_bad[:MAX_PER_CODE]:
+                byte = int(data[last])
+                if byte >> ((n % per) * geo.bits):
+                    tail_bad.append((i, t, last, byte))
+    for i, at, value in pad_bad[:MAX_PER_CODE]:
         c.one("error", "blob.padding", at, f"experts[{i}].padding",
-              "blob padding must be zero", 0, int(data[at]))
-    for i, t, at in scale_bad[:MAX_PER_CODE]:
+              "blob padding must be zero", 0, value)
+    for i, t, at, value in scale_bad[:MAX_PER_CODE]:
         c.one("error", "blob.scales", at, f"experts[{i}].tensors[{t}].scales",
-              "scales must be finite float16", "finite", float(data[at : at + 2].view("<f2")[0]))
-    for i, t, at in tail_bad[:MAX_PER_CODE]:
+              "scales must be finite float16", "finite", value)
+    for i, t, at, value in tail_bad[:MAX_PER_CODE]:
         c.one("error", "blob.packed_tail", at, f"experts[{i}].tensors[{t}].packed",
-              "unused high bits of the last code byte must be zero", 0, int(data[at]))
+              "unused high bits of the last code byte must be zero", 0, value)
     for what, items in (("blob.padding", pad_bad), ("blob.scales", scale_bad),
                         ("blob.packed_tail", tail_bad)):
         if len(items) > MAX_PER_CODE:
-            c.one("error", what, items[MAX_PER_CODE][-1], "blobs",
+            c.one("error", what, items[MAX_PER_CODE][-2], "blobs",
                   f"and {len(items) - MAX_PER_CODE} more like the above")
 
 
 # ---------------------------------------------------------------------------- all
-def verify(data: np.ndarray, deep: bool = False) -> Report:
-    """All rules over the whole file (a uint8 array, typically a read-only memmap)."""
+def verify(data: Data, deep: bool = False, manifest: dict[str, Any] | None = None) -> Report:
+    """All rules over the whole file (a :class:`FileView` or a uint8 array).
+
+    With ``deep``, blob contents are read too and, given a manifest loaded by
+    ``smoe.manifest.load``, every blob is checked against it. A file that shrinks while
+    it is read raises :class:`SmoeError`.
+    """
     report = Report(size=len(data))
     if len(data) < layout.HEADER_SIZE:
         report.add(Finding("error", "header.size", 0, "header",
@@ -618,21 +620,69 @@ def verify(data: np.ndarray, deep: bool = False) -> Report:
     report.geometry = geo
     if geo is None:
         return report
-    header = data[: layout.HEADER_SIZE].view(layout.HEADER_DTYPE)[0]
+    header = header_view(data)
     arch = None
     if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
         check_arch(data, geo, report)
-        arch = arch_record(data, geo)
+        arch = arch_view(data, geo)
     check_ffn_dim(Collector(report), header, arch)
     if not geo.table_readable:
+        report.sort()
         return report
-    inside = check_table(data, geo, report, header)
-    sound = check_descriptors(data, geo, report, header, arch) & inside
+    table, descs = table_views(data, geo)
+    inside = check_table(table, geo, report, header)
+    sound = check_descriptors(table, descs, geo, report, header, arch) & inside
     if deep:
-        check_blobs(data, geo, report, sound)
-    report.findings.sort(key=lambda f: (("error", "warning", "info").index(f.severity),
-                                        f.offset))
+        check_blobs(data, table, descs, geo, report, sound)
+        if manifest is not None and inside.all():  # every blob can be read
+            report.add(*manifests.check(manifest, geo.size, table,
+                                        lambda off, n: data[off : off + n]))
+    report.sort()
     return report
+
+
+def manifest_path(vault: str | os.PathLike, deep: bool,
+                  manifest: str | os.PathLike | None = "auto") -> Path | None:
+    """The manifest to check: "auto" = the sidecar when it exists (and ``deep``), a path =
+    that file (when ``deep``), None = none."""
+    if not deep or manifest is None:
+        return None
+    if isinstance(manifest, str) and manifest == "auto":
+        side = manifests.path_for(vault)
+        return side if os.path.lexists(side) else None
+    return Path(manifest)
+
+
+def verify_file(data: Data, path: str | os.PathLike, deep: bool = False,
+                manifest: str | os.PathLike | None = "auto") -> Report:
+    """:func:`verify` of the vault at ``path`` already opened as ``data``, with its manifest
+    (see :func:`manifest_path`); a manifest that cannot be read is a ``manifest.malformed``
+    finding."""
+    where = manifest_path(path, deep, manifest)
+    doc, problem = None, None
+    if where is not None:
+        entries = 0
+        if len(data) >= layout.HEADER_SIZE:
+            entries = int(header_view(data)["total_experts"])
+        try:
+            doc = manifests.load(where, entries)
+        except manifests.ManifestError as e:
+            problem = e.finding
+        except SmoeError as e:  # missing, not a regular file, unreadable
+            problem = Finding("error", "manifest.malformed", 0, "manifest", str(e))
+    report = verify(data, deep=deep, manifest=doc)
+    if problem is not None:
+        report.add(problem)
+        report.sort()
+    return report
+
+
+def verify_path(path: str | os.PathLike, deep: bool = False,
+                manifest: str | os.PathLike | None = "auto") -> Report:
+    """Open ``path`` (``fileio.NotRegular`` for FIFOs, folders, devices, missing files) and
+    :func:`verify_file` it."""
+    with FileView.open(path) as view:
+        return verify_file(view, path, deep=deep, manifest=manifest)
 
 
 def codes(findings: Iterable[Finding]) -> set[str]:
