@@ -1,14 +1,47 @@
-"""Command-line entry points: ``smoe <command>`` and ``smoe-dump``."""
+"""Command-line entry points: ``smoe <command>`` and ``smoe-dump``.
+
+Every failure is one line on stderr, ``error: MESSAGE``, never a traceback (``--debug`` or
+``SMOE_DEBUG=1`` re-raises to show it); a multi-line message is folded onto one line, an
+undecodable byte of a path is shown as ``\\xNN``. A refused command line is one line too.
+
+Exit status:
+
+* 0: done (verify/dump: no error finding).
+* 1: a :class:`SmoeError` (refused or failed operation; verify/dump: the vault breaks a
+  rule); an ``OSError`` (``error: FILE: STRERROR``) naming an output, or of a write-side
+  kind (EROFS, ENOSPC, EDQUOT, EEXIST, ...) whatever file it names; stdout that cannot be
+  written (``error: standard output: cannot write: ...``); any other exception
+  (``UnicodeError``, ``ValueError``, ``MemoryError``, ...): ``error: internal error: TYPE:
+  message (run with --debug for the traceback)``.
+* 2: an input cannot be read at all: ``fileio.NotRegular`` (a FIFO, folder or device, or a
+  file that cannot be opened), :class:`Unreadable`, a vault too short for a header, and an
+  ``OSError`` of a read-side kind (ENOENT, EACCES, EPERM, EISDIR, ENOTDIR, ELOOP, EIO, ...)
+  naming an input (vault, ``--manifest``, ``--config``, ``--model`` or the model folder, or
+  a file inside one) that is not under an output; also a refused command line (``--jobs 0``).
+* 130: interrupted (Ctrl-C); 141: stdout was closed (``| head``), quietly.
+
+With ``--json`` stdout holds exactly one RFC 8259 document, on success (the command's own
+shape) and on failure: ``{"schema": 1, "ok": false, "error": {"message": MESSAGE,
+"exit_code": N}}`` (the stderr line is printed too). :func:`to_json` serialises every
+document: non-finite floats become ``null``, undecodable bytes in strings U+FFFD.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import math
 import os
+import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn, TextIO
 
+import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -20,8 +53,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from smoe.errors import SmoeError
+from smoe.fileio import NotRegular
 from smoe_gen import layout
 
 STRUCTS = (
@@ -45,8 +80,12 @@ def _spec_summary() -> dict:
         structs[name] = {
             "size": dtype.itemsize,
             "fields": [
-                {"name": f, "offset": dtype.fields[f][1], "size": dtype.fields[f][0].itemsize,
-                 "doc": docs[f]}
+                {
+                    "name": f,
+                    "offset": dtype.fields[f][1],
+                    "size": dtype.fields[f][0].itemsize,
+                    "doc": docs[f],
+                }
                 for f in dtype.names
             ],
         }
@@ -61,11 +100,78 @@ def _spec_summary() -> dict:
     }
 
 
+# ---- output helpers ------------------------------------------------------------------------
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_NEWLINES = re.compile(r"\s*[\r\n]+\s*")
+
+
+def _text(s: str) -> str:
+    """``s`` as valid Unicode: every lone surrogate (an undecodable byte of a path) -> U+FFFD."""
+    return s if s.isascii() else _SURROGATE.sub("\ufffd", s)
+
+
+def jsonable(obj: object) -> object:
+    """``obj`` as plain JSON data: non-finite floats -> None, strings valid UTF-8 (lone
+    surrogates -> U+FFFD), numpy scalars and arrays -> Python values, paths -> text, tuples ->
+    lists, anything else -> its ``str``."""
+    if obj is None or isinstance(obj, bool):
+        return obj
+    if isinstance(obj, str):
+        return _text(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {_json_key(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return jsonable(obj.item())
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, os.PathLike):
+        return _text(os.fsdecode(obj))
+    return _text(str(obj))
+
+
+def _json_key(k: object) -> str:
+    return _text(k) if isinstance(k, str) else _text(to_json(k, indent=None))
+
+
+def to_json(obj: object, indent: int | None = 2) -> str:
+    """One RFC 8259 document (ASCII, no NaN or Infinity): the only serialiser of the CLI."""
+    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+
+
+def _print_json(obj: object) -> None:
+    print(to_json(obj))
+
+
+def _shown(s: object) -> str:
+    """A path or message for the terminal: one line, an undecodable byte as ``\\xNN``, other
+    control characters escaped (no terminal escape sequence gets through)."""
+    text = _NEWLINES.sub(" ", os.fsdecode(s) if isinstance(s, os.PathLike) else str(s)).strip()
+    text = _SURROGATE.sub(lambda m: _escape_surrogate(m.group()), text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _escape_surrogate(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
+
+
+def _one_line(message: str) -> str:
+    """A message folded onto one line (for JSON: the terminal form escapes more)."""
+    return _text(_NEWLINES.sub(" ", message).strip())
+
+
 def cmd_spec(args: argparse.Namespace) -> int:
     """Print the format's constants and struct layouts (from the generated layout)."""
     summary = _spec_summary()
     if args.json:
-        print(json.dumps(summary, indent=2))
+        _print_json(summary)
         return 0
     console = Console()
     console.print(
@@ -85,17 +191,20 @@ def cmd_spec(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_json(obj: object) -> None:
-    print(json.dumps(obj, indent=2, default=str))
-
-
 def cmd_sculpt(args: argparse.Namespace) -> int:
     """Convert a HuggingFace MoE checkpoint into a vault and a scout."""
     from smoe.sculpt import SculptOptions, sculpt
 
-    opts = SculptOptions(bits=args.bits, version=args.format_version, max_layers=args.max_layers,
-                         max_experts=args.max_experts, jobs=args.jobs, resume=args.resume,
-                         dry_run=args.dry_run, scale=args.scale)
+    opts = SculptOptions(
+        bits=args.bits,
+        version=args.format_version,
+        max_layers=args.max_layers,
+        max_experts=args.max_experts,
+        jobs=args.jobs,
+        resume=args.resume,
+        dry_run=args.dry_run,
+        scale=args.scale,
+    )
     err = Console(stderr=True)
     if args.dry_run:
         plan = sculpt(args.model_dir, args.out_dir, opts)
@@ -104,11 +213,19 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         else:
             _show_dry_run(plan)
         return 0
-    columns = (TextColumn("[bold]sculpt[/]"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("experts"), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True,
-                  disable=args.json or not err.is_terminal) as bar:
+    columns = (
+        TextColumn("[bold]sculpt[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("experts"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(
+        *columns, console=err, transient=True, disable=args.json or not err.is_terminal
+    ) as bar:
         task = bar.add_task("sculpt", total=None, rate="")
         start = time.perf_counter()
 
@@ -131,8 +248,9 @@ def _show_dry_run(plan: dict) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("experts", str(plan["experts"]))
-    t.add_row("experts per layer", ", ".join(f"{k}: {v}"
-                                             for k, v in plan["experts_per_layer"].items()))
+    t.add_row(
+        "experts per layer", ", ".join(f"{k}: {v}" for k, v in plan["experts_per_layer"].items())
+    )
     t.add_row("blob raw / padded bytes", f"{plan['blob_raw_sizes']} / {plan['blob_padded_sizes']}")
     t.add_row("data_offset", f"{plan['data_offset']:#x} ({plan['data_offset']})")
     t.add_row("arch block at", str(plan["reserved_ext"]) if plan["arch"] else "none (v1)")
@@ -145,7 +263,7 @@ def _show_dry_run(plan: dict) -> None:
             a.add_row(k, str(v))
         c.print(a)
     for w in plan["warnings"]:
-        c.print(f"[yellow]warning:[/] {w}")
+        c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
 
 
 def _show_summary(s: dict) -> None:
@@ -153,8 +271,8 @@ def _show_summary(s: dict) -> None:
     t = Table(title="sculpt summary", title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("vault", s["vault"])
-    t.add_row("scout", s["scout"])
+    t.add_row("vault", escape(_shown(s["vault"])))
+    t.add_row("scout", escape(_shown(s["scout"])))
     t.add_row("experts written", f"{s['experts_written']} (+{s['experts_resumed']} resumed)")
     t.add_row("expert bytes in", f"{s['expert_bytes_in']:,}")
     t.add_row("vault / scout bytes", f"{s['vault_bytes']:,} / {s['scout_bytes']:,}")
@@ -172,52 +290,57 @@ def _show_summary(s: dict) -> None:
         q.add_row(name, *(("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")))
     c.print(q)
     for w in s["warnings"]:
-        c.print(f"[yellow]warning:[/] {w}")
-
-
-def _open_bytes(path: Path):
-    """The file as a read-only uint8 map; Unreadable when it cannot be read at all."""
-    from smoe.reader import map_file
-
-    try:
-        return map_file(path)
-    except SmoeError as e:
-        raise Unreadable(str(e)) from None
+        c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
 
 
 class Unreadable(SmoeError):
     """Exit status 2: the input cannot be read at all."""
 
 
+def _manifest(args: argparse.Namespace) -> str | Path | None:
+    """``verify_path``'s ``manifest=``: "auto" (beside the vault), a given file, or None."""
+    if args.no_manifest:
+        return None
+    return "auto" if args.manifest is None else args.manifest
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check every rule; exit 0 = no errors, 1 = errors, 2 = unreadable."""
-    from smoe.verify import verify
+    from smoe.verify import verify_path
 
-    data = _open_bytes(args.vault)
-    report = verify(data, deep=args.deep)
+    report = verify_path(args.vault, deep=args.deep, manifest=_manifest(args))
     unreadable = any(f.code == "header.size" for f in report.errors)
     if args.json:
-        _print_json({"file": str(args.vault), "size": report.size, "deep": args.deep,
-                     "ok": report.ok, "errors": len(report.errors),
-                     "findings": [f.to_dict() for f in report.findings]})
+        _print_json(
+            {
+                "file": str(args.vault),
+                "size": report.size,
+                "deep": args.deep,
+                "ok": report.ok,
+                "errors": len(report.errors),
+                "findings": [f.to_dict() for f in report.findings],
+            }
+        )
     else:
         c = Console(highlight=False)
         for f in report.findings:
             style = {"error": "bold red", "warning": "yellow", "info": "cyan"}[f.severity]
-            c.print(f"[{style}]{escape(f.line())}[/]", soft_wrap=True)
+            c.print(f"[{style}]{escape(_shown(f.line()))}[/]", soft_wrap=True)
         n_err, n_warn = len(report.errors), sum(f.severity == "warning" for f in report.findings)
         verdict = "[bold green]valid[/]" if report.ok else "[bold red]INVALID[/]"
-        c.print(f"{args.vault}: {verdict} ({n_err} errors, {n_warn} warnings"
-                f"{', deep' if args.deep else ''})")
+        c.print(
+            f"{escape(_shown(args.vault))}: {verdict} ({n_err} errors, {n_warn} warnings"
+            f"{', deep' if args.deep else ''})",
+            soft_wrap=True,
+        )
     return 2 if unreadable else (0 if report.ok else 1)
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
     """Show a vault: summary, header, arch block, table by layer, findings."""
-    from smoe.dump import collect, render
+    from smoe.dump import collect_path, render
 
-    data = _open_bytes(args.vault)
-    dump, report = collect(args.vault, data, deep=args.deep)
+    dump, report = collect_path(args.vault, deep=args.deep, manifest=_manifest(args))
     if args.json:
         _print_json({k: dump[k] for k in ("file", "header", "arch", "experts", "findings")})
     else:
@@ -235,8 +358,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"out": str(args.out), "tensors": names})
     else:
-        Console(highlight=False).print(f"wrote {len(names)} float32 tensors "
-                                       f"({len(names) // 3} experts) to {args.out}")
+        Console(highlight=False).print(
+            f"wrote {len(names)} float32 tensors "
+            f"({len(names) // 3} experts) to "
+            f"{escape(_shown(args.out))}",
+            soft_wrap=True,
+        )
     return 0
 
 
@@ -255,24 +382,78 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         rows = int(vault.descriptors[0, 0]["rows"]) if len(vault) else 0
         arch, warnings = arch_from_config(load_config(args.config), str(args.config), rows)
     del vault
-    result = upgrade(args.vault, arch, force=args.force, out=args.out)
-    info = {"path": str(result.path), "mode": result.mode, "arch_offset": result.arch_offset,
-            "data_offset": result.data_offset, "warnings": warnings}
+    result = upgrade(args.vault, arch, force=args.force, out=args.out,
+                     inputs=[args.config or args.model])
+    info = {
+        "path": str(result.path),
+        "mode": result.mode,
+        "arch_offset": result.arch_offset,
+        "data_offset": result.data_offset,
+        "warnings": warnings,
+    }
     if args.json:
         _print_json(info)
     else:
         c = Console(highlight=False)
-        verb = {"in-place": "upgraded in place to v2", "re-stamp": "re-stamped the arch block of",
-                "rewrite": "wrote a v2 copy"}[result.mode]
-        c.print(f"{verb}: {result.path} (arch block at {result.arch_offset}, "
-                f"data_offset {result.data_offset})")
+        verb = {
+            "in-place": "upgraded in place to v2",
+            "re-stamp": "re-stamped the arch block of",
+            "rewrite": "wrote a v2 copy",
+        }[result.mode]
+        c.print(
+            f"{verb}: {escape(_shown(result.path))} (arch block at {result.arch_offset}, "
+            f"data_offset {result.data_offset})",
+            soft_wrap=True,
+        )
         for w in warnings:
-            c.print(f"[yellow]warning:[/] {w}")
+            c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
     return 0
 
 
+# ---- command line --------------------------------------------------------------------------
+class UsageError(Exception):
+    """A command line argparse refuses (exit status 2, one line like every other failure)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one ``error:`` line, not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (``--jobs``)."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def _debug_flag(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand's parser must not reset a --debug given before the command
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the Python traceback of a failure (also SMOE_DEBUG=1)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="smoe", description=__doc__)
+    ap = _Parser(prog="smoe", description=__doc__.split("\n\n")[0])
+    _debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("spec", help="show the format's constants and struct layouts")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -282,21 +463,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", type=Path, help="checkpoint directory (config.json, *.safetensors)")
     p.add_argument("out_dir", type=Path, help="where <stem>.smoe and <stem>.scout.safetensors go")
     p.add_argument("--bits", type=int, choices=layout.SUPPORTED_BITS, default=layout.BITS_Q4)
-    p.add_argument("--format-version", type=int, default=layout.VERSION_MAX,
-                   choices=range(layout.VERSION_MIN, layout.VERSION_MAX + 1))
+    p.add_argument(
+        "--format-version",
+        type=int,
+        default=layout.VERSION_MAX,
+        choices=range(layout.VERSION_MIN, layout.VERSION_MAX + 1),
+    )
     p.add_argument("--max-layers", type=int, help="only the first N MoE layers (partial vault)")
     p.add_argument("--max-experts", type=int, help="only the first N experts of each layer")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes, at least 1 (default: the usable cores, "
+        f"{usable_cores()} here; never more than there are batches of experts)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--dry-run", action="store_true", help="print the planned layout, write nothing")
-    p.add_argument("--scale", choices=("optimal", "absmax"), default="optimal",
-                   help="how each group's scale is chosen (absmax = the reference Sculptor)")
+    p.add_argument(
+        "--scale",
+        choices=("optimal", "absmax"),
+        default="optimal",
+        help="how each group's scale is chosen (absmax = the reference Sculptor)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_sculpt)
 
     p = sub.add_parser("verify", help="check every rule of the format")
     p.add_argument("vault", type=Path)
-    p.add_argument("--deep", action="store_true", help="also read every blob (linear in size)")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also read every blob (linear in size) and check the manifest",
+    )
+    _manifest_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable findings")
     p.set_defaults(func=cmd_verify)
 
@@ -320,48 +521,217 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_upgrade)
+    for p in sub.choices.values():
+        _debug_flag(p)
     return ap
+
+
+def _manifest_args(p: argparse.ArgumentParser) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="PATH",
+        help="check the blobs against this manifest (default: VAULT.manifest.json "
+        "when present); only checked with --deep",
+    )
+    m.add_argument(
+        "--no-manifest",
+        action="store_true",
+        help="do not check the manifest (it is only checked with --deep anyway)",
+    )
 
 
 def _dump_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("vault", type=Path)
     p.add_argument("--experts", action="store_true", help="list every expert and its tensors")
     p.add_argument("--layer", type=int, help="expand one layer")
-    p.add_argument("--deep", action="store_true", help="verify blob contents too")
+    p.add_argument("--deep", action="store_true", help="verify blob contents too, and the manifest")
+    _manifest_args(p)
     p.add_argument("--json", action="store_true", help="the same content as JSON")
     p.set_defaults(func=cmd_dump)
 
 
+# ---- failures ------------------------------------------------------------------------------
+INPUTS = ("vault", "manifest", "config", "model", "model_dir")  # args naming files read
+OUTPUTS = ("out", "out_dir")  # args naming files written
+READ_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EIO,
+        errno.ENXIO,
+        errno.ENODEV,
+    }
+)
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _paths(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    values = (getattr(args, n, None) for n in names)
+    return [os.path.abspath(v) for v in values if isinstance(v, (str, os.PathLike))]
+
+
+def _os_error(e: OSError, args: argparse.Namespace) -> tuple[str, int]:
+    """``FILE: STRERROR`` and the exit status (2: an input cannot be read)."""
+    why = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return f"I/O error: {why} (run with --debug for the traceback)", 1
+    name = os.fsdecode(e.filename)
+    where = name if e.filename2 is None else f"{name} -> {os.fsdecode(e.filename2)}"
+    full = os.path.abspath(name)
+    is_input = (
+        e.errno in READ_ERRNOS
+        and _under(full, _paths(args, INPUTS))
+        and not _under(full, _paths(args, OUTPUTS))
+    )
+    return f"{where}: {why}", 2 if is_input else 1
+
+
+def describe(e: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+    """The one-line message (without ``error:``) and exit status for a failure."""
+    if isinstance(e, (NotRegular, Unreadable)):
+        return str(e), 2
+    if isinstance(e, SmoeError):
+        return str(e), 1
+    if isinstance(e, OSError):
+        return _os_error(e, args)
+    detail = _NEWLINES.sub(" ", str(e)).strip()
+    return (
+        f"internal error: {type(e).__name__}{': ' + detail if detail else ''} "
+        "(run with --debug for the traceback)"
+    ), 1
+
+
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Print the one stderr line (and with --json the error document); return ``code``."""
+    line = Text.assemble(("error:", "bold red"), " " + _shown(message))
+    with contextlib.suppress(OSError):
+        Console(stderr=True, highlight=False).print(line, soft_wrap=True)
+    if getattr(args, "json", False):
+        _print_error_json(message, code)
+    return code
+
+
+def _print_error_json(message: str, code: int) -> None:
+    """The --json document of a failure (silently dropped if stdout cannot take it)."""
+    doc = {"schema": 1, "ok": False, "error": {"message": _one_line(message), "exit_code": code}}
+    try:
+        _print_json(doc)
+        sys.stdout.flush()
+    except (OSError, SmoeError):  # SmoeError: _Stdout's disk full
+        _silence_stdout()
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: a failed write (disk full, I/O error) is one
+    SmoeError naming standard output, and stdout then goes to /dev/null so that the flush
+    at exit cannot fail again. A closed pipe still raises BrokenPipeError."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self._failed(e)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self._failed(e)
+
+    def _failed(self, e: OSError) -> NoReturn:
+        _silence_stdout()
+        raise SmoeError(f"standard output: cannot write: {e.strerror or e}") from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: nothing more can reach it, and the exit flush succeeds."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    env = os.environ.get("SMOE_DEBUG", "")
+    return bool(getattr(args, "debug", False)) or env not in ("", "0")
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.func(args)
-    except Unreadable as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
-                                   soft_wrap=True)
-        return 2
-    except SmoeError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False,
-                                   soft_wrap=True)
-        return 1
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk under a redirected stdout fails here, not at exit
+        return code
     except KeyboardInterrupt:
-        hint = ("; run the same command with --resume to continue"
-                if getattr(args, "func", None) is cmd_sculpt else "")
+        hint = (
+            "; run the same command with --resume to continue"
+            if getattr(args, "func", None) is cmd_sculpt
+            else ""
+        )
         Console(stderr=True).print(f"interrupted{hint}", highlight=False)
+        if getattr(args, "json", False):
+            _print_error_json(f"interrupted{hint}", 130)
         return 130
     except BrokenPipeError:  # e.g. `smoe-dump --json VAULT | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return 141
+    except Exception as e:
+        message, code = describe(e, args)
+        if not _debug(args):
+            return _fail(args, message, code)
+        if getattr(args, "json", False):
+            _print_error_json(message, code)
+        raise
+
+
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes never crash output
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as e:
+            words = argv[: argv.index("--")] if "--" in argv else argv
+            return _fail(argparse.Namespace(json="--json" in words), str(e), 2)
+        return _run(args)
+    finally:
+        sys.stdout = stdout
 
 
 def dump_main(argv: list[str] | None = None) -> int:
     """``smoe-dump VAULT``."""
-    ap = argparse.ArgumentParser(prog="smoe-dump", description=cmd_dump.__doc__)
+    ap = _Parser(prog="smoe-dump", description=cmd_dump.__doc__)
     _dump_args(ap)
-    return _run(ap.parse_args(argv))
+    _debug_flag(ap)
+    return _main(ap, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _run(build_parser().parse_args(argv))
+    return _main(build_parser(), argv)
 
 
 if __name__ == "__main__":
