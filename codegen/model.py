@@ -201,7 +201,7 @@ def _rulings(spec: dict[str, Any]) -> dict[str, list[str]]:
         refs = set()
         for m in _RULING.finditer(text):
             refs.update(re.findall(r"[DR]\d+", m.group(1)))
-        for m in re.finditer(r"DECISIONS\.md ((?:D\d+)(?:, D\d+)*)", text):
+        for m in re.finditer(r"FORMAT\.md ((?:D\d+)(?:, D\d+)*)", text):
             refs.update(re.findall(r"D\d+", m.group(1)))
         for r in refs:
             found.setdefault(r, []).append(where)

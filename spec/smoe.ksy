@@ -31,26 +31,9 @@ doc: |
   vault has no arch block and `reserved_ext` is 0 (non-zero is a warning and is
   ignored). A v2 vault has a valid arch block at `reserved_ext`.
 
-  Ruling D7 (in-place upgrade v1 -> v2): the arch block goes into the existing
-  zero gap between the descriptors and `data_offset`, so no expert blob moves.
-  Order of writes: the block, fsync, `reserved_ext`, `version`, fsync; an
-  interruption at any instant leaves a valid v1 or a valid v2 vault. If the gap
-  cannot hold the block at a 64-byte-aligned offset, the tool says so and offers
-  to rewrite into a new file (blobs shift by whole pages) without touching the
-  original; `--force` re-stamps the block of a v2 vault in its existing slot.
-
-  Ruling D8 (Sculptor): the input is a HuggingFace checkpoint directory
-  (`config.json`, one or more `*.safetensors` shards, optional
-  `model.safetensors.index.json`); the outputs are `<stem>.smoe` and
-  `<stem>.scout.safetensors` (every tensor that is not a routed-expert weight,
-  dtype unchanged), both written atomically. Config spellings of all transformers
-  versions are accepted (`rope_theta` top-level or inside `rope_parameters`;
-  `num_experts`, `num_local_experts` or `n_routed_experts`; `dtype` or
-  `torch_dtype`). Without a `norm_topk_prob` key the family's own routing
-  decides (Mixtral renormalises: flag set; other families take the transformers
-  default of their model type). Only bias-free SiLU-gated (SwiGLU) experts can be
-  represented; anything else (GELU, expert biases, gpt-oss's interleaved and
-  clamped gate/up) is refused with an error naming the reason.
+  Tool policies are not part of the format: how `smoe upgrade` edits a v1
+  vault in place (ruling D7) and what the Sculptor reads and writes (ruling D8)
+  are described in docs/TOOLS.md.
 
   Ruling R1 (this spec; the format document is silent): the descriptor count per
   expert is fixed at three, one per `tensor_type`, and an empty vault
@@ -64,8 +47,8 @@ doc: |
   finite with a warning only; like the other arch values that are not among the
   engine's load rules (D6), they do not make a vault invalid.
 doc-ref:
-  - shared/spec/smoe-format.txt
-  - shared/spec/DECISIONS.md
+  - docs/FORMAT.md
+  - docs/TOOLS.md
 seq:
   - id: header
     type: header
@@ -79,13 +62,13 @@ instances:
     doc: |
       The expert table: `total_experts` entries of 48 bytes from `table_offset`.
       Ruling D4: sorted by `(layer_id, expert_id)` ascending, pairs unique.
-    doc-ref: shared/spec/DECISIONS.md D4
+    doc-ref: docs/FORMAT.md D4
   arch:
     pos: header.reserved_ext
     type: arch_block
     if: header.version >= version_with_arch
     doc: The version-2 arch block ("SARC"), located by `header.reserved_ext`.
-    doc-ref: shared/spec/DECISIONS.md D6
+    doc-ref: docs/FORMAT.md D6
   page_size:
     value: 16384
     -smoe-const: PAGE_SIZE
@@ -191,7 +174,7 @@ types:
           min: _root.version_min
           max: _root.version_max
         doc: Format version; readers accept 1 and 2 and refuse anything else (ruling D6).
-        doc-ref: shared/spec/DECISIONS.md D6
+        doc-ref: docs/FORMAT.md D6
       - id: num_moe_layers
         type: u4
         doc: |
@@ -199,14 +182,14 @@ types:
           D5: the model's value, also in a partial vault that stores fewer layers.
           Ruling R4 (this spec): the table holds experts of at most this many distinct
           layers; more is an error (verifier code `table.layers`; not expressible here).
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: max_experts_per_layer
         type: u4
         doc: |
           Routed-expert count (router width) of the widest MoE layer of the model.
           Ruling D5: engines size the router from it, so a partial vault (a subset
           of the experts) keeps the model's value; every `expert_id` is below it.
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: total_experts
         type: u4
         valid:
@@ -215,7 +198,7 @@ types:
           Number of entries in the expert table of this file (ruling D5); at most
           `num_moe_layers * max_experts_per_layer`. Bounded by the file size
           through `data_offset`.
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: table_offset
         type: u8
         valid: sizeof<header>
@@ -229,7 +212,7 @@ types:
           after the end of the descriptors, and inside the file. Ruling D4: v2
           writers set it to `round_up(arch block end, 16384)`, v1 writers to
           `round_up(descriptors_end, 16384)`.
-        doc-ref: shared/spec/DECISIONS.md D4
+        doc-ref: docs/FORMAT.md D4
       - id: group_size
         type: u4
         valid: _root.quant_group_size
@@ -244,11 +227,11 @@ types:
         valid:
           min: 1
         doc: Hidden size, from `model.embed_tokens.weight` `[vocab, d_model]` (ruling D5).
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: vocab_size
         type: u4
         doc: Vocabulary size, from `model.embed_tokens.weight` `[vocab, d_model]` (ruling D5).
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: ffn_dim
         type: u4
         doc: |
@@ -260,7 +243,7 @@ types:
           those come from the descriptors, and v2 carries `moe_ffn_dim`,
           `dense_ffn_dim` and `shared_expert_ffn_dim`. The verifier warns on such
           vaults.
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: reserved_ext
         type: u4
         valid:
@@ -274,12 +257,12 @@ types:
           `data_offset` (ruling D6). v2 writers put it at
           `round_up(descriptors_end, 64)` (ruling D4). v1: zero; a non-zero value
           is a warning and is ignored.
-        doc-ref: shared/spec/DECISIONS.md D6
+        doc-ref: docs/FORMAT.md D6
     instances:
       descriptors_offset:
         value: table_offset + total_experts.as<u8> * sizeof<expert_entry>
         doc: Absolute offset of the first tensor descriptor, right after the table (ruling D4).
-        doc-ref: shared/spec/DECISIONS.md D4
+        doc-ref: docs/FORMAT.md D4
       descriptors_end:
         value: >-
           descriptors_offset
@@ -293,7 +276,7 @@ types:
       table order, back to back from `data_offset`; readers only require 16 KiB
       alignment, bounds inside the file and no overlap (gaps are reported, not
       fatal).
-    doc-ref: shared/spec/DECISIONS.md D4
+    doc-ref: docs/FORMAT.md D4
     params:
       - id: idx
         type: u4
@@ -313,7 +296,7 @@ types:
           Expert index within the layer; below `max_experts_per_layer`, and
           `(layer_id, expert_id)` strictly greater than the previous entry's
           (sorted and unique, ruling D4).
-        doc-ref: shared/spec/DECISIONS.md D4
+        doc-ref: docs/FORMAT.md D4
       - id: byte_offset
         type: u8
         valid:
@@ -328,7 +311,7 @@ types:
         doc: |
           Data bytes of the blob before padding: the end of the last scale byte
           (ruling D3).
-        doc-ref: shared/spec/DECISIONS.md D3
+        doc-ref: docs/FORMAT.md D3
       - id: padded_size
         type: u8
         valid:
@@ -347,7 +330,7 @@ types:
         doc: |
           Quantisation groups of the three tensors together: the sum of
           `ceil(rows * cols / 64)` (ruling D5).
-        doc-ref: shared/spec/DECISIONS.md D5
+        doc-ref: docs/FORMAT.md D5
       - id: reserved
         contents: [0, 0, 0, 0]
         doc: Must be zero.
@@ -369,7 +352,7 @@ types:
         size: padded_size - raw_size
         type: zero_fill
         doc: The blob's padding from `raw_size` to `padded_size`; must be zero (ruling D3).
-        doc-ref: shared/spec/DECISIONS.md D3
+        doc-ref: docs/FORMAT.md D3
   expert_key:
     doc: The first two fields of an expert table entry, read to check the table's order.
     seq:
@@ -401,7 +384,7 @@ types:
       SMOE-Q4: `w = (code - 7.5) / 7.5 * scale`, code 0..15 (16 symmetric levels,
       no exact zero). SMOE-Q2: `w = (code - 1.5) / 1.5 * scale`, code 0..3.
       How an encoder picks each scale is its own freedom; decoding is fixed.
-    doc-ref: shared/spec/DECISIONS.md D2, D3
+    doc-ref: docs/FORMAT.md D2, D3
     params:
       - id: slot
         type: u1
@@ -496,7 +479,7 @@ types:
       away from 1e-6; values that disagree with the tensors of the checkpoint or
       scout, where shapes win (has_qk_norm, has_dense_layer_0,
       shared_expert_ffn_dim).
-    doc-ref: shared/spec/DECISIONS.md D6
+    doc-ref: docs/FORMAT.md D6
     seq:
       - id: magic
         contents: SARC

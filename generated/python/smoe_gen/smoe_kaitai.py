@@ -35,26 +35,9 @@ class Smoe(KaitaiStruct):
     vault has no arch block and `reserved_ext` is 0 (non-zero is a warning and is
     ignored). A v2 vault has a valid arch block at `reserved_ext`.
     
-    Ruling D7 (in-place upgrade v1 -> v2): the arch block goes into the existing
-    zero gap between the descriptors and `data_offset`, so no expert blob moves.
-    Order of writes: the block, fsync, `reserved_ext`, `version`, fsync; an
-    interruption at any instant leaves a valid v1 or a valid v2 vault. If the gap
-    cannot hold the block at a 64-byte-aligned offset, the tool says so and offers
-    to rewrite into a new file (blobs shift by whole pages) without touching the
-    original; `--force` re-stamps the block of a v2 vault in its existing slot.
-    
-    Ruling D8 (Sculptor): the input is a HuggingFace checkpoint directory
-    (`config.json`, one or more `*.safetensors` shards, optional
-    `model.safetensors.index.json`); the outputs are `<stem>.smoe` and
-    `<stem>.scout.safetensors` (every tensor that is not a routed-expert weight,
-    dtype unchanged), both written atomically. Config spellings of all transformers
-    versions are accepted (`rope_theta` top-level or inside `rope_parameters`;
-    `num_experts`, `num_local_experts` or `n_routed_experts`; `dtype` or
-    `torch_dtype`). Without a `norm_topk_prob` key the family's own routing
-    decides (Mixtral renormalises: flag set; other families take the transformers
-    default of their model type). Only bias-free SiLU-gated (SwiGLU) experts can be
-    represented; anything else (GELU, expert biases, gpt-oss's interleaved and
-    clamped gate/up) is refused with an error naming the reason.
+    Tool policies are not part of the format: how `smoe upgrade` edits a v1
+    vault in place (ruling D7) and what the Sculptor reads and writes (ruling D8)
+    are described in docs/TOOLS.md.
     
     Ruling R1 (this spec; the format document is silent): the descriptor count per
     expert is fixed at three, one per `tensor_type`, and an empty vault
@@ -69,11 +52,11 @@ class Smoe(KaitaiStruct):
     engine's load rules (D6), they do not make a vault invalid.
     
     .. seealso::
-       shared/spec/smoe-format.txt
+       docs/FORMAT.md
     
     
     .. seealso::
-       shared/spec/DECISIONS.md
+       docs/TOOLS.md
     """
 
     class Activation(IntEnum):
@@ -123,7 +106,7 @@ class Smoe(KaitaiStruct):
         shared_expert_ffn_dim).
         
         .. seealso::
-           shared/spec/DECISIONS.md D6
+           docs/FORMAT.md D6
         """
         def __init__(self, _io, _parent=None, _root=None):
             super(Smoe.ArchBlock, self).__init__(_io)
@@ -217,7 +200,7 @@ class Smoe(KaitaiStruct):
         fatal).
         
         .. seealso::
-           shared/spec/DECISIONS.md D4
+           docs/FORMAT.md D4
         """
         def __init__(self, idx, _io, _parent=None, _root=None):
             super(Smoe.ExpertEntry, self).__init__(_io)
@@ -282,7 +265,7 @@ class Smoe(KaitaiStruct):
             """The blob's padding from `raw_size` to `padded_size`; must be zero (ruling D3).
             
             .. seealso::
-               shared/spec/DECISIONS.md D3
+               docs/FORMAT.md D3
             """
             if hasattr(self, '_m_padding'):
                 return self._m_padding
@@ -411,7 +394,7 @@ class Smoe(KaitaiStruct):
             """Absolute offset of the first tensor descriptor, right after the table (ruling D4).
             
             .. seealso::
-               shared/spec/DECISIONS.md D4
+               docs/FORMAT.md D4
             """
             if hasattr(self, '_m_descriptors_offset'):
                 return self._m_descriptors_offset
@@ -442,7 +425,7 @@ class Smoe(KaitaiStruct):
         How an encoder picks each scale is its own freedom; decoding is fixed.
         
         .. seealso::
-           shared/spec/DECISIONS.md D2, D3
+           docs/FORMAT.md D2, D3
         """
         def __init__(self, slot, blob_offset, raw_size, _io, _parent=None, _root=None):
             super(Smoe.TensorDescriptor, self).__init__(_io)
@@ -592,7 +575,7 @@ class Smoe(KaitaiStruct):
         """The version-2 arch block ("SARC"), located by `header.reserved_ext`.
         
         .. seealso::
-           shared/spec/DECISIONS.md D6
+           docs/FORMAT.md D6
         """
         if hasattr(self, '_m_arch'):
             return self._m_arch
@@ -648,7 +631,7 @@ class Smoe(KaitaiStruct):
         Ruling D4: sorted by `(layer_id, expert_id)` ascending, pairs unique.
         
         .. seealso::
-           shared/spec/DECISIONS.md D4
+           docs/FORMAT.md D4
         """
         if hasattr(self, '_m_experts'):
             return self._m_experts
