@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <mutex>
+#include <sys/stat.h>
 #include <random>
 #include <thread>
 #include <unistd.h>
@@ -23,33 +24,37 @@ namespace {
 
 /// A descriptor for the benchmark's reads: O_DIRECT if asked and the filesystem
 /// accepts it (some refuse at open, some only at the first read), else buffered.
+/// Either way it reads the very file that was checked: the buffered one is a dup of the
+/// vault's descriptor, the O_DIRECT one is reopened without blocking and must have the
+/// same device and inode.
 struct Reader {
-    int fd = -1;
+    Fd fd;
     bool direct = false;
-    ~Reader() {
-        if (fd >= 0) ::close(fd);
-    }
 };
 
 void open_reader(const Vault& v, bool want_direct, Reader& r) {
     if (want_direct) {
-        r.fd = ::open(v.name.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-        if (r.fd >= 0) {
+        Fd fd(::open(v.name.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK));
+        struct stat st {};
+        if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
+            (st.st_dev != v.id.dev || st.st_ino != v.id.ino))
+            throw IoError(v.name +
+                          ": replaced since it was checked; refusing to read another file");
+        if (fd.get() >= 0 && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
             AlignedBuffer probe(PAGE_SIZE);
             const uint64_t at = v.experts.empty() ? 0 : v.experts[0].byte_offset;
-            if (::pread(r.fd, probe.data(), PAGE_SIZE, static_cast<off_t>(at)) >= 0) {
+            if (::pread(fd.get(), probe.data(), PAGE_SIZE, static_cast<off_t>(at)) >= 0) {
+                r.fd = std::move(fd);
                 r.direct = true;
                 return;
             }
-            const int saved = errno;
-            ::close(r.fd);
-            errno = saved;
         }
         std::fprintf(stderr, "smoe-stream: %s: O_DIRECT refused (%s); using buffered reads\n",
                      v.name.c_str(), std::strerror(errno));
     }
-    r.fd = ::open(v.name.c_str(), O_RDONLY | O_CLOEXEC);
-    if (r.fd < 0) throw IoError(v.name + ": cannot open: " + std::strerror(errno));
+    r.fd = Fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
+    if (r.fd.get() < 0) throw IoError(v.name + ": cannot duplicate the descriptor: " +
+                                      std::strerror(errno));
 }
 
 /// The order in which experts are read. seq: table entries in file order. random:
@@ -120,7 +125,7 @@ Stream stream(const Vault& v, const Reader& r, const std::vector<uint32_t>& jobs
                 const Expert& e = v.experts[jobs[next.fetch_add(1) % jobs.size()]];
                 uint8_t* buf = ring[t * SLOTS + k % SLOTS].data();
                 const double t0 = now_seconds();
-                pread_full(r.fd, buf, e.padded_size, e.byte_offset, v.name);
+                pread_full(r.fd.get(), buf, e.padded_size, e.byte_offset, v.name);
                 st.latency_us.push_back(static_cast<float>((now_seconds() - t0) * 1e6));
                 st.bytes += e.padded_size;
                 ++st.reads;
@@ -157,7 +162,7 @@ std::pair<uint64_t, double> sequential(const Vault& v, const Reader& r, double s
     const double t0 = now_seconds();
     double t = t0;
     do {
-        const size_t n = pread_some(r.fd, buf.data(), CHUNK, offset, v.name);
+        const size_t n = pread_some(r.fd.get(), buf.data(), CHUNK, offset, v.name);
         bytes += n;
         offset = (n < CHUNK || offset + n >= v.size) ? 0 : offset + n;
         t = now_seconds();
@@ -198,7 +203,7 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     for (const Expert& e : v.experts)
         if (e.raw_size > big->raw_size) big = &e;
     AlignedBuffer blob(big->padded_size);
-    pread_full(r.fd, blob.data(), big->padded_size, big->byte_offset, v.name);
+    pread_full(r.fd.get(), blob.data(), big->padded_size, big->byte_offset, v.name);
     QTensor t[3];
     expert_tensors(*big, blob.data(), v.header.bits, t);
     std::vector<float> x(t[0].cols), y_fast(t[2].rows), y_ref(t[2].rows);

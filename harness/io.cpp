@@ -3,20 +3,46 @@
 #include <common.hpp>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace smoe::harness {
 
 namespace {
-std::string errno_text(const std::string& what, const std::string& name) {
-    return name + ": " + what + ": " + std::strerror(errno);
+
+std::string why(int err) { return std::strerror(err); }
+
+const char* kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "not a file";
 }
+
+/// Eight random hex digits for a temporary name (getrandom, else pid and clock).
+std::string random_suffix() {
+    uint32_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r)) {
+        timespec ts{};
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = static_cast<uint32_t>(ts.tv_nsec) ^ (static_cast<uint32_t>(getpid()) << 12);
+    }
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08x", r);
+    return buf;
+}
+
 }  // namespace
+
+// ---- reading ----------------------------------------------------------------------------
 
 size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::string& name) {
     auto* p = static_cast<uint8_t*>(buf);
@@ -25,9 +51,8 @@ size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::str
         ssize_t n = ::pread(fd, p + done, len - done, static_cast<off_t>(offset + done));
         if (n < 0) {
             if (errno == EINTR) continue;
-            throw IoError(errno_text("read of " + std::to_string(len) + " bytes at offset " +
-                                         std::to_string(offset) + " failed",
-                                     name));
+            throw IoError(name + ": cannot read " + std::to_string(len) + " bytes at offset " +
+                          std::to_string(offset) + ": " + why(errno));
         }
         if (n == 0) break;  // end of file
         done += static_cast<size_t>(n);
@@ -36,10 +61,145 @@ size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::str
 }
 
 void pread_full(int fd, void* buf, size_t len, uint64_t offset, const std::string& name) {
-    if (pread_some(fd, buf, len, offset, name) != len)
-        throw IoError(name + ": unexpected end of file reading " + std::to_string(len) +
-                      " bytes at offset " + std::to_string(offset));
+    // Every caller knows the file's size from fstat, so an end of file is a file that shrank.
+    if (const size_t got = pread_some(fd, buf, len, offset, name); got != len)
+        throw IoError(name + ": file shrank while reading: " + std::to_string(len) +
+                      " bytes at offset " + std::to_string(offset) + ", got " +
+                      std::to_string(got));
 }
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+    if (this != &o) {
+        if (fd_ >= 0) ::close(fd_);
+        fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+}
+
+Fd::~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+Input open_input(const std::string& path) {
+    Input in;
+    in.fd = Fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (in.fd.get() < 0) {
+        const int err = errno;
+        throw IoError(path + ": cannot open: " + why(err), err);
+    }
+    struct stat st {};
+    if (::fstat(in.fd.get(), &st) != 0) throw IoError(path + ": cannot stat: " + why(errno));
+    if (!S_ISREG(st.st_mode))
+        throw IoError(path + ": not a regular file (" + kind(st.st_mode) + ")");
+    const int flags = ::fcntl(in.fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(in.fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
+        throw IoError(path + ": cannot clear O_NONBLOCK: " + why(errno));
+    in.id = FileId{st.st_dev, st.st_ino};
+    in.size = static_cast<uint64_t>(st.st_size);
+    return in;
+}
+
+void refuse_same_file(const std::string& out,
+                      const std::vector<std::pair<std::string, FileId>>& inputs) {
+    struct stat st {};
+    if (::stat(out.c_str(), &st) != 0) return;  // absent or unreachable: not an input
+    for (const auto& [name, id] : inputs)
+        if (st.st_dev == id.dev && st.st_ino == id.ino)
+            throw IoError(out + ": the output is the input " + name +
+                          " itself; refusing to overwrite an input");
+}
+
+std::vector<uint8_t> read_whole_file(const Input& in, const std::string& path, size_t max_len) {
+    if (in.size > max_len)
+        throw IoError(path + ": " + std::to_string(in.size) + " bytes, more than the " +
+                      std::to_string(max_len) + " accepted");
+    std::vector<uint8_t> data(static_cast<size_t>(in.size));
+    pread_full(in.fd.get(), data.data(), data.size(), 0, path);
+    return data;
+}
+
+std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_len) {
+    return read_whole_file(open_input(path), path, max_len);
+}
+
+// ---- writing ----------------------------------------------------------------------------
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+    const size_t slash = path_.rfind('/');
+    const std::string base = slash == std::string::npos ? path_ : path_.substr(slash + 1);
+    dir_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+    if (base.empty() || base == "." || base == "..")
+        throw IoError(path_ + ": cannot create: not a file name");
+    const std::string prefix = (slash == std::string::npos ? "" : path_.substr(0, slash + 1));
+    for (int attempt = 0;; ++attempt) {
+        tmp_ = prefix + "." + base + "." + random_suffix() + ".tmp";
+        fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                        0666));
+        if (fd_.get() >= 0) return;
+        const int err = errno;
+        if (err != EEXIST || attempt == 100) {
+            tmp_.clear();
+            throw IoError(path_ + ": cannot create: " + why(err));
+        }
+    }
+}
+
+AtomicFile::~AtomicFile() {
+    fd_ = Fd();
+    if (!renamed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t len) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t done = 0; done < len;) {
+        const ssize_t n = ::pwrite(fd_.get(), p + done, len - done,
+                                   static_cast<off_t>(written_ + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            throw IoError(path_ + ": cannot write " + std::to_string(len - done) +
+                          " bytes at offset " + std::to_string(written_ + done) + ": " +
+                          (n < 0 ? why(errno) : std::string("the write made no progress")));
+        done += static_cast<size_t>(n);
+    }
+    written_ += len;
+}
+
+void AtomicFile::finish() {
+    if (fd_.get() < 0) return;
+    if (::fsync(fd_.get()) != 0)
+        throw IoError(path_ + ": cannot flush to disk (fsync): " + why(errno));
+    if (::close(fd_.release()) != 0) throw IoError(path_ + ": cannot close: " + why(errno));
+}
+
+void AtomicFile::rename_into_place() {
+    finish();
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        const std::string name = tmp_.substr(tmp_.rfind('/') + 1);
+        throw IoError(path_ + ": cannot rename " + name + " onto it: " + why(errno));
+    }
+    renamed_ = true;
+}
+
+void AtomicFile::commit() {
+    rename_into_place();
+    fsync_dir(dir_);
+}
+
+void fsync_dir(const std::string& dir) {
+    Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (fd.get() < 0) throw IoError(dir + ": cannot open the folder to flush it: " + why(errno));
+    // EINVAL: a filesystem that cannot fsync folders (the rename is then as durable as it gets).
+    if (::fsync(fd.get()) != 0 && errno != EINVAL)
+        throw IoError(dir + ": cannot flush to disk (fsync): " + why(errno));
+}
+
+void write_whole_file(const std::string& path, const void* data, size_t len) {
+    AtomicFile f(path);
+    f.write(data, len);
+    f.commit();
+}
+
+// ---- memory and time ----------------------------------------------------------------------
 
 void FreeDeleter::operator()(void* p) const noexcept { std::free(p); }
 
@@ -49,46 +209,6 @@ AlignedBuffer::AlignedBuffer(size_t len) {
     if (p == nullptr) throw std::bad_alloc();
     std::memset(p, 0, size_);
     ptr_.reset(static_cast<uint8_t*>(p));
-}
-
-std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_len) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError(errno_text("cannot open", path));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-        static_cast<uint64_t>(st.st_size) > max_len) {
-        ::close(fd);
-        throw IoError(path + ": not a regular file of at most " + std::to_string(max_len) +
-                      " bytes");
-    }
-    std::vector<uint8_t> data(static_cast<size_t>(st.st_size));
-    try {
-        pread_full(fd, data.data(), data.size(), 0, path);
-    } catch (...) {
-        ::close(fd);
-        throw;
-    }
-    ::close(fd);
-    return data;
-}
-
-void write_whole_file(const std::string& path, const void* data, size_t len) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError(errno_text("cannot create", path));
-    const auto* p = static_cast<const uint8_t*>(data);
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = ::write(fd, p + done, len - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            int saved = errno;
-            ::close(fd);
-            errno = saved;
-            throw IoError(errno_text("write failed", path));
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::close(fd) != 0) throw IoError(errno_text("close failed", path));
 }
 
 double now_seconds() {

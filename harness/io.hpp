@@ -1,4 +1,5 @@
-// File I/O helpers: full preads, page-aligned buffers, whole-file read/write.
+// File I/O helpers: checked preads, inputs that must be regular files, outputs written
+// atomically without following links, page-aligned buffers.
 #pragma once
 
 #include <cstddef>
@@ -6,21 +7,101 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <sys/types.h>
+#include <utility>
 #include <vector>
 
 namespace smoe::harness {
 
-/// The file cannot be read (or written) at all: exit status 2.
+/// The file cannot be read (or written) at all: exit status 2. `err` is the errno behind
+/// it, when there is one.
 struct IoError : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    explicit IoError(const std::string& what, int e = 0) : std::runtime_error(what), err(e) {}
+    int err;
 };
 
-/// Reads exactly `len` bytes at `offset`, retrying short reads and EINTR.
-/// Throws IoError on an error or on end of file (`what` names `name`).
+/// Reads exactly `len` bytes at `offset`, retrying short reads and EINTR. Throws
+/// IoError on an error ("NAME: cannot read N bytes at offset X: reason") or at end of
+/// file ("NAME: file shrank while reading: N bytes at offset X, got M").
 void pread_full(int fd, void* buf, size_t len, uint64_t offset, const std::string& name);
 
 /// Like pread_full but returns the bytes read before end of file (for O_DIRECT tails).
 size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::string& name);
+
+/// A file descriptor closed on destruction.
+class Fd {
+public:
+    Fd() = default;
+    explicit Fd(int fd) : fd_(fd) {}
+    Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+    Fd& operator=(Fd&& o) noexcept;
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd();
+    int get() const { return fd_; }
+    int release() { return std::exchange(fd_, -1); }
+
+private:
+    int fd_ = -1;
+};
+
+/// Device and inode: what makes two paths the same file.
+struct FileId {
+    dev_t dev = 0;
+    ino_t ino = 0;
+};
+
+/// An input opened with O_RDONLY|O_NONBLOCK|O_CLOEXEC and fstat'ed: anything but a regular
+/// file (a FIFO, a device, a folder) is refused at once, "PATH: not a regular file (a
+/// FIFO)", so nothing can block; O_NONBLOCK is then cleared.
+struct Input {
+    Fd fd;
+    FileId id;
+    uint64_t size = 0;
+};
+Input open_input(const std::string& path);
+
+/// Refuses (IoError) an output that exists and is, through symlinks or hard links, the
+/// same file as one of the inputs: "OUT: the output is the input IN itself; refusing to
+/// overwrite an input".
+void refuse_same_file(const std::string& out,
+                      const std::vector<std::pair<std::string, FileId>>& inputs);
+
+/// A file written under a temporary name beside `path` (created O_CREAT|O_EXCL|
+/// O_NOFOLLOW|O_CLOEXEC) and renamed onto `path` when complete, so a symlink planted under
+/// the final name is replaced, never followed. Until rename nothing appears under `path`;
+/// the destructor removes an uncommitted temporary file.
+class AtomicFile {
+public:
+    explicit AtomicFile(std::string path);
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    ~AtomicFile();
+
+    /// Appends all of `data` (short writes continued, EINTR retried); errors name `path`.
+    void write(const void* data, size_t len);
+    /// fsync and close the temporary file.
+    void finish();
+    /// Renames the finished temporary file onto `path`.
+    void rename_into_place();
+    /// finish, rename, fsync the folder.
+    void commit();
+
+    const std::string& path() const { return path_; }
+    const std::string& dir() const { return dir_; }
+
+private:
+    std::string path_, dir_, tmp_;
+    Fd fd_;
+    uint64_t written_ = 0;
+    bool renamed_ = false;
+};
+
+/// fsync a folder so that a rename in it is durable.
+void fsync_dir(const std::string& dir);
+
+/// Writes a whole file atomically (AtomicFile::commit).
+void write_whole_file(const std::string& path, const void* data, size_t len);
 
 struct FreeDeleter {
     void operator()(void* p) const noexcept;
@@ -40,9 +121,10 @@ private:
     size_t size_ = 0;
 };
 
-/// Whole-file helpers for the small float32 input/output files.
+/// Reads a whole regular file of at most `max_len` bytes (opened with open_input).
 std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_len);
-void write_whole_file(const std::string& path, const void* data, size_t len);
+/// The same on an input already opened.
+std::vector<uint8_t> read_whole_file(const Input& in, const std::string& path, size_t max_len);
 
 /// Monotonic clock in seconds.
 double now_seconds();

@@ -1,9 +1,53 @@
 #include "json.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
 namespace smoe::harness {
+
+namespace {
+
+/// Bytes allowed after lead byte `c` at position 1 of a well-formed sequence (Unicode
+/// Table 3-7), and the sequence length; 0 for a byte that never starts one.
+size_t utf8_shape(uint8_t c, uint8_t& lo, uint8_t& hi) {
+    lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) return 2;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;  // no surrogates
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;  // at most U+10FFFF
+        return 4;
+    }
+    return 0;
+}
+
+/// Length of the longest prefix of p[0..n) that a well-formed sequence could start with.
+size_t utf8_subpart(const uint8_t* p, size_t n) {
+    uint8_t lo, hi;
+    const size_t want = utf8_shape(p[0], lo, hi);
+    if (want == 0) return 1;
+    size_t k = 1;
+    for (; k < want && k < n; ++k) {
+        if (p[k] < lo || p[k] > hi) break;
+        lo = 0x80, hi = 0xBF;
+    }
+    return k;
+}
+
+}  // namespace
+
+size_t utf8_sequence(const uint8_t* p, size_t n) {
+    if (n == 0) return 0;
+    if (p[0] < 0x80) return 1;
+    uint8_t lo, hi;
+    const size_t want = utf8_shape(p[0], lo, hi);
+    return want != 0 && utf8_subpart(p, n) == want ? want : 0;
+}
 
 JsonWriter& JsonWriter::begin_object() { open('{'); return *this; }
 JsonWriter& JsonWriter::end_object() { close('}'); return *this; }
@@ -85,16 +129,31 @@ void JsonWriter::close(char c) {
 void JsonWriter::string(std::string_view s) {
     static const char* hex = "0123456789abcdef";
     out_ += '"';
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') {
-            out_ += '\\';
-            out_ += static_cast<char>(c);
-        } else if (c < 0x20) {
-            out_ += "\\u00";
-            out_ += hex[c >> 4];
-            out_ += hex[c & 15];
+    const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+    const size_t n = s.size();
+    for (size_t k = 0; k < n;) {
+        const uint8_t c = p[k];
+        if (c < 0x80) {
+            if (c == '"' || c == '\\') {
+                out_ += '\\';
+                out_ += static_cast<char>(c);
+            } else if (c < 0x20 || c == 0x7F) {
+                out_ += "\\u00";
+                out_ += hex[c >> 4];
+                out_ += hex[c & 15];
+            } else {
+                out_ += static_cast<char>(c);
+            }
+            ++k;
+            continue;
+        }
+        const size_t len = utf8_sequence(p + k, n - k);
+        if (len == 0) {
+            out_ += "\\ufffd";  // one replacement per maximal ill-formed subpart
+            k += std::max<size_t>(1, utf8_subpart(p + k, n - k));
         } else {
-            out_ += static_cast<char>(c);  // UTF-8 passes through
+            out_.append(s.data() + k, len);  // well-formed UTF-8 passes through
+            k += len;
         }
     }
     out_ += '"';

@@ -1,12 +1,19 @@
-// A minimal streaming JSON writer (objects, arrays, numbers, strings, null).
+// A minimal streaming JSON writer (objects, arrays, numbers, strings, null) whose output
+// is always valid RFC 8259 UTF-8 JSON: strings with invalid UTF-8 get U+FFFD for each
+// ill-formed byte sequence, control characters are escaped, NaN/Infinity become null.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace smoe::harness {
+
+/// Length (1-4) of the well-formed UTF-8 sequence at p[0..n) (strict: no overlong forms,
+/// no surrogates, at most U+10FFFF), or 0 if the bytes there are ill-formed.
+size_t utf8_sequence(const uint8_t* p, size_t n);
 
 class JsonWriter {
 public:

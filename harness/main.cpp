@@ -1,31 +1,50 @@
 // smoe-stream: reads .smoe vaults the way an SSD-streaming MoE engine does.
 //
-//   smoe-stream check VAULT [--json] [--deep]
+//   smoe-stream check VAULT [--json] [--deep [--manifest PATH | --no-manifest]]
 //   smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32
 //   smoe-stream dequant VAULT LAYER EXPERT OUT_DIR
 //   smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random] [--topk K]
 //                           [--seconds S] [--seed N]
 //
+// check --deep also checks the integrity manifest (docs/MANIFEST.md), VAULT.manifest.json
+// beside the vault when it exists: its vault size, expert list and every blob's CRC-32C.
+// --manifest PATH names another manifest (which must exist), --no-manifest skips it.
+// With --json, check prints one JSON object on stdout even when it fails:
+//   {"vault": ..., "valid": false, "error": {"code", "field", "offset", "message"}}
+// with code "io" or "usage" (field and offset null) when the vault cannot be read or the
+// command line is wrong.
+//
+// Inputs must be regular files (a FIFO or a device is refused at once). Outputs (OUT.f32,
+// OUT_DIR/{gate,up,down}.f32) are written to a new temporary file beside them, fsync'ed and
+// renamed onto the final name (a symlink there is replaced, never followed); an output
+// that is the same file as an input is refused before anything is written.
+//
 // Exit status: 0 valid / done, 1 the vault breaks a rule (one line on stderr naming the
-// rule's code, offset and field), 2 unreadable file or usage error.
-// Hidden, for the test suite: `fuzz SEED COUNT [--timeout S] [--jobs N] [--save DIR] FILE...` and
-// `fp16-table OUT` (all 65536 binary16 values widened to float32).
+// rule's code, offset and field), 2 unreadable file, failed write or usage error.
+// Hidden, for the test suite: `fuzz SEED COUNT [--timeout S] [--jobs N] [--save DIR] FILE...`,
+// `fp16-table OUT` (all 65536 binary16 values widened to float32) and `crc32c FILE` (the
+// file's CRC-32C by each implementation, as JSON).
 
 #include "bench.hpp"
+#include "crc32c.hpp"
 #include "fp16.hpp"
 #include "fuzz.hpp"
 #include "io.hpp"
 #include "json.hpp"
+#include "manifest.hpp"
 #include "quant.hpp"
 #include "vault.hpp"
 
 #include <common.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <sys/stat.h>
 #include <vector>
@@ -36,7 +55,7 @@ using namespace smoe::harness;
 namespace {
 
 constexpr const char* USAGE =
-    "usage: smoe-stream check VAULT [--json] [--deep]\n"
+    "usage: smoe-stream check VAULT [--json] [--deep [--manifest PATH | --no-manifest]]\n"
     "       smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32\n"
     "       smoe-stream dequant VAULT LAYER EXPERT OUT_DIR\n"
     "       smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random]\n"
@@ -80,10 +99,13 @@ std::string hex(const uint8_t* p, size_t n) {
 
 #define MEMBER(obj, f) member(#f, (obj).f)
 
-std::string check_json(const Vault& v, bool deep) {
+std::string check_json(const Vault& v, bool deep, const Manifest* manifest) {
     const SmoeHeader& h = v.header;
     JsonWriter j;
     j.begin_object().member("vault", v.name).member("valid", true).member("deep", deep);
+    j.key("manifest");  // the manifest checked, or null
+    if (manifest) j.value(manifest->path);
+    else j.null();
     j.member("size", v.size);
     j.key("header").begin_object().member("magic", hex(h.magic, sizeof h.magic));
     j.MEMBER(h, version).MEMBER(h, num_moe_layers).MEMBER(h, max_experts_per_layer);
@@ -126,43 +148,116 @@ std::string check_json(const Vault& v, bool deep) {
     return j.str() + "\n";
 }
 
-int cmd_check(const std::vector<std::string>& args) {
+struct CheckArgs {
     std::string path;
-    bool json = false, deep = false;
-    for (const auto& a : args) {
-        if (a == "--json") json = true;
-        else if (a == "--deep") deep = true;
-        else if (!a.empty() && a[0] == '-') throw UsageError("check: unknown option " + a);
-        else if (path.empty()) path = a;
-        else throw UsageError("check: one VAULT expected");
-    }
-    if (path.empty()) throw UsageError("check: VAULT missing");
-    g_vault = path;
-    Vault v;
-    try {
-        v.open(path);
-        if (deep) v.deep_check();
-    } catch (const InvalidVault& e) {
-        if (json) {
-            JsonWriter j;
-            j.begin_object().member("vault", path).member("valid", false);
-            j.key("error").begin_object().member("code", e.issue.code);
-            j.member("field", e.issue.field).member("offset", e.issue.offset);
-            j.member("message", e.issue.message).end_object().end_object();
-            std::fputs((j.str() + "\n").c_str(), stdout);
+    bool json = false, deep = false, no_manifest = false;
+    std::optional<std::string> manifest;
+};
+
+CheckArgs parse_check(const std::vector<std::string>& args) {
+    CheckArgs c;
+    for (size_t k = 0; k < args.size(); ++k) {
+        const std::string& a = args[k];
+        if (a == "--json") {
+            c.json = true;
+        } else if (a == "--deep") {
+            c.deep = true;
+        } else if (a == "--no-manifest") {
+            c.no_manifest = true;
+        } else if (a == "--manifest" || a.rfind("--manifest=", 0) == 0) {
+            if (a == "--manifest" && k + 1 >= args.size())
+                throw UsageError("check: --manifest needs a PATH");
+            c.manifest = a == "--manifest" ? args[++k] : a.substr(std::strlen("--manifest="));
+            if (c.manifest->empty()) throw UsageError("check: --manifest needs a PATH");
+        } else if (!a.empty() && a[0] == '-') {
+            throw UsageError("check: unknown option " + a);
+        } else if (c.path.empty()) {
+            c.path = a;
+            g_vault = a;
+        } else {
+            throw UsageError("check: one VAULT expected");
         }
-        throw;
     }
-    if (json) {
-        std::fputs(check_json(v, deep).c_str(), stdout);
+    if (c.path.empty()) throw UsageError("check: VAULT missing");
+    if ((c.manifest || c.no_manifest) && !c.deep)
+        throw UsageError("check: --manifest and --no-manifest need --deep");
+    if (c.manifest && c.no_manifest)
+        throw UsageError("check: --manifest and --no-manifest exclude each other");
+    return c;
+}
+
+/// The --json report of a failed check: {"vault", "valid": false, "error": {"code",
+/// "field", "offset", "message"}}; field and offset are null for "io" and "usage" errors.
+void print_json_error(const std::string& code, const std::optional<Issue>& issue,
+                      const std::string& message) {
+    JsonWriter j;
+    j.begin_object().key("vault");
+    if (g_vault.empty()) j.null();
+    else j.value(g_vault);
+    j.member("valid", false).key("error").begin_object().member("code", code);
+    if (issue) {
+        j.member("field", issue->field).member("offset", issue->offset);
     } else {
-        std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", path.c_str(), v.header.bits,
-                    v.header.version, v.experts.size(),
+        j.key("field").null();
+        j.key("offset").null();
+    }
+    j.member("message", message).end_object().end_object();
+    std::fputs((j.str() + "\n").c_str(), stdout);
+}
+
+int run_check(const std::vector<std::string>& args) {
+    const CheckArgs c = parse_check(args);
+    Vault v;
+    v.open(c.path);
+    std::optional<Manifest> manifest;
+    if (c.deep) {
+        if (!c.no_manifest)
+            manifest = load_manifest(c.manifest.value_or(default_manifest_path(c.path)), v,
+                                     !c.manifest);
+        if (manifest)
+            v.deep_check([&](size_t i, std::vector<uint8_t>& scratch) {
+                check_blob_crc(v, *manifest, i, scratch);
+            });
+        else
+            v.deep_check();
+    }
+    if (c.json) {
+        std::fputs(check_json(v, c.deep, manifest ? &*manifest : nullptr).c_str(), stdout);
+    } else {
+        std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", c.path.c_str(),
+                    v.header.bits, v.header.version, v.experts.size(),
                     v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer
                         ? " (partial)" : "");
+        if (manifest)
+            std::printf("manifest %s: size, %zu experts and their CRC-32C match\n",
+                        manifest->path.c_str(), v.experts.size());
         for (const auto& w : v.warnings) std::printf("warning: %s\n", w.c_str());
     }
     return 0;
+}
+
+int cmd_check(const std::vector<std::string>& args) {
+    bool json = false;
+    for (size_t k = 0; k < args.size(); ++k) {
+        json = json || args[k] == "--json";
+        if (args[k] == "--manifest") ++k;
+        else if (g_vault.empty() && !args[k].empty() && args[k][0] != '-') g_vault = args[k];
+    }
+    try {
+        return run_check(args);
+    } catch (const InvalidVault& e) {
+        if (json) print_json_error(e.issue.code, e.issue, e.issue.message);
+        throw;
+    } catch (const UsageError& e) {
+        if (json) print_json_error("usage", std::nullopt, e.what());
+        throw;
+    } catch (const IoError& e) {
+        if (json) print_json_error("io", std::nullopt, e.what());
+        throw;
+    } catch (const std::bad_alloc&) {
+        if (json) print_json_error("io", std::nullopt, "out of memory");
+        throw;
+    }
 }
 
 // ---- forward / dequant: one pread of the blob into a page-aligned buffer ----------------
@@ -174,7 +269,8 @@ struct LoadedExpert {
     QTensor tensors[3];
 };
 
-void load_expert(LoadedExpert& le, const std::string& path, const std::string& layer,
+/// Opens and checks the vault and finds the expert (nothing of the blob is read yet).
+void open_expert(LoadedExpert& le, const std::string& path, const std::string& layer,
                  const std::string& expert) {
     const auto l = parse_uint<uint32_t>(layer, "LAYER");
     const auto e = parse_uint<uint32_t>(expert, "EXPERT");
@@ -183,23 +279,29 @@ void load_expert(LoadedExpert& le, const std::string& path, const std::string& l
     le.expert = le.vault.find(l, e);
     if (le.expert == nullptr)
         throw UsageError(path + ": no expert " + expert + " in layer " + layer);
+}
+
+void read_expert(LoadedExpert& le) {
     le.blob = AlignedBuffer(le.expert->padded_size);
     pread_full(le.vault.fd, le.blob.data(), le.expert->padded_size, le.expert->byte_offset,
-               path);
+               le.vault.name);
     expert_tensors(*le.expert, le.blob.data(), le.vault.header.bits, le.tensors);
 }
 
 int cmd_forward(const std::vector<std::string>& args) {
     if (args.size() != 5) throw UsageError("forward: VAULT LAYER EXPERT IN.f32 OUT.f32 expected");
     LoadedExpert le;
-    load_expert(le, args[0], args[1], args[2]);
+    open_expert(le, args[0], args[1], args[2]);
+    const Input in = open_input(args[3]);
+    refuse_same_file(args[4], {{args[0], le.vault.id}, {args[3], in.id}});
+    read_expert(le);
     const uint32_t d_model = le.tensors[0].cols;
-    const auto in = read_whole_file(args[3], size_t{1} << 32);
-    if (in.size() != uint64_t{d_model} * sizeof(float))
-        throw UsageError(args[3] + ": " + std::to_string(in.size()) + " bytes, expected " +
+    if (in.size != uint64_t{d_model} * sizeof(float))
+        throw UsageError(args[3] + ": " + std::to_string(in.size) + " bytes, expected " +
                          std::to_string(d_model) + " float32 (d_model)");
+    const auto x_bytes = read_whole_file(in, args[3], in.size);
     std::vector<float> x(d_model), y(le.tensors[2].rows);
-    std::memcpy(x.data(), in.data(), in.size());
+    std::memcpy(x.data(), x_bytes.data(), x_bytes.size());
     ExpertKernel kernel;
     kernel.forward(le.tensors, x.data(), y.data());
     write_whole_file(args[4], y.data(), y.size() * sizeof(float));
@@ -209,16 +311,28 @@ int cmd_forward(const std::vector<std::string>& args) {
 int cmd_dequant(const std::vector<std::string>& args) {
     if (args.size() != 4) throw UsageError("dequant: VAULT LAYER EXPERT OUT_DIR expected");
     LoadedExpert le;
-    load_expert(le, args[0], args[1], args[2]);
-    if (::mkdir(args[3].c_str(), 0755) != 0 && errno != EEXIST)
-        throw IoError(args[3] + ": cannot create: " + std::strerror(errno));
+    open_expert(le, args[0], args[1], args[2]);
     const char* names[3] = {"gate.f32", "up.f32", "down.f32"};
+    std::vector<std::string> outs;
+    for (const char* n : names) {
+        outs.push_back(args[3] + "/" + n);
+        refuse_same_file(outs.back(), {{args[0], le.vault.id}});
+    }
+    read_expert(le);
+    if (::mkdir(args[3].c_str(), 0777) != 0 && errno != EEXIST)
+        throw IoError(args[3] + ": cannot create the folder: " + std::strerror(errno));
+    // All three are written and flushed before the first is renamed into place.
+    std::vector<std::unique_ptr<AtomicFile>> files;
     for (int t = 0; t < 3; ++t) {
         const QTensor& q = le.tensors[t];
         std::vector<float> w(uint64_t{q.rows} * q.cols);  // <= 16x the blob: justified
         dequantize(q, 0, w.size(), w.data());
-        write_whole_file(args[3] + "/" + names[t], w.data(), w.size() * sizeof(float));
+        files.push_back(std::make_unique<AtomicFile>(outs[t]));
+        files.back()->write(w.data(), w.size() * sizeof(float));
+        files.back()->finish();
     }
+    for (auto& f : files) f->rename_into_place();
+    fsync_dir(args[3]);
     return 0;
 }
 
@@ -295,6 +409,33 @@ int cmd_fp16_table(const std::vector<std::string>& args) {
     return 0;
 }
 
+int cmd_crc32c(const std::vector<std::string>& args) {
+    if (args.size() != 1) throw UsageError("crc32c: FILE expected");
+    const auto data = read_whole_file(args[0], size_t{1} << 30);
+    // Also in pieces of 1, 2, 3, ... bytes: odd starts and lengths, and the chaining.
+    auto chunked = [&](auto fn) {
+        uint32_t crc = 0;
+        for (size_t at = 0, len = 1; at < data.size(); at += len, ++len)
+            crc = fn(crc, data.data() + at, std::min(len, data.size() - at));
+        return crc;
+    };
+    const bool sse = crc32c_have_sse42();
+    JsonWriter j;
+    j.begin_object().member("size", static_cast<uint64_t>(data.size()));
+    j.member("crc32c", crc32c_update(0, data.data(), data.size()));
+    j.member("portable", crc32c_portable(0, data.data(), data.size()));
+    j.member("portable_chunked", chunked(crc32c_portable));
+    j.key("sse42");
+    if (sse) j.value(crc32c_sse42(0, data.data(), data.size()));
+    else j.null();
+    j.key("sse42_chunked");
+    if (sse) j.value(chunked(crc32c_sse42));
+    else j.null();
+    j.end_object();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,6 +453,7 @@ int main(int argc, char** argv) {
         if (cmd == "bench") return cmd_bench(args);
         if (cmd == "fuzz") return cmd_fuzz(args);
         if (cmd == "fp16-table") return cmd_fp16_table(args);
+        if (cmd == "crc32c") return cmd_crc32c(args);
         if (cmd == "-h" || cmd == "--help" || cmd == "help") {
             std::fputs(USAGE, stdout);
             return 0;

@@ -2,6 +2,7 @@
 
 #include "fp16.hpp"
 #include "io.hpp"
+#include "json.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -75,33 +76,8 @@ size_t first_nonzero(const uint8_t* p, size_t len) {
 
 /// Strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF).
 bool valid_utf8(const uint8_t* p, size_t len) {
-    size_t k = 0;
-    while (k < len) {
-        const uint8_t c = p[k];
-        size_t extra;
-        uint32_t cp;
-        if (c < 0x80) {
-            ++k;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            extra = 1, cp = c & 0x1F;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            extra = 2, cp = c & 0x0F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            extra = 3, cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (len - k <= extra) return false;
-        for (size_t j = 1; j <= extra; ++j) {
-            if ((p[k + j] & 0xC0) != 0x80) return false;
-            cp = (cp << 6) | (p[k + j] & 0x3F);
-        }
-        if ((extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        k += extra + 1;
-    }
+    for (size_t k = 0, n; k < len; k += n)
+        if ((n = utf8_sequence(p + k, len - k)) == 0) return false;
     return true;
 }
 
@@ -114,9 +90,8 @@ Vault::~Vault() {
 }
 
 void Vault::open(const std::string& path) {
-    int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f < 0) throw IoError(path + ": cannot open: " + std::strerror(errno));
-    open_fd(f, path);
+    Input in = open_input(path);
+    open_fd(in.fd.release(), path);
 }
 
 void Vault::open_fd(int f, const std::string& path) {
@@ -125,6 +100,7 @@ void Vault::open_fd(int f, const std::string& path) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw IoError(name + ": cannot stat: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode)) throw IoError(name + ": not a regular file");
+    id = FileId{st.st_dev, st.st_ino};
     size = static_cast<uint64_t>(st.st_size);
     if (size < HEADER_SIZE)
         throw IoError(name + ": " + std::to_string(size) + " bytes, shorter than the " +
@@ -448,11 +424,14 @@ const Expert* Vault::find(uint32_t layer, uint32_t expert) const {
 }
 
 // ---- deep: blob contents ------------------------------------------------------------------
-void Vault::deep_check() const {
+void Vault::deep_check(const BlobHook& after_blob) const {
     // A bounded chunk, never more than the file, and even so scales never straddle chunks.
     std::vector<uint8_t> scratch(
         std::max<uint64_t>(2, std::min<uint64_t>(size, 1 << 20) & ~uint64_t{1}));
-    for (size_t i = 0; i < experts.size(); ++i) check_blob(i, scratch);
+    for (size_t i = 0; i < experts.size(); ++i) {
+        check_blob(i, scratch);
+        if (after_blob) after_blob(i, scratch);
+    }
 }
 
 void Vault::check_blob(size_t i, std::vector<uint8_t>& scratch) const {

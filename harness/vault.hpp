@@ -3,10 +3,13 @@
 // (layer, expert) -> entry map built. Blob bytes are only read by deep_check().
 #pragma once
 
+#include "io.hpp"
+
 #include <common.hpp>
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -54,19 +57,24 @@ public:
     Vault& operator=(const Vault&) = delete;
     ~Vault();
 
-    /// Opens `path` read-only and runs every load check (throws IoError, InvalidVault).
+    /// Opens `path` read-only (open_input: anything but a regular file is refused without
+    /// blocking) and runs every load check (throws IoError, InvalidVault).
     void open(const std::string& path);
     /// Same on an already open descriptor, which the vault takes over.
     void open_fd(int fd, const std::string& name);
 
-    /// Also reads the blobs: padding zero, scales finite, unused code bits zero.
-    void deep_check() const;
+    /// Called after each blob passed its checks, with its table index and a scratch buffer.
+    using BlobHook = std::function<void(size_t, std::vector<uint8_t>&)>;
+    /// Also reads the blobs: padding zero, scales finite, unused code bits zero; then
+    /// `after_blob` (e.g. the manifest's checksum), blob by blob in table order.
+    void deep_check(const BlobHook& after_blob = {}) const;
 
     /// The entry for (layer, expert), or nullptr.
     const Expert* find(uint32_t layer, uint32_t expert) const;
 
     std::string name;
     int fd = -1;
+    FileId id;  // device and inode of the file opened
     uint64_t size = 0;
     SmoeHeader header{};
     std::optional<SmoeArchBlock> arch;  // v2 only
