@@ -78,3 +78,31 @@ def test_dequant_and_forward_match_python(vaults, key: str, tmp_path: Path) -> N
         u = ref["up_proj"].astype(np.float64) @ xf
         want = ref["down_proj"].astype(np.float64) @ (g / (1 + np.exp(-g)) * u)
         assert np.max(np.abs(y - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("key", ["qwen3_moe-q4", "mixtral-q2"])
+def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str,
+                                         tmp_path: Path) -> None:
+    """The manifest the sculptor wrote passes both deep checkers; a flipped bit in a blob
+    is `manifest.checksum` at that blob's offset and field in both languages."""
+    from smoe.manifest import path_for
+    from smoe.verify import verify_path
+
+    src = vaults[key]
+    assert verify_path(src, deep=True).ok
+    assert stream("check", src, "--deep").returncode == 0
+    bad = tmp_path / src.name
+    data = bytearray(src.read_bytes())
+    v = Vault.open(src)
+    e = v.table[len(v) // 2]
+    at = int(e["byte_offset"]) + int(e["raw_size"]) // 2
+    data[at] ^= 0x10
+    bad.write_bytes(bytes(data))
+    path_for(bad).write_bytes(path_for(src).read_bytes())
+    py = [f for f in verify_path(bad, deep=True).errors]
+    assert [(f.code, f.offset, f.path) for f in py] == [
+        ("manifest.checksum", int(e["byte_offset"]), f"manifest/experts/{len(v) // 2}/crc32c")]
+    cpp = stream("check", bad, "--deep", "--json")
+    assert cpp.returncode == 1
+    err = json.loads(cpp.stdout)["error"]
+    assert (err["code"], err["offset"], err["field"]) == (py[0].code, py[0].offset, py[0].path)
