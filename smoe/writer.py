@@ -367,10 +367,10 @@ class VaultWriter:
 def commit_together(files: Sequence[AtomicFile]) -> None:
     """fsync every file, rename each onto its final name in order, fsync the folders.
 
-    The last file's rename is the commit point. If anything fails before the folders are
-    flushed, the files this call already renamed are removed again (a KeyboardInterrupt
-    after the last rename keeps them: the set is complete); temporary files not yet
-    renamed stay for the caller to drop or keep.
+    The last file's rename is the commit point. If anything fails before it, the files this
+    call already renamed are removed again; after it the set is complete (each file fsynced)
+    and stays, even if flushing a folder then fails (that error is still raised). Temporary
+    files not yet renamed stay for the caller to drop or keep.
     """
     renamed: list[AtomicFile] = []
     try:
@@ -384,8 +384,8 @@ def commit_together(files: Sequence[AtomicFile]) -> None:
             renamed.append(f)
         for folder in dict.fromkeys(f.path.parent for f in files):
             fileio.fsync_dir(folder)
-    except BaseException as e:
-        if len(renamed) < len(files) or not isinstance(e, KeyboardInterrupt):
+    except BaseException:
+        if len(renamed) < len(files):
             for f in renamed:
                 fileio.unlink_owned(f.path)
         raise
