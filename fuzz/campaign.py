@@ -11,6 +11,11 @@
    under the final name.
 4. SIGKILL of `smoe upgrade` before each of its writes/fsyncs and at random instants;
    the file must always verify as a valid v1 or v2 vault with unchanged blobs.
+5. Structure-aware mutations of the safetensors shard headers of the bundled checkpoints,
+   judged against the `safetensors` library (fuzz/st_target.py).
+6. Mutations of their config.json, each with the verdict it must get (fuzz/config_target.py).
+
+Failing cases of 5 and 6 are saved under build/fuzz/<target>/ with a replay command.
 
 Counts go to build/fuzz.json; any failure makes the exit status 1.
 """
@@ -194,6 +199,18 @@ def kill_upgrade(random_kills: int, seed: int, work: Path) -> dict:
             "failures": failures[:10], "ok": not failures}
 
 
+def fuzz_inputs(target: str, cases: int, seconds: float, cli_every: int, seed: int) -> dict:
+    """Seeded input mutations (fuzz/inputs_target.py): ``cases`` cases, fewer if ``seconds``
+    run out first; reproducers of failures in build/fuzz/<target>/.
+
+    Works in RAM when it can (/dev/shm): every accepted case fsyncs a vault and a scout.
+    """
+    from fuzz.inputs_target import run, scratch
+
+    with tempfile.TemporaryDirectory(prefix=f"smoe-fuzz-{target}-", dir=scratch()) as tmp:
+        return run(target, cases, seconds, seed, Path(tmp), cli_every=cli_every)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short run (used by make test)")
@@ -210,6 +227,13 @@ def main() -> int:
             ("cpp_check_mutations", lambda d: fuzz_cpp(2000 if q else 50000, args.seed, d)),
             ("sculpt_kills", lambda d: kill_sculpt(4 if q else 60, args.seed, d)),
             ("upgrade_kills", lambda d: kill_upgrade(4 if q else 50, args.seed, d)),
+            # quick: a fixed number of cases (the same ones on every machine), time-capped
+            ("safetensors_header_mutations",
+             lambda d: fuzz_inputs("safetensors", 250 if q else 10**9, 10 if q else 240,
+                                   100 if q else 50, args.seed)),
+            ("config_mutations",
+             lambda d: fuzz_inputs("config", 350 if q else 10**9, 8 if q else 180,
+                                   100 if q else 50, args.seed)),
         ]
         for name, step in steps:
             (work / name).mkdir(exist_ok=True)
