@@ -22,15 +22,18 @@ header is validated by ``read_header``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
-from collections.abc import Iterator
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from smoe import fileio
 from smoe.config import (
     Structure,
     arch_from_config,
@@ -39,10 +42,18 @@ from smoe.config import (
     is_mla,
     load_config,
     read_json,
+    refuse_unsupported,
 )
 from smoe.errors import SmoeError
+from smoe.manifest import checksum
 from smoe.records import ArchInfo, ModelInfo
-from smoe.safetensors_io import FLOAT_DTYPES, TensorInfo, read_array, read_header
+from smoe.safetensors_io import (
+    DTYPE_SIZES,
+    FLOAT_DTYPES,
+    TensorInfo,
+    read_array,
+    read_header,
+)
 
 PER_EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -58,13 +69,6 @@ LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
 MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
 ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
-
-SILU_ACTS = {"silu", "swish", "swiglu"}
-REFUSED_FAMILIES = {
-    "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
-               "only bias-free SiLU-gated (SwiGLU) experts can be represented",
-}
-
 
 @dataclass(frozen=True)
 class ExpertRef:
@@ -90,23 +94,132 @@ class ExpertRef:
             total += r * c * np.dtype(FLOAT_DTYPES[info.dtype]).itemsize
         return total
 
-    def load(self) -> list[tuple[np.ndarray, str | None]]:
-        """The three matrices as (array, src_dtype) with positioned reads of just their bytes."""
+    def ranges(self) -> tuple[tuple[Path, int, int], ...]:
+        """(shard, absolute offset, size) of each matrix's bytes, gate, up, down: a row
+        slice of a fused tensor is the contiguous run of just its rows."""
         out = []
         for info, idx, rows in self.sources:
-            arr = read_array(info) if idx is None else _read_slice(info, idx)
-            if rows is not None:
-                arr = arr[rows]
-            out.append((np.ascontiguousarray(arr), "bf16" if info.dtype == "BF16" else None))
-        return out
+            shape = info.shape if idx is None else info.shape[1:]
+            row = math.prod(shape[1:]) * DTYPE_SIZES[info.dtype]
+            start = info.offset + (0 if idx is None else idx * shape[0] * row)
+            r0, r1 = (0, shape[0]) if rows is None else (rows.start, rows.stop)
+            out.append((info.path, start + r0 * row, (r1 - r0) * row))
+        return tuple(out)
+
+    def parts(self) -> tuple[TensorInfo, ...]:
+        """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape."""
+        return tuple(TensorInfo(info.name, path, info.dtype, shape, offset, n)
+                     for (info, _, _), (path, offset, n), shape
+                     in zip(self.sources, self.ranges(), self.shapes))
+
+    def load(self) -> list[tuple[np.ndarray, str | None]]:
+        """The three matrices as (array, src_dtype): fresh arrays, each filled by positioned
+        reads of just its bytes (see :class:`ExpertReader` for reused buffers)."""
+        return [(read_array(part), _src_dtype(part)) for part in self.parts()]
 
 
-def _read_slice(info: TensorInfo, idx: int) -> np.ndarray:
-    """One expert's [rows, cols] slab of a fused [E, rows, cols] tensor."""
-    per = info.nbytes // info.shape[0]
-    part = TensorInfo(info.name, info.path, info.dtype, tuple(info.shape[1:]),
-                      info.offset + idx * per, per)
-    return read_array(part)
+def _src_dtype(info: TensorInfo) -> str | None:
+    """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`."""
+    return "bf16" if info.dtype == "BF16" else None
+
+
+class ExpertReader:
+    """Reads experts' source matrices into reused buffers, hashing each chunk while it is
+    still in the CPU cache.
+
+    A fresh array per expert costs a page fault per 4 KiB (more than the read itself);
+    here each of ``slots`` buffers is allocated once and grows only for a larger expert.
+    Each chunk of :attr:`CHUNK` bytes is read with a positioned read and its CRC-32C is
+    continued at once. One descriptor per shard, opened on first use; one thread may fill
+    a slot while another uses a different one.
+    """
+
+    CHUNK = 1 << 20
+    ALIGN = 64
+    HINT = 8 << 20  # the most Linux reads ahead for one POSIX_FADV_WILLNEED call
+
+    def __init__(self, slots: int = 2) -> None:
+        self._bufs = [np.empty(0, np.uint8) for _ in range(slots)]
+        self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    def _fd(self, path: Path) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                try:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except OSError as e:
+                    raise SmoeError(f"{path}: cannot open: {e.strerror or e}") from None
+                self._fds[path] = fd
+            return fd
+
+    def _buffer(self, slot: int, nbytes: int) -> np.ndarray:
+        if self._bufs[slot].nbytes < nbytes:
+            self._bufs[slot] = np.empty(nbytes, np.uint8)
+        return self._bufs[slot]
+
+    def read(self, ref: ExpertRef, slot: int = 0
+             ) -> tuple[list[tuple[np.ndarray, str | None]], tuple[int, ...]]:
+        """(matrices as :meth:`ExpertRef.load` gives them, CRC-32C of each one's stored
+        bytes). The arrays are views of buffer ``slot``, valid until the next read into it.
+        The matrices are read in file order."""
+        parts = ref.parts()
+        places, end = [], 0
+        for part in parts:
+            places.append(end)
+            end += -(-part.nbytes // self.ALIGN) * self.ALIGN
+        buf = self._buffer(slot, end)
+        crcs = [0] * len(parts)
+        for i in sorted(range(len(parts)), key=lambda k: (str(parts[k].path), parts[k].offset)):
+            part = parts[i]
+            crcs[i] = self._fill(part.path, part.offset, buf[places[i] : places[i] + part.nbytes])
+        mats = [(buf[at : at + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape),
+                 _src_dtype(p)) for p, at in zip(parts, places)]
+        return mats, tuple(crcs)
+
+    def crcs(self, ref: ExpertRef, slot: int = 0) -> tuple[int, ...]:
+        """The CRC-32C values :meth:`read` gives, through :attr:`CHUNK` bytes of buffer
+        ``slot`` only."""
+        buf = self._buffer(slot, self.CHUNK)[: self.CHUNK]
+        return tuple(self._fill(path, offset, buf, n) for path, offset, n in ref.ranges())
+
+    def _fill(self, path: Path, offset: int, buf: np.ndarray, n: int | None = None) -> int:
+        """Read ``n`` bytes (default ``len(buf)``) at ``offset`` into ``buf`` chunk by chunk,
+        wrapping around when ``buf`` is shorter; their CRC-32C."""
+        fd, value, done = self._fd(path), 0, 0
+        n = len(buf) if n is None else n
+        view = memoryview(buf)
+        while done < n:
+            at = done % len(view)
+            k = min(self.CHUNK, n - done, len(view) - at)
+            fileio.preadv_exact(fd, view[at : at + k], offset + done, path)
+            value = checksum(view[at : at + k], value)
+            done += k
+        return value
+
+    def hint(self, ref: ExpertRef) -> None:
+        """Ask the kernel to start reading an expert's bytes now (POSIX_FADV_WILLNEED)."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is None:
+            return
+        for path, offset, n in ref.ranges():
+            fd = self._fd(path)
+            for at in range(0, n, self.HINT):
+                with contextlib.suppress(OSError):
+                    advise(fd, offset + at, min(self.HINT, n - at), os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def __enter__(self) -> ExpertReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _weight_map(index_path: Path) -> dict[str, str]:
@@ -176,14 +289,7 @@ class Checkpoint:
         config = load_config(cfg_path)
         tensors = cls._index(root)
         where = str(cfg_path)
-        model_type = get_str(config, where, "model_type")
-        if model_type in REFUSED_FAMILIES:
-            raise SmoeError(f"{root}: model_type {model_type!r} refused: "
-                            f"{REFUSED_FAMILIES[model_type]}")
-        act = get_str(config, where, "hidden_act", "hidden_activation", default="silu").lower()
-        if act not in SILU_ACTS:
-            raise SmoeError(f"{root}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
-                            "experts can be represented")
+        refuse_unsupported(config, where, str(root))
         experts, names = cls._experts(root, tensors)
         return cls(root, config, tensors, experts, names)
 
@@ -308,9 +414,6 @@ class Checkpoint:
 
     def layer_experts(self, layer: int) -> list[int]:
         return [e for lay, e in self.experts if lay == layer]
-
-    def iter_experts(self) -> Iterator[ExpertRef]:
-        yield from self.experts.values()
 
     def _shape(self, name: str) -> tuple[int, ...] | None:
         info = self.tensors.get(name)

@@ -77,7 +77,15 @@ def get_bool(cfg: dict, where: str, key: str) -> bool | None:
 
 
 def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
+    """A string; one with a lone surrogate (a ``\\ud800`` escape) is refused."""
     value = _get(cfg, where, keys, lambda v: isinstance(v, str), "a string")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            key = next(k for k in keys if cfg.get(k) is not None)
+            raise SmoeError(f"{where}: {key} is {_json(value)}, which is not valid Unicode "
+                            "(a lone surrogate)") from None
     return value if isinstance(value, str) else default
 
 
@@ -211,6 +219,30 @@ def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
     return heads, kv, head_dim
 
 
+SILU_ACTS = {"silu", "swish", "swiglu"}
+REFUSED_FAMILIES = {
+    "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
+               "only bias-free SiLU-gated (SwiGLU) experts can be represented",
+}
+
+
+def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> None:
+    """Refuse model families and activations the format cannot represent (D8).
+
+    ``where`` (the config file) is named in type errors, ``subject`` (default ``where``,
+    e.g. the model folder) in the refusal.
+    """
+    subject = subject or where
+    model_type = get_str(cfg, where, "model_type")
+    if model_type in REFUSED_FAMILIES:
+        raise SmoeError(f"{subject}: model_type {model_type!r} refused: "
+                        f"{REFUSED_FAMILIES[model_type]}")
+    act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
+    if act not in SILU_ACTS:
+        raise SmoeError(f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
+                        "experts can be represented")
+
+
 def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
                      shapes: Structure | None = None) -> tuple[ArchInfo, list[str]]:
     """The arch block from config values; ``shapes`` (from tensors) override structure.
@@ -218,6 +250,7 @@ def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
     Returns the block and the warnings for every disagreement between config and shapes.
     """
     warnings = []
+    refuse_unsupported(cfg, where)
     theta = rope_theta(cfg, where)
     heads, kv, head_dim = attention_from_config(cfg, where)
     top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")

@@ -44,10 +44,6 @@ class TensorInfo:
     offset: int
     nbytes: int
 
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
 
 _MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
 _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
@@ -76,7 +72,14 @@ def _no_constant(name: str) -> object:
     raise _HeaderFault(-1, "", f" has {name}, which is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant)
+def _int(text: str) -> int | float:
+    """Integers as JSON spells them, except ``-0``: the safetensors library reads it as a
+    float, so it stays the float -0.0 here and the type checks refuse it."""
+    return -0.0 if text.lstrip("-").strip("0") == "" and text.startswith("-") else int(text)
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant,
+                            parse_int=_int)
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -281,21 +284,26 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
 
 
 def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
-    """One tensor's values with a positioned read (float dtypes: see FLOAT_DTYPES)."""
+    """One tensor's values with positioned reads (float dtypes: see FLOAT_DTYPES).
+
+    Reads loop until every byte is in (a single read returns at most about 2 GiB); a file
+    that shrank or a read error is one SmoeError line naming the file and the offset.
+    """
     if info.dtype not in FLOAT_DTYPES:
         raise SmoeError(f"{info.path}: tensor {info.name!r} is {info.dtype}; expert weights "
                         "must be BF16, F16 or F32")
     buf = np.empty(info.nbytes, np.uint8)
     own = fd is None
     if own:
-        fd = os.open(info.path, os.O_RDONLY)
+        try:
+            fd = os.open(info.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise SmoeError(f"{info.path}: cannot open: {e.strerror or e}") from None
     try:
-        got = os.preadv(fd, [buf], info.offset)
+        fileio.preadv_exact(fd, buf, info.offset, info.path)
     finally:
         if own:
             os.close(fd)
-    if got != info.nbytes:
-        raise SmoeError(f"{info.path}: short read of {info.name!r} at offset {info.offset}")
     return buf.view(FLOAT_DTYPES[info.dtype]).reshape(info.shape)
 
 

@@ -208,6 +208,12 @@ LYING = {  # header, data, what we say after "PATH: "; the library refuses each 
         DATA,
         "tensor 'a' (entry at offset 9) has the key 'dtype' twice",
     ),
+    "minus zero offset": (  # found by `make fuzz`: json reads -0 as the int 0
+        '{"a":{"dtype":"F32","shape":[2],"data_offsets":[-0,8]},' + B + "}",
+        DATA,
+        "tensor 'a' (entry at offset 9) has data_offsets [-0.0, 8], expected two unsigned "
+        "64-bit integers",
+    ),
     "lone surrogate name": (
         '{"\\ud800":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},' + B + "}",
         DATA,
@@ -504,6 +510,11 @@ def test_bytes_after_the_last_tensor_stop_the_sculpt(tmp_path: Path) -> None:
         ),
         ({"rms_norm_eps": float("nan")}, "rms_norm_eps is NaN, expected a finite number >= 0"),
         ({"hidden_act": ["silu"]}, 'hidden_act is ["silu"], expected a string'),
+        # found by `make fuzz` (config target): a lone surrogate, floats beyond float32
+        (
+            {"model_type": "\ud800"},
+            'model_type is "\\ud800", which is not valid Unicode (a lone surrogate)',
+        ),
     ],
 )
 def test_config_value_of_the_wrong_type_is_refused(
@@ -627,6 +638,47 @@ def test_hidden_size_from_the_embedding(tmp_path: Path) -> None:
         "be 32 by the config, 16 by the tensors",
         [ck],
     )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rope_theta": 3.5e38}, "arch.rope_theta: 3.5e+38 is not a finite float32"),
+        ({"rms_norm_eps": 1e300}, "arch.rms_norm_eps: 1e+300 is not a finite float32"),
+        ({"rope_theta": 1e-50}, "arch.rope_theta: 1e-50 underflows to 0 as a float32"),
+    ],
+)
+def test_config_floats_beyond_float32_are_one_line(
+    tmp_path: Path, changes: dict, message: str
+) -> None:
+    """Found by `make fuzz`: a numpy overflow warning used to precede the error."""
+    ck = checkpoint(tmp_path / "ck")
+    edit_config(ck, **changes)
+    out = tmp_path / "out"
+    refused(["sculpt", ck, out], out, message, [ck])
+
+
+def test_upgrade_refuses_a_family_the_format_cannot_hold(tmp_path: Path) -> None:
+    """Found by `make fuzz`: `upgrade --config` stamped SiLU into a GELU model's vault."""
+    ck = checkpoint(tmp_path / "ck")
+    proc = smoe("sculpt", ck, tmp_path / "v1", "--format-version", "1")
+    assert proc.returncode == 0, proc.stderr
+    vault = tmp_path / "v1" / "ck.smoe"
+    cfg = tmp_path / "config.json"
+    for change, reason in (
+        ('"hidden_act": "gelu"', "hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
+         "can be represented"),
+        ('"model_type": "gpt_oss"', "model_type 'gpt_oss' refused: gpt-oss experts interleave "
+         "gate/up, carry biases and clamp the activation; only bias-free SiLU-gated (SwiGLU) "
+         "experts can be represented"),
+    ):
+        text = json.loads((ck / "config.json").read_text())
+        key, value = json.loads("{" + change + "}").popitem()
+        text[key] = value
+        cfg.write_text(json.dumps(text))
+        out = tmp_path / "v2.smoe"
+        refused(["upgrade", vault, "--config", cfg, "--out", out], out, f"{cfg}: {reason}",
+                [vault, cfg])
 
 
 def test_upgrade_checks_the_config_it_is_given(tmp_path: Path) -> None:
