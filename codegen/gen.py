@@ -59,7 +59,10 @@ def compile_ksy(spec: Path) -> dict[str, dict[str, str]]:
 def render_all(spec: Path) -> dict[str, str]:
     """Every generated file, as relative path -> text."""
     files = compile_ksy(spec)
-    m = ksy_model.load(spec)
+    try:
+        m = ksy_model.load(spec)
+    except ValueError as e:
+        raise GenError(f"{spec.name}: {e}") from None
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         undefined=jinja2.StrictUndefined,
@@ -71,6 +74,8 @@ def render_all(spec: Path) -> dict[str, str]:
     env.filters["pyrepr"] = repr
     env.filters["cbytes"] = lambda b: ", ".join(f"0x{x:02X}" for x in b)
     env.filters["pybytes"] = lambda b: "b'" + "".join(f"\\x{x:02x}" for x in b) + "'"
+    env.filters["hexwords"] = lambda b: " ".join(f"{x:02X}" for x in b)
+    env.filters["cstring"] = lambda s: json.dumps(s, ensure_ascii=True)
     ctx = {"m": m, "spec_name": f"spec/{spec.name}", "ksc_version": "0.11.0"}
     out = {
         PARSER: files["python"][f"{m.meta['id']}.py"],

@@ -148,12 +148,14 @@ Walk walk(std::string_view text, size_t keep) {
 std::string default_manifest_path(const std::string& vault) { return vault + ".manifest.json"; }
 
 std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, bool optional) {
-    auto bad = [&](const char* code, const std::string& field, uint64_t offset,
-                   const std::string& why) {
-        return InvalidVault(Issue{code, field, offset, path + ": " + why});
+    // expected = what the manifest says, actual = what the vault holds (as smoe/manifest.py)
+    auto bad = [&](const Rule& rule, const std::string& field, uint64_t offset,
+                   const std::string& why, JsonScalar expected = {}, JsonScalar actual = {}) {
+        return InvalidVault(
+            Issue{rule.code, field, offset, path + ": " + why, expected, actual});
     };
     auto malformed = [&](const std::string& field, const std::string& why) {
-        return bad("manifest.malformed", field, 0, why);
+        return bad(rules::MANIFEST_MALFORMED, field, 0, why);
     };
     Input in;
     try {
@@ -204,13 +206,15 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
                           "vault.%s %llu is not this vault's %llu (the manifest belongs to "
                           "another file)",
                           key, ull(said[k]->n.u), ull(actual[k]));
-            throw bad("manifest.vault", std::string("manifest/vault/") + key, 0, msg);
+            throw bad(rules::MANIFEST_VAULT, std::string("manifest/vault/") + key, 0, msg,
+                      said[k]->n.u, actual[k]);
         }
     // ... and lists the table's blobs, in table order.
     const size_t n = v.experts.size();
     if (w.listed != n) {
         std::snprintf(msg, sizeof msg, "lists %llu experts, the table has %zu", ull(w.listed), n);
-        throw bad("manifest.expert", "manifest/experts", 0, msg);
+        throw bad(rules::MANIFEST_EXPERT, "manifest/experts", 0, msg, w.listed,
+                  static_cast<uint64_t>(n));
     }
     for (size_t i = 0; i < n; ++i) {
         const ManifestEntry& m = w.entries[i];
@@ -225,9 +229,9 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
                               "says %llu",
                               i, x.layer_id, x.expert_id, keys[k], ull(table[k]),
                               ull(listed[k]));
-                throw bad("manifest.expert",
+                throw bad(rules::MANIFEST_EXPERT,
                           "manifest/experts/" + std::to_string(i) + "/" + keys[k],
-                          x.byte_offset, msg);
+                          x.byte_offset, msg, listed[k], table[k]);
             }
     }
     Manifest m;
@@ -255,9 +259,11 @@ void check_blob_crc(const Vault& v, const Manifest& m, size_t i, std::vector<uin
                       "the blob of (layer %u, expert %u) has CRC-32C 0x%08x, the manifest says "
                       "0x%08x",
                       x.layer_id, x.expert_id, crc, m.entries[i].crc32c);
-        throw InvalidVault(Issue{"manifest.checksum",
+        throw InvalidVault(Issue{rules::MANIFEST_CHECKSUM.code,
                                  "manifest/experts/" + std::to_string(i) + "/crc32c",
-                                 x.byte_offset, m.path + ": " + msg});
+                                 x.byte_offset, m.path + ": " + msg,
+                                 static_cast<uint64_t>(m.entries[i].crc32c),
+                                 static_cast<uint64_t>(crc)});
     }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "io.hpp"
+#include "json.hpp"
 
 #include <common.hpp>
 
@@ -17,20 +18,36 @@
 
 namespace smoe::harness {
 
-/// The first rule a vault breaks. `code` and `field` use the names of
-/// fixtures/corrupt/EXPECTED.json; `offset` is the absolute offset of that field (or
-/// of the offending byte for blob contents).
+/// One finding: a rule of the spec's registry (smoe::rules in common.hpp) broken, or noted,
+/// at one place. `field` is the path of the field at fault as in
+/// fixtures/corrupt/EXPECTED.json; `offset` the absolute offset of that field (or of the
+/// offending byte for blob contents); `expected` and `actual` the values, as the Python
+/// verifier reports them (docs/JSON.md).
 struct Issue {
     std::string code;
     std::string field;
     uint64_t offset = 0;
     std::string message;
+    JsonScalar expected{};
+    JsonScalar actual{};
+    Severity severity = Severity::error;
 };
 
 /// Thrown when a vault breaks a rule: exit status 1.
 struct InvalidVault : std::exception {
     explicit InvalidVault(Issue i) : issue(std::move(i)) {}
     const char* what() const noexcept override { return issue.message.c_str(); }
+    Issue issue;
+};
+
+/// Thrown when a file is too short to hold a header (rules::HEADER_SIZE): an unreadable
+/// input, exit status 2. what() reads like a broken rule: "NAME: CODE at offset 0 (header):
+/// MESSAGE".
+struct UnreadableVault : IoError {
+    UnreadableVault(const std::string& name, Issue i)
+        : IoError(name + ": " + i.code + " at offset " + std::to_string(i.offset) + " (" +
+                  i.field + "): " + i.message),
+          issue(std::move(i)) {}
     Issue issue;
 };
 
@@ -79,7 +96,7 @@ public:
     SmoeHeader header{};
     std::optional<SmoeArchBlock> arch;  // v2 only
     std::vector<Expert> experts;        // table order
-    std::vector<std::string> warnings;  // non-fatal findings (D4 gaps, D6 warnings, ...)
+    std::vector<Issue> warnings;        // non-fatal findings (D4 gaps, D6 warnings, ...)
     uint64_t gap_bytes = 0;             // bytes between blobs that no blob uses
 
 private:

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from smoe.quant import num_groups, packed_size, scales_size
 from smoe_gen import layout
+from smoe_gen.layout import num_groups, packed_size, scales_size
 
-TENSOR_NAMES = tuple(t.name.lower() for t in layout.TensorType)
-"""``gate_proj``, ``up_proj``, ``down_proj``: descriptor order within an expert."""
+# Re-exported while smoe.sculpt, smoe.imatrix and smoe.hf.names import it from here; new
+# code imports smoe_gen.layout.TENSOR_NAMES.
+TENSOR_NAMES = layout.TENSOR_NAMES
 
 Shape = tuple[int, int]
-
-
-def round_up(value, align: int):
-    """``value`` rounded up to a multiple of ``align`` (ints or numpy arrays)."""
-    return (value + (align - 1)) // align * align
 
 
 @dataclass(frozen=True)
@@ -98,21 +94,14 @@ def make_plan(experts: dict[tuple[int, int], tuple[Shape, Shape, Shape]], bits: 
               version: int) -> Plan:
     """Plan a vault holding ``experts`` ((layer, expert) -> shapes), in table order."""
     n = len(experts)
-    descriptors_offset = layout.TABLE_OFFSET + n * layout.EXPERT_ENTRY_SIZE
-    descriptors_end = (descriptors_offset
-                       + n * layout.TENSORS_PER_EXPERT * layout.TENSOR_DESCRIPTOR_SIZE)
-    if version >= layout.VERSION_WITH_ARCH:
-        reserved_ext = round_up(descriptors_end, layout.ARCH_ALIGN)
-        data_offset = round_up(reserved_ext + layout.ARCH_BLOCK_SIZE, layout.PAGE_SIZE)
-    else:
-        reserved_ext = 0
-        data_offset = round_up(descriptors_end, layout.PAGE_SIZE)
+    reserved_ext = layout.writer_reserved_ext(n) if version >= layout.VERSION_WITH_ARCH else 0
+    data_offset = layout.writer_data_offset(n, version)
     slots = []
     offset = data_offset
     for key in sorted(experts):
         tensors, raw = blob_layout(experts[key], bits)
-        padded = round_up(raw, layout.PAGE_SIZE)
+        padded = layout.round_up(raw, layout.PAGE_SIZE)
         slots.append(ExpertSlot(key[0], key[1], offset, raw, padded, tensors))  # type: ignore[arg-type]
         offset += padded
-    return Plan(bits, version, descriptors_offset, descriptors_end, reserved_ext, data_offset,
-                offset, tuple(slots))
+    return Plan(bits, version, layout.descriptors_offset(n), layout.descriptors_end(n),
+                reserved_ext, data_offset, offset, tuple(slots))

@@ -39,12 +39,10 @@ import numpy as np
 from smoe import fileio, manifest
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
-from smoe.plan import round_up
 from smoe.reader import Vault
 from smoe.records import ArchInfo, arch_record
 from smoe_gen import layout
 
-H = layout.HEADER_DTYPE.fields
 CHUNK = 8 << 20
 
 
@@ -72,8 +70,8 @@ class UpgradeResult:
 
 
 def arch_slot(vault: Vault) -> int:
-    """Where a v2 writer puts the block: the 64-aligned end of the descriptors (D4)."""
-    return round_up(vault.geometry.descriptors_end, layout.ARCH_ALIGN)
+    """Where a v2 writer puts the block: the 64-aligned end of the descriptors (D6)."""
+    return layout.writer_reserved_ext(vault.geometry.total)
 
 
 def has_room(vault: Vault) -> bool:
@@ -205,8 +203,9 @@ def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) ->
     plan: list[tuple[int, bytes] | None] = [(slot, arch_record(arch).tobytes()), None]
     if mode == "in-place":
         plan += [
-            (H["reserved_ext"][1], np.uint32(slot).astype("<u4").tobytes()),
-            (H["version"][1], np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes()),
+            (layout.HEADER_OFFSETS["reserved_ext"], np.uint32(slot).astype("<u4").tobytes()),
+            (layout.HEADER_OFFSETS["version"],
+             np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes()),
             None,
         ]
     before = [
@@ -347,7 +346,8 @@ def rewrite(
         old = _old_manifest(path, vault)
         g = vault.geometry
         slot = arch_slot(vault)
-        shift = max(round_up(slot + layout.ARCH_BLOCK_SIZE, layout.PAGE_SIZE) - g.data_offset, 0)
+        shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset,
+                    0)
         header = vault.header.copy()
         header["version"] = layout.VERSION_WITH_ARCH
         header["reserved_ext"] = slot

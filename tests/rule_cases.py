@@ -1,10 +1,16 @@
 """More broken vaults, one rule each, as data: (code, field, offset, base fixture, patches,
-bytes cut from the end). Read by the C++ harness tests and the Python verifier tests alike,
-like fixtures/corrupt/EXPECTED.json (which holds the rules the issue tracker listed)."""
+bytes cut from the end; a negative cut appends zero bytes). Read by the C++ harness tests
+and the Python verifier tests alike, like fixtures/corrupt/EXPECTED.json (which holds the
+rules the issue tracker listed). With them: ``UNREADABLE_CASES`` (files no reader can open,
+exit status 2), ``NOTICE_CASES`` (warnings and information: the vault stays valid) and
+``MANIFEST_CASES`` (a vault with a damaged integrity manifest beside it)."""
 
 from __future__ import annotations
 
+import json
 import struct
+from pathlib import Path
+from typing import Any
 
 from smoe_gen import layout
 
@@ -12,23 +18,20 @@ from fixtures_data import FIXTURES, MANIFEST
 
 
 def _h(name: str) -> int:
-    return layout.HEADER_DTYPE.fields[name][1]
+    return layout.HEADER_OFFSETS[name]
 
 
 def _en(i: int, name: str) -> int:
-    return (layout.TABLE_OFFSET + i * layout.EXPERT_ENTRY_SIZE
-            + layout.EXPERT_ENTRY_DTYPE.fields[name][1])
+    return layout.entry_offset(i) + layout.EXPERT_ENTRY_OFFSETS[name]
 
 
 def _ds(base: str, i: int, t: int, name: str) -> int:
     n = MANIFEST[base]["header"]["total_experts"]
-    first = layout.TABLE_OFFSET + n * layout.EXPERT_ENTRY_SIZE
-    return (first + (i * layout.TENSORS_PER_EXPERT + t) * layout.TENSOR_DESCRIPTOR_SIZE
-            + layout.TENSOR_DESCRIPTOR_DTYPE.fields[name][1])
+    return layout.descriptor_offset(n, i, t) + layout.TENSOR_DESCRIPTOR_OFFSETS[name]
 
 
 def _ar(base: str, name: str) -> int:
-    return MANIFEST[base]["header"]["reserved_ext"] + layout.ARCH_BLOCK_DTYPE.fields[name][1]
+    return MANIFEST[base]["header"]["reserved_ext"] + layout.ARCH_BLOCK_OFFSETS[name]
 
 
 def _blob(base: str, i: int, t: int, part: str) -> int:
@@ -48,8 +51,12 @@ Q4 = "q4_v2.smoe"
 
 def _reshape_expert_1() -> list[tuple[int, str, int]]:
     """Expert 1 of q4_v2 re-described as a self-consistent [16, 64] / [64, 16] expert
-    (in a layer of [32, 64] experts): packed 512 + scales 32 bytes per tensor."""
+    (in a layer of [32, 64] experts): packed 512 + scales 32 bytes per tensor; the bytes
+    past the new raw_size zeroed, as padding must be."""
+    e1 = MANIFEST[Q4]["experts"][1]
     patches = [(_en(1, "raw_size"), "Q", 3 * 544), (_en(1, "num_groups"), "Q", 48)]
+    patches += [(at, "Q", 0) for at in range(e1["byte_offset"] + 3 * 544,
+                                             e1["byte_offset"] + e1["raw_size"], 8)]
     for t, (rows, cols) in enumerate(((16, 64), (16, 64), (64, 16))):
         patches += [(_ds(Q4, 1, t, "rows"), "I", rows), (_ds(Q4, 1, t, "cols"), "I", cols),
                     (_ds(Q4, 1, t, "packed_offset"), "Q", t * 544),
@@ -138,9 +145,71 @@ RULE_CASES = [
 ]
 
 
+# Files too short to be read at all: both readers refuse them with exit status 2.
+UNREADABLE_CASES = [
+    ("header.size", "header", 0, Q4, [], len((FIXTURES / Q4).read_bytes()) - 10),
+]
+
+# Warnings and information: the vault stays valid (Python verify --deep reports them).
+_E7 = MANIFEST[Q4]["experts"][7]
+_GAP = MANIFEST[Q4]["header"]["reserved_ext"] + layout.ARCH_BLOCK_SIZE + 56  # before data_offset
+NOTICE_CASES = [
+    ("header.partial", "header.total_experts", _h("total_experts"), "partial_vault.smoe", [],
+     0),
+    ("header.reserved_ext", "header.reserved_ext", _h("reserved_ext"), "q4_v1.smoe",
+     [(_h("reserved_ext"), "I", 1536)], 0),
+    ("header.ffn_dim", "header.ffn_dim", _h("ffn_dim"), Q4,
+     [(_h("ffn_dim"), "I", MANIFEST[Q4]["header"]["d_model"])], 0),
+    ("header.gap", "gap", _GAP, Q4, [(_GAP, "B", 1)], 0),
+    ("arch.rms_norm_eps", "arch.rms_norm_eps", _ar(Q4, "rms_norm_eps"), Q4,
+     [(_ar(Q4, "rms_norm_eps"), "f", 1e-3)], 0),
+    ("arch.rope_theta", "arch.rope_theta", _ar(Q4, "rope_theta"), Q4,
+     [(_ar(Q4, "rope_theta"), "f", float("inf"))], 0),
+    ("arch.moe_ffn_dim", "arch.moe_ffn_dim", _ar(Q4, "moe_ffn_dim"), Q4,
+     [(_ar(Q4, "moe_ffn_dim"), "I", 33)], 0),
+    # the last blob moved one page on (the file grows by a page): a gap before it
+    ("table.gap", "experts[7].byte_offset", _en(7, "byte_offset"), Q4,
+     [(_en(7, "byte_offset"), "Q", _E7["byte_offset"] + layout.PAGE_SIZE)], -layout.PAGE_SIZE),
+]
+
+# A good vault with a damaged manifest beside it: (code, field, offset, base, patches of the
+# vault, the manifest's edits: [(key path, new value)], or a str that replaces the whole text).
+MANIFEST_CASES: list[tuple[str, str, int, str, list, list | str]] = [
+    ("manifest.malformed", "manifest", 0, Q4, [], "not a manifest"),
+    ("manifest.vault", "manifest/vault/size", 0, Q4, [], [(("vault", "size"), 1)]),
+    ("manifest.expert", "manifest/experts/1/offset", MANIFEST[Q4]["experts"][1]["byte_offset"],
+     Q4, [], [(("experts", 1, "offset"), 0)]),
+    ("manifest.checksum", "manifest/experts/2/crc32c", MANIFEST[Q4]["experts"][2]["byte_offset"],
+     Q4, [(_blob(Q4, 2, 0, "packed"), "B", _byte(Q4, _blob(Q4, 2, 0, "packed")) ^ 0x11)], []),
+]
+
+
 def apply(base: str, patches: list, cut: int) -> bytes:
-    """The broken file: base fixture, patched little-endian fields, ``cut`` bytes removed."""
+    """The broken file: base fixture, patched little-endian fields, ``cut`` bytes removed
+    (or ``-cut`` zero bytes appended)."""
     data = bytearray((FIXTURES / base).read_bytes())
+    if cut < 0:
+        data += bytes(-cut)
     for at, fmt, value in patches:
         struct.pack_into("<" + fmt, data, at, value)
-    return bytes(data[: len(data) - cut])
+    return bytes(data[: len(data) - max(cut, 0)])
+
+
+def write_with_manifest(case: tuple, folder: Path) -> Path:
+    """A ``MANIFEST_CASES`` entry as files in ``folder``: the vault and its damaged sidecar."""
+    _code, _field, _offset, base, patches, edits = case
+    vault = folder / base
+    vault.write_bytes(apply(base, patches, 0))
+    side = FIXTURES / f"{base}.manifest.json"
+    if isinstance(edits, str):
+        text = edits
+    else:
+        doc: Any = json.loads(side.read_text())
+        for keys, value in edits:
+            node = doc
+            for k in keys[:-1]:
+                node = node[k]
+            node[keys[-1]] = value
+        text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    (folder / f"{base}.manifest.json").write_text(text)
+    return vault

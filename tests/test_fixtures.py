@@ -17,6 +17,7 @@ from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
 
 from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
+from kaitai_names import kaitai_field
 
 
 def walk(s: Smoe) -> None:
@@ -42,7 +43,7 @@ def _same(ks: object, want: dict) -> None:
     for name, value in want.items():
         if name == "tensors":
             continue
-        got = _value(getattr(ks, name))
+        got = _value(kaitai_field(ks, name))
         if isinstance(value, float):
             assert got == pytest.approx(value, rel=1e-7), name
         else:

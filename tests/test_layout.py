@@ -13,6 +13,7 @@ from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
 
 import golden as g
+from kaitai_names import kaitai_field
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +22,7 @@ def _same(dtype: np.dtype, raw: np.ndarray, ks: object) -> None:
     """Every field of one numpy record equals the Kaitai object's attribute."""
     for name in dtype.names:
         value = raw[name]
-        want = getattr(ks, name)
+        want = kaitai_field(ks, name)
         if name == "model_type":
             assert value.decode() == want
         elif hasattr(want, "value"):  # Kaitai enum
@@ -47,11 +48,11 @@ def test_dtypes_agree_with_kaitai_field_by_field() -> None:
     data = bytes(g.vault())
     s = Smoe.from_bytes(data)
     _same(layout.HEADER_DTYPE, np.frombuffer(data, layout.HEADER_DTYPE, 1)[0], s.header)
-    arch = np.frombuffer(data, layout.ARCH_BLOCK_DTYPE, 1, offset=s.header.reserved_ext)[0]
+    arch = np.frombuffer(data, layout.ARCH_BLOCK_DTYPE, 1, offset=s.header.ofs_arch)[0]
     _same(layout.ARCH_BLOCK_DTYPE, arch, s.arch)
-    table = np.frombuffer(data, layout.EXPERT_ENTRY_DTYPE, s.header.total_experts, offset=64)
-    descs = np.frombuffer(data, layout.TENSOR_DESCRIPTOR_DTYPE, 3 * s.header.total_experts,
-                          offset=s.header.descriptors_offset)
+    table = np.frombuffer(data, layout.EXPERT_ENTRY_DTYPE, s.header.num_experts, offset=64)
+    descs = np.frombuffer(data, layout.TENSOR_DESCRIPTOR_DTYPE, 3 * s.header.num_experts,
+                          offset=s.header.ofs_descriptors)
     for i, e in enumerate(s.experts):
         _same(layout.EXPERT_ENTRY_DTYPE, table[i], e)
         for t, d in enumerate(e.tensors):
@@ -60,7 +61,7 @@ def test_dtypes_agree_with_kaitai_field_by_field() -> None:
 
 def test_constants_agree_with_kaitai_instances() -> None:
     s = Smoe.from_bytes(bytes(g.vault()))
-    assert layout.PAGE_SIZE == s.page_size == 16384
+    assert layout.PAGE_SIZE == s.len_page == 16384
     assert layout.GROUP_SIZE == s.quant_group_size == 64
     assert layout.SUPPORTED_BITS == (s.bits_q2, s.bits_q4) == (2, 4)
     assert (layout.VERSION_MIN, layout.VERSION_MAX) == (s.version_min, s.version_max) == (1, 2)
@@ -85,19 +86,19 @@ def test_cpp_reads_what_python_wrote(layout_test_binary: Path, tmp_path: Path) -
     got = json.loads(out)
     s = Smoe.from_bytes(path.read_bytes())
     for name, value in got["header"].items():
-        assert getattr(s.header, name) == value, name
+        assert kaitai_field(s.header, name) == value, name
     e = s.experts[0]
     for name, value in got["expert0"].items():
-        assert getattr(e, name) == value, name
+        assert kaitai_field(e, name) == value, name
     down = e.tensors[2]
     assert got["expert0_down"]["tensor_type"] == down.tensor_type.value == 2
     for name in ("rows", "cols", "packed_offset", "packed_size", "scales_offset", "scales_size"):
-        assert getattr(down, name) == got["expert0_down"][name], name
+        assert kaitai_field(down, name) == got["expert0_down"][name], name
     arch = got["arch"]
-    assert arch["model_type"] == s.arch.model_type
+    assert arch["model_type"] == s.arch.model_type.text
     assert arch["rope_theta"] == pytest.approx(s.arch.rope_theta)
     for name in ("flags", "num_heads", "num_kv_heads", "head_dim", "moe_top_k"):
-        assert getattr(s.arch, name) == arch[name], name
+        assert kaitai_field(s.arch, name) == arch[name], name
 
 
 def test_cpp_refuses_bad_magic(layout_test_binary: Path, tmp_path: Path) -> None:

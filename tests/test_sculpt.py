@@ -45,7 +45,7 @@ def experts_of(vault: Path) -> dict[tuple[int, int], list[np.ndarray]]:
     for e in s.experts:
         out[(e.layer_id, e.expert_id)] = [
             quant.decode(np.frombuffer(d.packed, np.uint8), np.frombuffer(d.scales, "<f2"),
-                         s.header.bits, (d.rows, d.cols)) for d in e.tensors]
+                         s.header.bits, (d.num_rows, d.num_cols)) for d in e.tensors]
     return out
 
 
@@ -84,7 +84,7 @@ def test_arch_block_from_config(ckpts: Path, tmp_path: Path) -> None:
     assert a.rope_theta == cfg["rope_parameters"]["rope_theta"]
     assert (a.num_heads, a.num_kv_heads, a.head_dim) == (4, 4, 16)
     assert (a.moe_top_k, a.moe_ffn_dim, a.num_hidden_layers) == (2, 32, 2)
-    assert a.model_type == "qwen3_moe"
+    assert a.model_type.text == "qwen3_moe"
     assert (a.norm_topk_prob, a.has_qk_norm, a.has_dense_layer_0) == (True, True, False)
     h = s.header
     assert (h.num_moe_layers, h.max_experts_per_layer, h.d_model, h.vocab_size) == (2, 4, 64, 128)

@@ -268,7 +268,7 @@ def test_round_trip_through_kaitai(tmp_path: Path) -> None:
         for e in s.experts:
             for d, w in zip(e.tensors, experts[(e.layer_id, e.expert_id)]):
                 got = quant.decode(np.frombuffer(d.packed, np.uint8),
-                                   np.frombuffer(d.scales, "<f2"), bits, (d.rows, d.cols))
+                                   np.frombuffer(d.scales, "<f2"), bits, (d.num_rows, d.num_cols))
                 want_p, want_s = quant.encode(w, bits)
                 assert np.array_equal(got, quant.decode(want_p, want_s, bits, w.shape))
 

@@ -2,7 +2,8 @@
 // SMOE vault of 2/4-bit quantised Mixture-of-Experts expert weights.
 //
 // Packed mirrors of the on-disk structs (ruling D1: no implicit alignment), every
-// size and field offset asserted, plus the format constants and a few helpers.
+// size and field offset asserted, the format constants, the offset and size helpers (the
+// same as smoe_gen.layout's) and the rule registry (smoe::rules).
 // Field names are those of the format document, so engine code written against the
 // reference src/common.hpp compiles unchanged; define SMOE_NO_GLOBAL_STRUCTS to keep
 // the struct names inside namespace smoe only.
@@ -18,6 +19,8 @@ namespace smoe {
 // ---- format constants -------------------------------------------------------
 inline constexpr uint8_t MAGIC[8] = { 0x53, 0x4D, 0x4F, 0x45, 0xDE, 0xEA, 0x00, 0x01 };
 inline constexpr uint8_t ARCH_MAGIC[4] = { 0x53, 0x41, 0x52, 0x43 };
+/// MAGIC as text, for messages.
+inline constexpr char MAGIC_HEX[] = "53 4D 4F 45 DE EA 00 01";
 /// Alignment of `data_offset`, of every blob offset and of every blob's padded size: the 16 KiB hardware page.
 inline constexpr uint32_t PAGE_SIZE = 16384u;
 /// Number of consecutive weights sharing one float16 scale.
@@ -65,6 +68,19 @@ inline constexpr uint32_t EXPERT_ENTRY_SIZE = 48u;
 inline constexpr uint32_t TENSOR_DESCRIPTOR_SIZE = 44u;
 inline constexpr uint32_t ARCH_BLOCK_SIZE = 128u;
 inline constexpr uint64_t TABLE_OFFSET = HEADER_SIZE;
+/// Descriptor order within an expert (the tensor_type enum): gate, up, down.
+inline constexpr const char* TENSOR_NAMES[TENSORS_PER_EXPERT] = { "gate_proj", "up_proj", "down_proj" };
+/// A named bit of SmoeArchBlock::flags.
+struct FlagName {
+    const char* name;
+    uint32_t bit;
+};
+/// The named bits of SmoeArchBlock::flags, in bit order.
+inline constexpr FlagName FLAG_NAMES[] = {
+    {"norm_topk_prob", FLAG_NORM_TOPK_PROB},
+    {"has_qk_norm", FLAG_HAS_QK_NORM},
+    {"has_dense_layer_0", FLAG_HAS_DENSE_LAYER_0},
+};
 
 // ---- enums ------------------------------------------------------------------
 enum class TensorType : uint32_t {
@@ -108,20 +124,20 @@ struct ExpertEntry {
     uint8_t reserved[4];                 ///< @44: Must be zero.
 };
 
-/// Where one of an expert's weight matrices lies inside its blob, 44 bytes. Ruling D3: in the blob, gate, up and down follow each other, each as its packed codes immediately followed by its scales, contiguous from blob offset 0 with no internal padding. Readers never assume this stride; they use these offsets, which must lie inside `[0, raw_size)` without overlap. Shapes: gate and up are `[moe_ffn_dim, d_model]`, down is `[d_model, moe_ffn_dim]`. Ruling D2 (normative decoding): the matrix `[rows, cols]` (HuggingFace `nn.Linear.weight`, `[out_features, in_features]`) is flattened row-major, weight `i` = `W[i // cols, i % cols]`, `n = rows * cols`. Groups are consecutive runs of 64 weights; the last may be partial and still has one scale. Scales are little-endian IEEE binary16, one per group, finite (an all-zero group may use any finite scale). Codes are packed LSB-first: weight `i` occupies bits `(i % (8 / bits)) * bits` of byte `i // (8 / bits)`; unused high bits of the last byte are zero. SMOE-Q4: `w = (code - 7.5) / 7.5 * scale`, code 0..15 (16 symmetric levels, no exact zero). SMOE-Q2: `w = (code - 1.5) / 1.5 * scale`, code 0..3. How an encoder picks each scale is its own freedom; decoding is fixed.
+/// Where one of an expert's weight matrices lies inside its blob, 44 bytes. Ruling D3: in the blob, gate, up and down follow each other, each as its packed codes immediately followed by its scales, contiguous from blob offset 0 with no internal padding. Readers never assume this stride; they use these offsets, which must lie inside `[0, raw_size)` without overlap. Shape rules (ruling D3): gate and up are `[moe_ffn_dim, d_model]`, down is `[d_model, moe_ffn_dim]`: up has gate's shape, down has gate's shape transposed, gate's `cols` is `header.d_model`, and every expert of a layer has the gate rows of the layer's first expert (so all experts of a layer share one shape). In a v2 vault gate's rows equal the arch block's `moe_ffn_dim` (checked by the verifiers, not here: the arch block is optional). Ruling D2 (normative decoding): the matrix `[rows, cols]` (HuggingFace `nn.Linear.weight`, `[out_features, in_features]`) is flattened row-major, weight `i` = `W[i // cols, i % cols]`, `n = rows * cols`. Groups are consecutive runs of 64 weights; the last may be partial and still has one scale. Scales are little-endian IEEE binary16, one per group, finite (an all-zero group may use any finite scale). Codes are packed LSB-first: weight `i` occupies bits `(i % (8 / bits)) * bits` of byte `i // (8 / bits)`; unused high bits of the last byte are zero. SMOE-Q4: `w = (code - 7.5) / 7.5 * scale`, code 0..15 (16 symmetric levels, no exact zero). SMOE-Q2: `w = (code - 1.5) / 1.5 * scale`, code 0..3. How an encoder picks each scale is its own freedom; decoding is fixed.
 struct TensorDescriptor {
     uint8_t tensor_type;                 ///< @0: Which matrix this is; the descriptors of an expert come in the order gate, up, down.
     uint8_t ndim;                        ///< @1: Number of dimensions; always 2.
     uint8_t reserved_0[2];               ///< @2: Must be zero.
-    uint32_t rows;                       ///< @4: Rows of the weight matrix (its original shape[0], out_features).
+    uint32_t rows;                       ///< @4: Rows of the weight matrix (its original shape[0], out_features). Gate: the same as the previous expert's...
     uint32_t cols;                       ///< @8: Columns of the weight matrix (its original shape[1], in_features). The matrix's codes fit in the blob...
-    uint64_t packed_offset;              ///< @12: Offset of the packed codes within the expert blob.
+    uint64_t packed_offset;              ///< @12: Offset of the packed codes within the expert blob, at most `raw_size`.
     uint64_t packed_size;                ///< @20: Byte size of the packed codes: `ceil(rows * cols * bits / 8)`, inside `raw_size`.
-    uint64_t scales_offset;              ///< @28: Offset of the float16 scales within the expert blob.
+    uint64_t scales_offset;              ///< @28: Offset of the float16 scales within the expert blob, at most `raw_size`.
     uint64_t scales_size;                ///< @36: Byte size of the scales: `ceil(rows * cols / 64) * 2`, inside `raw_size`.
 };
 
-/// The vault's birth certificate (v2 only), 128 bytes at `header.reserved_ext`: the model constants the engine needs, from the checkpoint's `config.json`. Ruling D6: the engine refuses to load unless magic is "SARC", `block_version` 1, `block_size` 128, `activation` 0 (SiLU), `1 <= moe_top_k <= 16`, `1 <= head_dim <= 256`, `num_heads >= 1`, `num_kv_heads >= 1`, `num_heads % num_kv_heads == 0`, flag bits 3..31 and the 44 reserved bytes zero. Warnings, not errors: `rms_norm_eps` more than 10% away from 1e-6; values that disagree with the tensors of the checkpoint or scout, where shapes win (has_qk_norm, has_dense_layer_0, shared_expert_ffn_dim).
+/// The vault's birth certificate (v2 only), 128 bytes at `header.reserved_ext`: the model constants the engine needs, from the checkpoint's `config.json`. Ruling D6: the engine refuses to load unless magic is "SARC", `block_version` 1, `block_size` 128, `activation` 0 (SiLU), `1 <= moe_top_k <= 16`, `1 <= head_dim <= 256`, `num_heads >= 1`, `num_kv_heads >= 1`, `num_heads % num_kv_heads == 0`, flag bits 3..31 and the 44 reserved bytes zero, `model_type` as ruling R2 says. Warnings, not errors: `rms_norm_eps` more than 10% away from 1e-6; values that disagree with the tensors of the checkpoint or scout, where shapes win (has_qk_norm, has_dense_layer_0, shared_expert_ffn_dim).
 struct SmoeArchBlock {
     uint8_t magic[4];                    ///< @0: "SARC".
     uint32_t block_version;              ///< @4: Version of this block's layout; 1.
@@ -138,7 +154,7 @@ struct SmoeArchBlock {
     uint32_t activation;                 ///< @48: Expert activation; only SiLU/SwiGLU (0) is implemented by the kernels.
     uint32_t num_hidden_layers;          ///< @52: Total transformer layers, dense and MoE.
     float rms_norm_eps;                  ///< @56: RMS-norm epsilon; the kernels compile 1e-6 and a value more than 10% away warns.
-    char model_type[24];                 ///< @60: HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL. Ruling D6: writers...
+    char model_type[24];                 ///< @60: HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL (ruling R2, checked byte...
     uint8_t reserved[44];                ///< @84: Must be zero.
 };
 #pragma pack(pop)
@@ -264,6 +280,10 @@ inline bool has_arch_magic(const SmoeArchBlock& a) noexcept {
 constexpr uint64_t round_up(uint64_t v, uint64_t align) noexcept {
     return (v + align - 1) / align * align;
 }
+/// Absolute offset of expert table entry e.
+constexpr uint64_t entry_offset(uint64_t e) noexcept {
+    return TABLE_OFFSET + e * EXPERT_ENTRY_SIZE;
+}
 /// Absolute offset of the first tensor descriptor (right after the table).
 constexpr uint64_t descriptors_offset(uint64_t total_experts) noexcept {
     return TABLE_OFFSET + total_experts * EXPERT_ENTRY_SIZE;
@@ -277,22 +297,388 @@ constexpr uint64_t descriptors_end(uint64_t total_experts) noexcept {
 constexpr uint64_t descriptor_offset(uint64_t total_experts, uint64_t e, uint32_t t) noexcept {
     return descriptors_offset(total_experts) + (e * TENSORS_PER_EXPERT + t) * TENSOR_DESCRIPTOR_SIZE;
 }
+/// Where writers put the arch block (ruling D6): the first 64-aligned slot after the
+/// descriptors.
+constexpr uint64_t writer_reserved_ext(uint64_t total_experts) noexcept {
+    return round_up(descriptors_end(total_experts), ARCH_ALIGN);
+}
+/// The data_offset writers choose (ruling D6): the first page after the arch block (v2)
+/// or after the descriptors (v1).
+constexpr uint64_t writer_data_offset(uint64_t total_experts, uint32_t version) noexcept {
+    return version >= VERSION_WITH_ARCH
+               ? round_up(writer_reserved_ext(total_experts) + ARCH_BLOCK_SIZE, PAGE_SIZE)
+               : round_up(descriptors_end(total_experts), PAGE_SIZE);
+}
 /// Bytes of packed codes for n weights at `bits` per weight: ceil(n * bits / 8).
 constexpr uint64_t packed_size(uint64_t n, uint32_t bits) noexcept {
     return (n / 8) * bits + ((n % 8) * bits + 7) / 8;
 }
-/// Quantisation groups for n weights: ceil(n / GROUP_SIZE).
+/// Quantisation groups for n weights: ceil(n / GROUP_SIZE) (no overflow).
 constexpr uint64_t num_groups(uint64_t n) noexcept {
-    return (n + GROUP_SIZE - 1) / GROUP_SIZE;
+    return n / GROUP_SIZE + (n % GROUP_SIZE != 0);
 }
 /// Bytes of float16 scales for n weights.
 constexpr uint64_t scales_size(uint64_t n) noexcept {
     return num_groups(n) * SCALE_BYTES;
 }
-/// Decoding centre of a code, (2^bits - 1) / 2: 7.5 for Q4, 1.5 for Q2 (ruling D2).
-constexpr float code_centre(uint32_t bits) noexcept {
-    return static_cast<float>((1u << bits) - 1u) / 2.0f;
+/// Codes packed into one byte: 4 for Q2, 2 for Q4.
+constexpr uint32_t codes_per_byte(uint32_t bits) noexcept {
+    return 8u / bits;
 }
+/// Largest code, 2^bits - 1: 15 for Q4, 3 for Q2.
+constexpr uint32_t max_code(uint32_t bits) noexcept {
+    return (1u << bits) - 1u;
+}
+/// Decoding centre c of a code, (2^bits - 1) / 2: 7.5 for Q4, 1.5 for Q2 (ruling D2:
+/// w = float32((code - c) / c) * scale).
+constexpr float code_centre(uint32_t bits) noexcept {
+    return static_cast<float>(max_code(bits)) / 2.0f;
+}
+
+// ---- the rule registry (-smoe-rules) ----------------------------------------------------
+enum class Severity : uint8_t { error, warning, info };
+
+constexpr const char* severity_name(Severity s) noexcept {
+    return s == Severity::error ? "error" : s == Severity::warning ? "warning" : "info";
+}
+
+/// One validity rule of the spec. load: an engine load rule (the engine refuses a vault
+/// that breaks it); deep: only a check that reads blob contents sees it; ksy: the .ksy
+/// states it; sidecar: a rule of the integrity manifest, not of the format; rulings: where
+/// it comes from (docs/FORMAT.md), comma-separated or empty; message: the rule in one line.
+struct Rule {
+    const char* code;
+    Severity severity;
+    bool load;
+    bool deep;
+    bool ksy;
+    bool sidecar;
+    const char* rulings;
+    const char* message;
+};
+
+/// Every rule, once; checkers report only these codes.
+namespace rules {
+inline constexpr Rule HEADER_SIZE{
+    .code = "header.size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "the file holds at least the 64-byte header"};
+inline constexpr Rule HEADER_MAGIC{
+    .code = "header.magic", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "magic is 53 4D 4F 45 DE EA 00 01 (\"SMOE\" DE EA 00 01), whatever the version"};
+inline constexpr Rule HEADER_VERSION{
+    .code = "header.version", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "version is 1 or 2"};
+inline constexpr Rule HEADER_TOTAL_EXPERTS{
+    .code = "header.total_experts", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "total_experts is at most num_moe_layers * max_experts_per_layer"};
+inline constexpr Rule HEADER_TABLE_OFFSET{
+    .code = "header.table_offset", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "table_offset is 64, right after the header"};
+inline constexpr Rule HEADER_GROUP_SIZE{
+    .code = "header.group_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "group_size is 64"};
+inline constexpr Rule HEADER_BITS{
+    .code = "header.bits", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "bits is 2 (SMOE-Q2) or 4 (SMOE-Q4)"};
+inline constexpr Rule HEADER_D_MODEL{
+    .code = "header.d_model", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "d_model is at least 1"};
+inline constexpr Rule HEADER_DATA_OFFSET_ALIGN{
+    .code = "header.data_offset_align", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "data_offset is a multiple of 16384"};
+inline constexpr Rule HEADER_DATA_OFFSET_BOUNDS{
+    .code = "header.data_offset_bounds", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "data_offset lies inside the file"};
+inline constexpr Rule HEADER_TABLE_BOUNDS{
+    .code = "header.table_bounds", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "the table and the descriptors end at or before data_offset"};
+inline constexpr Rule HEADER_RESERVED_EXT{
+    .code = "header.reserved_ext", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D6",
+    .message = "reserved_ext is 0 in a version 1 vault (any other value is ignored)"};
+inline constexpr Rule HEADER_FFN_DIM{
+    .code = "header.ffn_dim", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D5",
+    .message = "ffn_dim is the dense/shared FFN size (the arch block's when it has one), not d_model as the original converter wrote it"};
+inline constexpr Rule HEADER_PARTIAL{
+    .code = "header.partial", .severity = Severity::info, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D5",
+    .message = "a partial vault holds fewer than num_moe_layers * max_experts_per_layer experts"};
+inline constexpr Rule HEADER_GAP{
+    .code = "header.gap", .severity = Severity::warning, .load = false, .deep = true,
+    .ksy = false, .sidecar = false, .rulings = "",
+    .message = "the bytes between the end of the metadata and data_offset are zero"};
+inline constexpr Rule ARCH_PLACEMENT{
+    .code = "arch.placement", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "v2: reserved_ext is a multiple of 64, at or after the end of the descriptors, and reserved_ext + 128 <= data_offset"};
+inline constexpr Rule ARCH_BOUNDS{
+    .code = "arch.bounds", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "v2: the 128-byte arch block lies inside the file"};
+inline constexpr Rule ARCH_MAGIC{
+    .code = "arch.magic", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "the arch block starts with \"SARC\""};
+inline constexpr Rule ARCH_BLOCK_VERSION{
+    .code = "arch.block_version", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "block_version is 1"};
+inline constexpr Rule ARCH_BLOCK_SIZE{
+    .code = "arch.block_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "block_size is 128"};
+inline constexpr Rule ARCH_FLAGS{
+    .code = "arch.flags", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "flag bits 3..31 are zero"};
+inline constexpr Rule ARCH_NUM_HEADS{
+    .code = "arch.num_heads", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "num_heads is at least 1"};
+inline constexpr Rule ARCH_NUM_KV_HEADS{
+    .code = "arch.num_kv_heads", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "num_kv_heads is at least 1 and divides num_heads"};
+inline constexpr Rule ARCH_HEAD_DIM{
+    .code = "arch.head_dim", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6, R3",
+    .message = "head_dim is in 1..256"};
+inline constexpr Rule ARCH_MOE_TOP_K{
+    .code = "arch.moe_top_k", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "moe_top_k is in 1..16"};
+inline constexpr Rule ARCH_ACTIVATION{
+    .code = "arch.activation", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "activation is 0 (SiLU-gated)"};
+inline constexpr Rule ARCH_MODEL_TYPE{
+    .code = "arch.model_type", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6, R2",
+    .message = "model_type is valid UTF-8, and every byte after its first NUL is NUL"};
+inline constexpr Rule ARCH_RESERVED{
+    .code = "arch.reserved", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "the 44 reserved bytes of the arch block are zero"};
+inline constexpr Rule ARCH_RMS_NORM_EPS{
+    .code = "arch.rms_norm_eps", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D6, R5",
+    .message = "rms_norm_eps is finite and within 10% of 1e-6, the value the kernels are built for"};
+inline constexpr Rule ARCH_ROPE_THETA{
+    .code = "arch.rope_theta", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "R5",
+    .message = "rope_theta is finite"};
+inline constexpr Rule ARCH_MOE_FFN_DIM{
+    .code = "arch.moe_ffn_dim", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D3",
+    .message = "moe_ffn_dim equals the rows of the experts' gate_proj (the shapes win)"};
+inline constexpr Rule TABLE_ORDER{
+    .code = "table.order", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "the table is sorted by (layer_id, expert_id) ascending"};
+inline constexpr Rule TABLE_DUPLICATE{
+    .code = "table.duplicate", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "no (layer_id, expert_id) pair appears twice"};
+inline constexpr Rule TABLE_LAYERS{
+    .code = "table.layers", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "R4",
+    .message = "the table holds experts of at most num_moe_layers distinct layers"};
+inline constexpr Rule TABLE_OVERLAP{
+    .code = "table.overlap", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D4",
+    .message = "no two blobs (with their padding) overlap"};
+inline constexpr Rule TABLE_GAP{
+    .code = "table.gap", .severity = Severity::warning, .load = false, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D4",
+    .message = "blobs lie back to back from data_offset (a gap is reported, not fatal)"};
+inline constexpr Rule ENTRY_EXPERT_ID{
+    .code = "entry.expert_id", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "expert_id is below max_experts_per_layer"};
+inline constexpr Rule ENTRY_BYTE_OFFSET_ALIGN{
+    .code = "entry.byte_offset_align", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "byte_offset is a multiple of 16384"};
+inline constexpr Rule ENTRY_BYTE_OFFSET{
+    .code = "entry.byte_offset", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "byte_offset is at or after data_offset"};
+inline constexpr Rule ENTRY_RAW_SIZE{
+    .code = "entry.raw_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "raw_size is at least 1"};
+inline constexpr Rule ENTRY_BLOB_BOUNDS{
+    .code = "entry.blob_bounds", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D4",
+    .message = "the blob, [byte_offset, byte_offset + padded_size), lies inside the file"};
+inline constexpr Rule ENTRY_PADDED_SIZE{
+    .code = "entry.padded_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "padded_size is raw_size rounded up to a multiple of 16384"};
+inline constexpr Rule ENTRY_GROUP_SIZE{
+    .code = "entry.group_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "group_size equals header.group_size"};
+inline constexpr Rule ENTRY_NUM_GROUPS{
+    .code = "entry.num_groups", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D5",
+    .message = "num_groups is the sum of ceil(rows * cols / 64) over the three tensors"};
+inline constexpr Rule ENTRY_RESERVED{
+    .code = "entry.reserved", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "the reserved bytes of a table entry are zero"};
+inline constexpr Rule DESCRIPTOR_TENSOR_TYPE{
+    .code = "descriptor.tensor_type", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "R1",
+    .message = "an expert's three descriptors are gate, up and down, in that order"};
+inline constexpr Rule DESCRIPTOR_NDIM{
+    .code = "descriptor.ndim", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "ndim is 2"};
+inline constexpr Rule DESCRIPTOR_RESERVED{
+    .code = "descriptor.reserved", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "the reserved bytes of a descriptor are zero"};
+inline constexpr Rule DESCRIPTOR_ROWS{
+    .code = "descriptor.rows", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "rows is at least 1"};
+inline constexpr Rule DESCRIPTOR_COLS{
+    .code = "descriptor.cols", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "",
+    .message = "cols is at least 1 and the matrix's codes fit in the blob's raw_size"};
+inline constexpr Rule DESCRIPTOR_PACKED_SIZE{
+    .code = "descriptor.packed_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D2",
+    .message = "packed_size is ceil(rows * cols * bits / 8)"};
+inline constexpr Rule DESCRIPTOR_SCALES_SIZE{
+    .code = "descriptor.scales_size", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D2",
+    .message = "scales_size is ceil(rows * cols / 64) * 2"};
+inline constexpr Rule DESCRIPTOR_SLICE_BOUNDS{
+    .code = "descriptor.slice_bounds", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "the packed and scales slices lie inside [0, raw_size) of the blob"};
+inline constexpr Rule DESCRIPTOR_SLICE_OVERLAP{
+    .code = "descriptor.slice_overlap", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = false, .sidecar = false, .rulings = "D3",
+    .message = "no two of an expert's six slices overlap"};
+inline constexpr Rule DESCRIPTOR_SHAPE{
+    .code = "descriptor.shape", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "up has gate's shape, down has gate's shape transposed, and gate's cols equals header.d_model"};
+inline constexpr Rule LAYER_SHAPE{
+    .code = "layer.shape", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "all experts of one layer have the same shapes"};
+inline constexpr Rule BLOB_PADDING{
+    .code = "blob.padding", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = true, .sidecar = false, .rulings = "D3",
+    .message = "the blob's padding, [raw_size, padded_size), is zero"};
+inline constexpr Rule BLOB_SCALES{
+    .code = "blob.scales", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = false, .rulings = "D2",
+    .message = "every scale is a finite float16"};
+inline constexpr Rule BLOB_PACKED_TAIL{
+    .code = "blob.packed_tail", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = false, .rulings = "D2",
+    .message = "the unused high bits of a tensor's last code byte are zero"};
+inline constexpr Rule MANIFEST_MALFORMED{
+    .code = "manifest.malformed", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = true, .rulings = "",
+    .message = "the manifest is a readable smoe-manifest/1 document"};
+inline constexpr Rule MANIFEST_VAULT{
+    .code = "manifest.vault", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = true, .rulings = "",
+    .message = "the manifest describes this vault (its size and number of experts)"};
+inline constexpr Rule MANIFEST_EXPERT{
+    .code = "manifest.expert", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = true, .rulings = "",
+    .message = "the manifest lists the table's experts, in table order, with their offsets and sizes"};
+inline constexpr Rule MANIFEST_CHECKSUM{
+    .code = "manifest.checksum", .severity = Severity::error, .load = false, .deep = true,
+    .ksy = false, .sidecar = true, .rulings = "",
+    .message = "every blob's CRC-32C equals the manifest's"};
+
+/// All of them, in the spec's order.
+inline constexpr const Rule* ALL[] = {
+    &HEADER_SIZE,
+    &HEADER_MAGIC,
+    &HEADER_VERSION,
+    &HEADER_TOTAL_EXPERTS,
+    &HEADER_TABLE_OFFSET,
+    &HEADER_GROUP_SIZE,
+    &HEADER_BITS,
+    &HEADER_D_MODEL,
+    &HEADER_DATA_OFFSET_ALIGN,
+    &HEADER_DATA_OFFSET_BOUNDS,
+    &HEADER_TABLE_BOUNDS,
+    &HEADER_RESERVED_EXT,
+    &HEADER_FFN_DIM,
+    &HEADER_PARTIAL,
+    &HEADER_GAP,
+    &ARCH_PLACEMENT,
+    &ARCH_BOUNDS,
+    &ARCH_MAGIC,
+    &ARCH_BLOCK_VERSION,
+    &ARCH_BLOCK_SIZE,
+    &ARCH_FLAGS,
+    &ARCH_NUM_HEADS,
+    &ARCH_NUM_KV_HEADS,
+    &ARCH_HEAD_DIM,
+    &ARCH_MOE_TOP_K,
+    &ARCH_ACTIVATION,
+    &ARCH_MODEL_TYPE,
+    &ARCH_RESERVED,
+    &ARCH_RMS_NORM_EPS,
+    &ARCH_ROPE_THETA,
+    &ARCH_MOE_FFN_DIM,
+    &TABLE_ORDER,
+    &TABLE_DUPLICATE,
+    &TABLE_LAYERS,
+    &TABLE_OVERLAP,
+    &TABLE_GAP,
+    &ENTRY_EXPERT_ID,
+    &ENTRY_BYTE_OFFSET_ALIGN,
+    &ENTRY_BYTE_OFFSET,
+    &ENTRY_RAW_SIZE,
+    &ENTRY_BLOB_BOUNDS,
+    &ENTRY_PADDED_SIZE,
+    &ENTRY_GROUP_SIZE,
+    &ENTRY_NUM_GROUPS,
+    &ENTRY_RESERVED,
+    &DESCRIPTOR_TENSOR_TYPE,
+    &DESCRIPTOR_NDIM,
+    &DESCRIPTOR_RESERVED,
+    &DESCRIPTOR_ROWS,
+    &DESCRIPTOR_COLS,
+    &DESCRIPTOR_PACKED_SIZE,
+    &DESCRIPTOR_SCALES_SIZE,
+    &DESCRIPTOR_SLICE_BOUNDS,
+    &DESCRIPTOR_SLICE_OVERLAP,
+    &DESCRIPTOR_SHAPE,
+    &LAYER_SHAPE,
+    &BLOB_PADDING,
+    &BLOB_SCALES,
+    &BLOB_PACKED_TAIL,
+    &MANIFEST_MALFORMED,
+    &MANIFEST_VAULT,
+    &MANIFEST_EXPERT,
+    &MANIFEST_CHECKSUM,
+};
+}  // namespace rules
 
 }  // namespace smoe
 

@@ -4,9 +4,12 @@
 // usage: layout_test VAULT      exit 0 ok, 1 short file or bad magic, 2 usage
 #include "common.hpp"
 
+#include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 // Independent spellings of the format document's numbers (not the generated constants).
 static_assert(sizeof(SmoeHeader) == 64 && sizeof(SmoeArchBlock) == 128);
@@ -20,6 +23,40 @@ static_assert(smoe::descriptor_offset(10, 9, 2) == 64 + 480 + 29 * 44);
 static_assert(smoe::packed_size(65, 4) == 33 && smoe::packed_size(65, 2) == 17);
 static_assert(smoe::scales_size(65) == 4 && smoe::round_up(16385, 16384) == 32768);
 static_assert(smoe::code_centre(4) == 7.5f && smoe::code_centre(2) == 1.5f);
+// The generated helpers, against values worked out by hand: the table of n entries starts
+// at 64, its descriptors at 64 + 48 n and end 132 n later; writers put the arch block on
+// the next multiple of 64 and data_offset on the next page (q4_v2.smoe: 8 experts, arch
+// block at 1536; a 94 x 128 model: 12,032 experts).
+static_assert(smoe::entry_offset(0) == 64 && smoe::entry_offset(2) == 160);
+static_assert(smoe::descriptors_offset(10) == 544 && smoe::descriptors_end(10) == 1864);
+static_assert(smoe::descriptors_end(8) == 1504 && smoe::writer_reserved_ext(8) == 1536);
+static_assert(smoe::writer_reserved_ext(10) == 1920);
+static_assert(smoe::writer_data_offset(8, 2) == 16384 && smoe::writer_data_offset(8, 1) == 16384);
+static_assert(smoe::descriptors_end(12032) == 2165824);
+static_assert(smoe::writer_reserved_ext(12032) == 2165824);
+static_assert(smoe::writer_data_offset(12032, 2) == 2179072);  // 133 pages
+static_assert(smoe::writer_data_offset(12032, 1) == 2179072);
+static_assert(smoe::num_groups(0) == 0 && smoe::num_groups(64) == 1 && smoe::num_groups(65) == 2);
+static_assert(smoe::packed_size(uint64_t{1} << 40, 4) == uint64_t{1} << 39);  // no overflow
+static_assert(smoe::codes_per_byte(4) == 2 && smoe::codes_per_byte(2) == 4);
+static_assert(smoe::max_code(4) == 15 && smoe::max_code(2) == 3);
+// Names: descriptor order, flag bits, the rule registry (codes unique, severities named).
+static_assert(std::string_view(smoe::TENSOR_NAMES[0]) == "gate_proj");
+static_assert(std::string_view(smoe::TENSOR_NAMES[2]) == "down_proj");
+static_assert(std::size(smoe::FLAG_NAMES) == 3 && smoe::FLAG_NAMES[0].bit == 1 &&
+              smoe::FLAG_NAMES[2].bit == 4);
+static_assert(std::string_view(smoe::FLAG_NAMES[1].name) == "has_qk_norm");
+static_assert(std::string_view(smoe::rules::HEADER_MAGIC.code) == "header.magic");
+static_assert(smoe::rules::TABLE_GAP.severity == smoe::Severity::warning);
+static_assert(std::string_view(smoe::severity_name(smoe::Severity::info)) == "info");
+constexpr bool rule_codes_unique() {
+    for (size_t a = 0; a < std::size(smoe::rules::ALL); ++a)
+        for (size_t b = a + 1; b < std::size(smoe::rules::ALL); ++b)
+            if (std::string_view(smoe::rules::ALL[a]->code) == smoe::rules::ALL[b]->code)
+                return false;
+    return true;
+}
+static_assert(rule_codes_unique());
 // The same structs through the smoe:: names.
 static_assert(sizeof(smoe::SmoeHeader) == sizeof(::SmoeHeader));
 
