@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 namespace smoe::harness {
 
@@ -47,6 +48,61 @@ size_t utf8_sequence(const uint8_t* p, size_t n) {
     uint8_t lo, hi;
     const size_t want = utf8_shape(p[0], lo, hi);
     return want != 0 && utf8_subpart(p, n) == want ? want : 0;
+}
+
+std::string python_repr(double v) {
+    if (std::isnan(v)) return "nan";
+    if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+    char buf[40];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+    const std::string sci(buf, r.ptr);  // shortest round trip: "-d.ddde-XX"
+    const size_t e = sci.find('e');
+    const bool neg = sci[0] == '-';
+    std::string digits;
+    for (size_t k = neg ? 1 : 0; k < e; ++k)
+        if (sci[k] != '.') digits += sci[k];
+    int exp = 0;
+    std::from_chars(sci.data() + e + (sci[e + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exp);
+    std::string out = neg ? "-" : "";
+    if (exp < -4 || exp >= 16) {  // "1e-05", "1.5e+16"
+        out += digits.substr(0, 1);
+        if (digits.size() > 1) out += "." + digits.substr(1);
+        out += exp < 0 ? "e-" : "e+";
+        const int mag = exp < 0 ? -exp : exp;
+        if (mag < 10) out += '0';
+        return out + std::to_string(mag);
+    }
+    if (exp < 0) return out + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    const auto whole = static_cast<size_t>(exp) + 1;
+    if (digits.size() <= whole)
+        return out + digits + std::string(whole - digits.size(), '0') + ".0";
+    return out + digits.substr(0, whole) + "." + digits.substr(whole);
+}
+
+std::string JsonScalar::text() const {
+    switch (kind_) {
+    case Kind::null: return "";
+    case Kind::uint: {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "0x%llx (%llu)", static_cast<unsigned long long>(u_),
+                      static_cast<unsigned long long>(u_));
+        return buf;
+    }
+    case Kind::real: return python_repr(d_);
+    case Kind::text: return s_;
+    }
+    return "";
+}
+
+JsonWriter& JsonWriter::value(const JsonScalar& v) {
+    switch (v.kind_) {
+    case JsonScalar::Kind::null: return null();
+    case JsonScalar::Kind::uint: return value(v.u_);
+    case JsonScalar::Kind::real:
+        return std::isfinite(v.d_) ? value(v.d_) : value(python_repr(v.d_));
+    case JsonScalar::Kind::text: return value(v.s_);
+    }
+    return null();
 }
 
 JsonWriter& JsonWriter::begin_object() { open('{'); return *this; }

@@ -9,10 +9,12 @@
 // check --deep also checks the integrity manifest (docs/MANIFEST.md), VAULT.manifest.json
 // beside the vault when it exists: its vault size, expert list and every blob's CRC-32C.
 // --manifest PATH names another manifest (which must exist), --no-manifest skips it.
-// With --json, check prints one JSON object on stdout even when it fails:
-//   {"vault": ..., "valid": false, "error": {"code", "field", "offset", "message"}}
-// with code "io" or "usage" (field and offset null) when the vault cannot be read or the
-// command line is wrong.
+// With --json, check prints one JSON document on stdout (docs/JSON.md, schema
+// "smoe-findings/1"): the findings document of `smoe verify --json` whenever it judged the
+// vault (valid, a rule broken, or a file shorter than a header), with its first error and
+// the warnings it saw, plus a description of a valid vault; {"schema", "ok": false,
+// "error": {"message", "exit_code"}} when the vault cannot be read or the command line is
+// wrong.
 //
 // Inputs must be regular files (a FIFO or a device is refused at once). Outputs (OUT.f32,
 // OUT_DIR/{gate,up,down}.f32) are written to a new temporary file beside them, fsync'ed and
@@ -20,10 +22,12 @@
 // that is the same file as an input is refused before anything is written.
 //
 // Exit status: 0 valid / done, 1 the vault breaks a rule (one line on stderr naming the
-// rule's code, offset and field), 2 unreadable file, failed write or usage error.
+// rule's code, offset and field; a bad magic too), 2 a file that cannot be read at all
+// (missing, not a regular file, shorter than a header), a failed write or a usage error.
 // Hidden, for the test suite: `fuzz SEED COUNT [--timeout S] [--jobs N] [--save DIR] FILE...`,
-// `fp16-table OUT` (all 65536 binary16 values widened to float32) and `crc32c FILE` (the
-// file's CRC-32C by each implementation, as JSON).
+// `fp16-table OUT` (all 65536 binary16 values widened to float32), `crc32c FILE` (the
+// file's CRC-32C by each implementation, as JSON) and `rules` (the rule registry compiled
+// into this program, smoe::rules::ALL, as a JSON array).
 
 #include "bench.hpp"
 #include "crc32c.hpp"
@@ -97,16 +101,64 @@ std::string hex(const uint8_t* p, size_t n) {
 
 // ---- check ------------------------------------------------------------------------------
 
+/// The "schema" key of every --json document of check (docs/JSON.md), the same as
+/// smoe.findings.SCHEMA.
+constexpr const char* SCHEMA = "smoe-findings/1";
+
 #define MEMBER(obj, f) member(#f, (obj).f)
 
-std::string check_json(const Vault& v, bool deep, const Manifest* manifest) {
-    const SmoeHeader& h = v.header;
+/// One finding as docs/JSON.md says: code, severity, offset, field, message, expected,
+/// actual, expected_text, actual_text.
+void write_finding(JsonWriter& j, const Issue& f) {
+    j.begin_object().member("code", f.code).member("severity", severity_name(f.severity));
+    j.member("offset", f.offset).member("field", f.field).member("message", f.message);
+    j.member("expected", f.expected).member("actual", f.actual);
+    for (const auto& [key, v] : {std::pair{"expected_text", &f.expected},
+                                 std::pair{"actual_text", &f.actual}}) {
+        j.key(key);
+        if (v->is_null()) j.null();
+        else j.value(v->text());
+    }
+    j.end_object();
+}
+
+/// What check saw of a vault: its error (none when valid) and the warnings found so far.
+struct CheckResult {
+    std::optional<Issue> error;
+    const Manifest* manifest = nullptr;
+    bool deep = false;
+};
+
+/// The --json document of check (docs/JSON.md): the findings document of `smoe verify`
+/// (schema, vault, size, valid, deep, errors, warnings, findings) and, describing a valid
+/// vault (null otherwise), manifest, header, arch, experts, partial, layers, gap_bytes.
+std::string check_json(const Vault& v, const CheckResult& r) {
+    std::vector<Issue> findings;
+    if (r.error) findings.push_back(*r.error);
+    findings.insert(findings.end(), v.warnings.begin(), v.warnings.end());
+    std::stable_sort(findings.begin(), findings.end(), [](const Issue& a, const Issue& b) {
+        return a.severity != b.severity ? a.severity < b.severity : a.offset < b.offset;
+    });
+    const bool valid = !r.error;
+    uint64_t warnings = 0;
+    for (const Issue& f : findings) warnings += f.severity == Severity::warning;
     JsonWriter j;
-    j.begin_object().member("vault", v.name).member("valid", true).member("deep", deep);
+    j.begin_object().member("schema", SCHEMA).member("vault", v.name).member("size", v.size);
+    j.member("valid", valid).member("deep", r.deep);
+    j.member("errors", uint64_t{valid ? 0u : 1u}).member("warnings", warnings);
+    j.key("findings").begin_array();
+    for (const Issue& f : findings) write_finding(j, f);
+    j.end_array();
     j.key("manifest");  // the manifest checked, or null
-    if (manifest) j.value(manifest->path);
+    if (valid && r.manifest) j.value(r.manifest->path);
     else j.null();
-    j.member("size", v.size);
+    if (!valid) {
+        for (const char* key : {"header", "arch", "experts", "partial", "layers", "gap_bytes"})
+            j.key(key).null();
+        j.end_object();
+        return j.str() + "\n";
+    }
+    const SmoeHeader& h = v.header;
     j.key("header").begin_object().member("magic", hex(h.magic, sizeof h.magic));
     j.MEMBER(h, version).MEMBER(h, num_moe_layers).MEMBER(h, max_experts_per_layer);
     j.MEMBER(h, total_experts).MEMBER(h, table_offset).MEMBER(h, data_offset);
@@ -125,9 +177,7 @@ std::string check_json(const Vault& v, bool deep, const Manifest* manifest) {
         j.member("rms_norm_eps", static_cast<double>(a.rms_norm_eps));
         j.member("model_type", std::string(mt, strnlen(mt, MODEL_TYPE_SIZE)));
         j.member("reserved", hex(a.reserved, sizeof a.reserved));
-        j.member("norm_topk_prob", (a.flags & FLAG_NORM_TOPK_PROB) != 0);
-        j.member("has_qk_norm", (a.flags & FLAG_HAS_QK_NORM) != 0);
-        j.member("has_dense_layer_0", (a.flags & FLAG_HAS_DENSE_LAYER_0) != 0);
+        for (const FlagName& flag : FLAG_NAMES) j.member(flag.name, (a.flags & flag.bit) != 0);
         j.end_object();
     } else {
         j.null();
@@ -141,11 +191,20 @@ std::string check_json(const Vault& v, bool deep, const Manifest* manifest) {
     for (auto [layer, count] : per_layer)
         j.begin_object().member("layer_id", layer).member("experts", count).end_object();
     j.end_array();
-    j.member("gap_bytes", v.gap_bytes);
-    j.key("warnings").begin_array();
-    for (const auto& w : v.warnings) j.value(w);
-    j.end_array().end_object();
+    j.member("gap_bytes", v.gap_bytes).end_object();
     return j.str() + "\n";
+}
+
+/// A finding as one line, as Python's Finding.line() writes it.
+std::string finding_line(const Issue& f) {
+    char at[32];
+    std::snprintf(at, sizeof at, "0x%llx", static_cast<unsigned long long>(f.offset));
+    std::string line = std::string(severity_name(f.severity)) + ": " + f.code + " at offset " +
+                       at + " (" + f.field + "): " + f.message;
+    if (!f.expected.is_null() || !f.actual.is_null())
+        line += " [expected " + (f.expected.is_null() ? "None" : f.expected.text()) + ", got " +
+                (f.actual.is_null() ? "None" : f.actual.text()) + "]";
+    return line;
 }
 
 struct CheckArgs {
@@ -186,43 +245,52 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
     return c;
 }
 
-/// The --json report of a failed check: {"vault", "valid": false, "error": {"code",
-/// "field", "offset", "message"}}; field and offset are null for "io" and "usage" errors.
-void print_json_error(const std::string& code, const std::optional<Issue>& issue,
-                      const std::string& message) {
+/// The --json document of a command that failed before it could judge the vault (it
+/// cannot be read, or the command line is wrong): {"schema", "ok": false, "error":
+/// {"message", "exit_code"}}, as the Python CLI prints it.
+void print_json_error(const std::string& message, int exit_code) {
     JsonWriter j;
-    j.begin_object().key("vault");
-    if (g_vault.empty()) j.null();
-    else j.value(g_vault);
-    j.member("valid", false).key("error").begin_object().member("code", code);
-    if (issue) {
-        j.member("field", issue->field).member("offset", issue->offset);
-    } else {
-        j.key("field").null();
-        j.key("offset").null();
-    }
-    j.member("message", message).end_object().end_object();
+    j.begin_object().member("schema", SCHEMA).member("ok", false).key("error").begin_object();
+    j.member("message", message).member("exit_code", static_cast<uint64_t>(exit_code));
+    j.end_object().end_object();
     std::fputs((j.str() + "\n").c_str(), stdout);
 }
 
-int run_check(const std::vector<std::string>& args) {
-    const CheckArgs c = parse_check(args);
+/// check: 0 valid, 1 a rule broken (InvalidVault), 2 unreadable (UnreadableVault,
+/// IoError); with --json the findings document on stdout in every case that judged the
+/// vault (a file shorter than a header included), the error document otherwise.
+int run_check(const CheckArgs& c) {
     Vault v;
-    v.open(c.path);
+    CheckResult r;
+    r.deep = c.deep;
     std::optional<Manifest> manifest;
-    if (c.deep) {
-        if (!c.no_manifest)
-            manifest = load_manifest(c.manifest.value_or(default_manifest_path(c.path)), v,
-                                     !c.manifest);
-        if (manifest)
-            v.deep_check([&](size_t i, std::vector<uint8_t>& scratch) {
-                check_blob_crc(v, *manifest, i, scratch);
-            });
-        else
-            v.deep_check();
+    auto report = [&](const Issue& error) {
+        r.error = error;
+        if (c.json) std::fputs(check_json(v, r).c_str(), stdout);
+    };
+    try {
+        v.open(c.path);
+        if (c.deep) {
+            if (!c.no_manifest)
+                manifest = load_manifest(c.manifest.value_or(default_manifest_path(c.path)), v,
+                                         !c.manifest);
+            if (manifest)
+                v.deep_check([&](size_t i, std::vector<uint8_t>& scratch) {
+                    check_blob_crc(v, *manifest, i, scratch);
+                });
+            else
+                v.deep_check();
+        }
+    } catch (const InvalidVault& e) {
+        report(e.issue);
+        throw;
+    } catch (const UnreadableVault& e) {  // before IoError: judged, as header.size
+        report(e.issue);
+        throw;
     }
+    r.manifest = manifest ? &*manifest : nullptr;
     if (c.json) {
-        std::fputs(check_json(v, c.deep, manifest ? &*manifest : nullptr).c_str(), stdout);
+        std::fputs(check_json(v, r).c_str(), stdout);
     } else {
         std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", c.path.c_str(),
                     v.header.bits, v.header.version, v.experts.size(),
@@ -231,7 +299,7 @@ int run_check(const std::vector<std::string>& args) {
         if (manifest)
             std::printf("manifest %s: size, %zu experts and their CRC-32C match\n",
                         manifest->path.c_str(), v.experts.size());
-        for (const auto& w : v.warnings) std::printf("warning: %s\n", w.c_str());
+        for (const Issue& w : v.warnings) std::printf("%s\n", finding_line(w).c_str());
     }
     return 0;
 }
@@ -244,18 +312,19 @@ int cmd_check(const std::vector<std::string>& args) {
         else if (g_vault.empty() && !args[k].empty() && args[k][0] != '-') g_vault = args[k];
     }
     try {
-        return run_check(args);
-    } catch (const InvalidVault& e) {
-        if (json) print_json_error(e.issue.code, e.issue, e.issue.message);
+        return run_check(parse_check(args));
+    } catch (const InvalidVault&) {
+        throw;  // the findings document is out
+    } catch (const UnreadableVault&) {
         throw;
     } catch (const UsageError& e) {
-        if (json) print_json_error("usage", std::nullopt, e.what());
+        if (json) print_json_error(e.what(), 2);
         throw;
     } catch (const IoError& e) {
-        if (json) print_json_error("io", std::nullopt, e.what());
+        if (json) print_json_error(e.what(), 2);
         throw;
     } catch (const std::bad_alloc&) {
-        if (json) print_json_error("io", std::nullopt, "out of memory");
+        if (json) print_json_error("out of memory", 2);
         throw;
     }
 }
@@ -436,6 +505,21 @@ int cmd_crc32c(const std::vector<std::string>& args) {
     return 0;
 }
 
+int cmd_rules(const std::vector<std::string>& args) {
+    if (!args.empty()) throw UsageError("rules: no arguments expected");
+    JsonWriter j;
+    j.begin_array();
+    for (const Rule* r : rules::ALL) {
+        j.begin_object().member("code", r->code).member("severity", severity_name(r->severity));
+        j.member("load", r->load).member("deep", r->deep).member("ksy", r->ksy);
+        j.member("sidecar", r->sidecar).member("rulings", r->rulings);
+        j.member("message", r->message).end_object();
+    }
+    j.end_array();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -454,6 +538,7 @@ int main(int argc, char** argv) {
         if (cmd == "fuzz") return cmd_fuzz(args);
         if (cmd == "fp16-table") return cmd_fp16_table(args);
         if (cmd == "crc32c") return cmd_crc32c(args);
+        if (cmd == "rules") return cmd_rules(args);
         if (cmd == "-h" || cmd == "--help" || cmd == "help") {
             std::fputs(USAGE, stdout);
             return 0;

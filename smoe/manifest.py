@@ -20,6 +20,7 @@ import numpy as np
 from smoe import fileio
 from smoe.errors import SmoeError
 from smoe.findings import Finding
+from smoe_gen.layout import Rule
 
 SCHEMA = "smoe-manifest/1"
 CHECKSUM = "crc32c"
@@ -103,7 +104,7 @@ class ManifestError(SmoeError):
 
 
 def _malformed(where: str, message: str) -> ManifestError:
-    return ManifestError(Finding("error", "manifest.malformed", 0, where, message))
+    return ManifestError(Finding.of(Rule.MANIFEST_MALFORMED, 0, where, message))
 
 
 def _depth(obj: Any, limit: int) -> int:
@@ -182,17 +183,17 @@ def check(doc: dict[str, Any], size: int, table: np.ndarray,
     vault = doc["vault"]
     for key, actual in (("size", size), ("experts", len(table))):
         if vault[key] != actual:
-            out.append(Finding("error", "manifest.vault", 0, f"manifest/vault/{key}",
-                               f"the manifest describes a vault with {key} {vault[key]}, this "
-                               f"one has {actual} (it belongs to another file)",
-                               vault[key], actual))
+            out.append(Finding.of(Rule.MANIFEST_VAULT, 0, f"manifest/vault/{key}",
+                                  f"the manifest describes a vault with {key} {vault[key]}, "
+                                  f"this one has {actual} (it belongs to another file)",
+                                  vault[key], actual))
     if out:
         return out
     rows = doc["experts"]
     if len(rows) != len(table):
-        return [Finding("error", "manifest.expert", 0, "manifest/experts",
-                        f"the manifest lists {len(rows)} experts, the table has {len(table)}",
-                        len(rows), len(table))]
+        return [Finding.of(Rule.MANIFEST_EXPERT, 0, "manifest/experts",
+                           f"the manifest lists {len(rows)} experts, the table has {len(table)}",
+                           len(rows), len(table))]
     for i, row in enumerate(rows):
         e = table[i]
         layer, expert = int(e["layer_id"]), int(e["expert_id"])
@@ -200,16 +201,15 @@ def check(doc: dict[str, Any], size: int, table: np.ndarray,
         for key, actual in (("layer", layer), ("expert", expert), ("offset", off),
                             ("raw_size", raw)):
             if row[key] != actual:
-                return [Finding("error", "manifest.expert", off, f"manifest/experts/{i}/{key}",
-                                f"table entry {i} (layer {layer} expert {expert}) has {key} "
-                                f"{actual}, the manifest says {row[key]}", row[key], actual)]
+                return [Finding.of(Rule.MANIFEST_EXPERT, off, f"manifest/experts/{i}/{key}",
+                                   f"table entry {i} (layer {layer} expert {expert}) has {key} "
+                                   f"{actual}, the manifest says {row[key]}", row[key], actual)]
         crc = 0
         for at in range(off, off + raw, CHUNK):
             crc = checksum(read(at, min(CHUNK, off + raw - at)), crc)
         if crc != row["crc32c"]:
-            out.append(Finding("error", "manifest.checksum", off,
-                               f"manifest/experts/{i}/crc32c",
-                               f"layer {layer} expert {expert}: the blob's CRC-32C differs from "
-                               "the manifest (the blob was changed or damaged)",
-                               row["crc32c"], crc))
+            out.append(Finding.of(Rule.MANIFEST_CHECKSUM, off, f"manifest/experts/{i}/crc32c",
+                                  f"layer {layer} expert {expert}: the blob's CRC-32C differs "
+                                  "from the manifest (the blob was changed or damaged)",
+                                  row["crc32c"], crc))
     return out

@@ -104,5 +104,6 @@ def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str,
         ("manifest.checksum", int(e["byte_offset"]), f"manifest/experts/{len(v) // 2}/crc32c")]
     cpp = stream("check", bad, "--deep", "--json")
     assert cpp.returncode == 1
-    err = json.loads(cpp.stdout)["error"]
+    (err,) = [f for f in json.loads(cpp.stdout)["findings"] if f["severity"] == "error"]
     assert (err["code"], err["offset"], err["field"]) == (py[0].code, py[0].offset, py[0].path)
+    assert (err["expected"], err["actual"]) == (py[0].expected, py[0].actual)

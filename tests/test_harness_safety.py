@@ -65,6 +65,15 @@ def strict_json(raw: bytes) -> dict:
     return json.loads(raw.decode("utf-8"), parse_constant=refuse)
 
 
+def failed_check(raw: bytes, vault: Path) -> dict:
+    """The one error of a failed `check --json` (docs/JSON.md), from its findings document."""
+    doc = strict_json(raw)
+    assert (doc["schema"], doc["vault"], doc["valid"], doc["errors"]) == (
+        "smoe-findings/1", str(vault), False, 1)
+    (err,) = [f for f in doc["findings"] if f["severity"] == "error"]
+    return err
+
+
 def copy_vault(tmp_path: Path, name: str = "v.smoe") -> Path:
     path = tmp_path / name
     path.write_bytes(GOOD.read_bytes())
@@ -408,7 +417,18 @@ def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
     assert out["arch"]["rope_theta"] is None and out["arch"]["rms_norm_eps"] is None
-    assert out["warnings"] == ["arch: rope_theta or rms_norm_eps is not finite"]
+    # one warning per field, the value that is not a number as a string (docs/JSON.md)
+    assert out["warnings"] == 2
+    assert [(f["code"], f["field"], f["offset"], f["expected"], f["actual"], f["actual_text"])
+            for f in out["findings"]] == [
+        ("arch.rope_theta", "arch.rope_theta", arch + 16, "finite", "nan", "nan"),
+        ("arch.rms_norm_eps", "arch.rms_norm_eps", arch + 56, "finite", "inf", "inf")]
+    text = run("check", path)
+    assert text.returncode == 0 and text.stdout.decode().splitlines()[1:] == [
+        f"warning: arch.rope_theta at offset {arch + 16:#x} (arch.rope_theta): rope_theta is "
+        "not finite [expected finite, got nan]",
+        f"warning: arch.rms_norm_eps at offset {arch + 56:#x} (arch.rms_norm_eps): "
+        "rms_norm_eps is not finite [expected finite, got inf]"]
 
 
 def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
@@ -416,33 +436,36 @@ def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
     r = run("check", "--json", missing)
     assert one_line(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
     assert strict_json(r.stdout) == {
-        "vault": str(missing),
-        "valid": False,
-        "error": {
-            "code": "io",
-            "field": None,
-            "offset": None,
-            "message": f"{missing}: cannot open: No such file or directory",
-        },
+        "schema": "smoe-findings/1",
+        "ok": False,
+        "error": {"message": f"{missing}: cannot open: No such file or directory", "exit_code": 2},
     }
 
     r = run("check", "--json", "--bogus", GOOD)
     assert r.returncode == 2
     assert r.stderr.startswith("smoe-stream: check: unknown option --bogus\nusage: ")
     assert strict_json(r.stdout) == {
-        "vault": str(GOOD),
-        "valid": False,
-        "error": {
-            "code": "usage",
-            "field": None,
-            "offset": None,
-            "message": "check: unknown option --bogus",
-        },
+        "schema": "smoe-findings/1",
+        "ok": False,
+        "error": {"message": "check: unknown option --bogus", "exit_code": 2},
     }
 
     r = run("check", "--json")
     assert r.returncode == 2
-    assert strict_json(r.stdout)["vault"] is None
+    assert strict_json(r.stdout)["error"] == {"message": "check: VAULT missing", "exit_code": 2}
+
+
+def test_check_json_of_a_file_shorter_than_a_header(tmp_path: Path) -> None:
+    """Judged (the findings document, code header.size) but unreadable: exit status 2."""
+    path = tmp_path / "short.smoe"
+    path.write_bytes(GOOD.read_bytes()[:30])
+    r = run("check", "--json", path)
+    assert one_line(r, 2) == (f"smoe-stream: {path}: header.size at offset 0 (header): file of "
+                              "30 bytes is shorter than the 64-byte header")
+    assert failed_check(r.stdout, path) == {
+        "code": "header.size", "severity": "error", "offset": 0, "field": "header",
+        "message": "file of 30 bytes is shorter than the 64-byte header",
+        "expected": 64, "actual": 30, "expected_text": "0x40 (64)", "actual_text": "0x1e (30)"}
 
 
 # ---------------------------------------------------------------- CRC-32C
@@ -548,11 +571,9 @@ def expect(vault: Path, code: str, offset: int, field: str, message: str, *extra
     assert one_line(r, 1) == f"smoe-stream: {vault}: {code} at offset {offset} ({field}): {message}"
     r = run("check", "--deep", "--json", vault, *extra)
     assert r.returncode == 1
-    assert strict_json(r.stdout) == {
-        "vault": str(vault),
-        "valid": False,
-        "error": {"code": code, "field": field, "offset": offset, "message": message},
-    }
+    err = failed_check(r.stdout, vault)
+    assert (err["code"], err["field"], err["offset"], err["message"]) == (code, field, offset,
+                                                                          message)
 
 
 def test_matching_manifest_passes(vault: Path) -> None:
@@ -977,7 +998,9 @@ def test_mutated_manifests_never_crash_under_sanitizers(tmp_path: Path) -> None:
         cmd = [str(ROOT / "build" / "asan" / "smoe-stream"), "check", "--deep", "--json", vault]
         r = subprocess.run(cmd, capture_output=True, timeout=60, env=SANITIZER_ENV)
         assert r.returncode in (0, 1), (bytes(data)[:300], r.stderr[-2000:])
-        out = strict_json(r.stdout)
-        assert r.returncode == 0 or out["error"]["code"].startswith("manifest."), out
+        if r.returncode == 1:
+            assert failed_check(r.stdout, vault)["code"].startswith("manifest.")
+        else:
+            assert strict_json(r.stdout)["valid"] is True
         codes[r.returncode] = codes.get(r.returncode, 0) + 1
     assert codes.get(1, 0) > 150, codes  # most mutations break the manifest

@@ -17,16 +17,17 @@ from smoe import quant
 from smoe.errors import SmoeError
 from smoe.reader import Vault, VaultError
 from smoe.verify import verify
+from smoe_gen.layout import Rule
 from smoe_gen.smoe_kaitai import Smoe
 
 from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
+from kaitai_names import kaitai_field
 from rule_cases import RULE_CASES, apply
 
 SMOE = [sys.executable, "-m", "smoe.cli"]
-# Rules the .ksy cannot express (Kaitai accepts files that break only these).
-NOT_IN_KSY = {"table.overlap", "descriptor.slice_overlap", "descriptor.shape", "layer.shape",
-              "table.layers", "arch.model_type", "blob.scales",
-              "blob.packed_tail", "arch.rope_theta", "arch.rms_norm_eps"}
+# Error rules the .ksy cannot express (Kaitai accepts files that break only these): the
+# registry's error rules with `ksy` false.
+NOT_IN_KSY = {r.code for r in Rule if r.severity == "error" and not r.ksy}
 
 
 def kaitai_walk(data: bytes, padding: bool = True) -> Smoe:
@@ -99,8 +100,8 @@ def test_corrupt_fixture_raises_recorded_code(name: str) -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 1
     out = json.loads(proc.stdout)
-    assert out["ok"] is False
-    assert any(f["code"] == exp["code"] and f["path"] == exp["field"]
+    assert out["valid"] is False and out["errors"] == len(report.errors)
+    assert any(f["code"] == exp["code"] and f["field"] == exp["field"]
                and f["offset"] == exp["offset"] for f in out["findings"])
     # The fast reader refuses it too (at open or when the broken expert is reached),
     # except for blob contents, which only --deep reads.
@@ -122,10 +123,12 @@ def test_finding_carries_expected_and_actual_in_hex_and_decimal() -> None:
     report = verify(np.fromfile(CORRUPT / "packed_size_mismatch.smoe", np.uint8))
     f = next(f for f in report.errors if f.code == "descriptor.packed_size")
     assert f.to_dict() == {
-        "severity": "error", "code": "descriptor.packed_size", "offset": 468,
-        "path": "experts[0].tensors[0].packed_size",
+        "code": "descriptor.packed_size", "severity": "error", "offset": 468,
+        "field": "experts[0].tensors[0].packed_size",
         "message": "packed_size must be ceil(rows * cols * bits / 8)",
-        "expected": "0x400 (1024)", "actual": "0x401 (1025)"}
+        "expected": 1024, "actual": 1025,
+        "expected_text": "0x400 (1024)", "actual_text": "0x401 (1025)"}
+    assert f.line().endswith("[expected 0x400 (1024), got 0x401 (1025)]")
 
 
 def test_verify_exit_codes(tmp_path: Path) -> None:
@@ -189,24 +192,24 @@ SEEDS = {name: (FIXTURES / name).read_bytes() for name in ("q4_v2.smoe", "q2_v2.
 
 def _agree_on_fields(s: Smoe, v: Vault) -> None:
     for name in v.header.dtype.names:
-        want = getattr(s.header, name)
+        want = kaitai_field(s.header, name)
         got = v.header[name]
         assert (bytes(got) if name == "magic" else int(got)) == want, name
-    assert [(e.layer_id, e.expert_id, e.byte_offset, e.raw_size, e.padded_size, e.num_groups)
+    assert [(e.layer_id, e.expert_id, e.ofs_blob, e.len_raw, e.len_padded, e.num_groups)
             for e in s.experts] == [tuple(int(r[f]) for f in ("layer_id", "expert_id",
                                     "byte_offset", "raw_size", "padded_size", "num_groups"))
                                     for r in v.table]
     for i, e in enumerate(s.experts):
         for t, d in enumerate(e.tensors):
             r = v.descriptors[i, t]
-            assert (d.rows, d.cols, d.packed_offset, d.packed_size, d.scales_offset,
-                    d.scales_size) == tuple(int(r[f]) for f in (
+            assert (d.num_rows, d.num_cols, d.ofs_packed, d.len_packed, d.ofs_scales,
+                    d.len_scales) == tuple(int(r[f]) for f in (
                         "rows", "cols", "packed_offset", "packed_size", "scales_offset",
                         "scales_size"))
     if s.arch is not None:
         for name in ("flags", "num_heads", "num_kv_heads", "head_dim", "moe_top_k",
                      "moe_ffn_dim", "num_hidden_layers"):
-            assert getattr(s.arch, name) == int(v.arch[name]), name
+            assert kaitai_field(s.arch, name) == int(v.arch[name]), name
 
 
 @st.composite
