@@ -7,6 +7,7 @@ findings (with ``deep``, also the manifest's). Field names are exactly those of 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -15,15 +16,11 @@ from rich.table import Table
 from rich.tree import Tree
 
 from smoe.findings import Finding
-from smoe.plan import TENSOR_NAMES
 from smoe.records import plain, plain_rows
 from smoe.verify import Report, verify_file
 from smoe.view import Data, FileView, arch_view, header_view, table_views
 from smoe_gen import layout
-
-FLAG_NAMES = {"norm_topk_prob": layout.FLAG_NORM_TOPK_PROB,
-              "has_qk_norm": layout.FLAG_HAS_QK_NORM,
-              "has_dense_layer_0": layout.FLAG_HAS_DENSE_LAYER_0}
+from smoe_gen.layout import TENSOR_NAMES
 
 
 def collect_path(path: str | os.PathLike, deep: bool = False,
@@ -35,7 +32,8 @@ def collect_path(path: str | os.PathLike, deep: bool = False,
 
 def collect(path: Path, data: Data, deep: bool = False,
             manifest: str | os.PathLike | None = "auto") -> tuple[dict, Report]:
-    """The dump as plain data: keys header, arch, experts, findings (plus file).
+    """The dump as plain data: keys file, header, arch, experts, findings (each as
+    docs/JSON.md says).
 
     ``manifest`` as for ``smoe.verify.verify_path`` (checked only with ``deep``).
     """
@@ -50,7 +48,7 @@ def collect(path: Path, data: Data, deep: bool = False,
         out["file"]["vault_type"] = "full" if total >= width else "partial"
         if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
             arch = plain(arch_view(data, geo))
-            arch["flag_names"] = [n for n, bit in FLAG_NAMES.items() if arch["flags"] & bit]
+            arch["flag_names"] = [n for n, bit in layout.FLAG_NAMES.items() if arch["flags"] & bit]
             out["arch"] = arch
         if geo.table_readable:
             table, descs = table_views(data, geo)
@@ -65,16 +63,30 @@ def collect(path: Path, data: Data, deep: bool = False,
     return out, report
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def _safe(value: object) -> str:
+    """``value`` as tree text: rich markup escaped, control characters and undecodable bytes
+    (lone surrogates) as ``\\xNN``, so that no byte of the file reaches the terminal raw."""
+    text = _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()) & 0xFF:02x}", str(value))
+    return escape(text)
+
+
 def _severity_style(f: Finding | dict) -> str:
     sev = f["severity"] if isinstance(f, dict) else f.severity
     return {"error": "bold red", "warning": "yellow", "info": "cyan"}[sev]
 
 
 def render(dump: dict, console: Console, experts: bool = False, layer: int | None = None) -> None:
-    """The rich tree: summary, header, arch, table by layer, findings."""
+    """The rich tree: summary, header, arch, table by layer, findings.
+
+    Lines are as wide as they need: ``console`` decides whether they wrap (a terminal) or not
+    (``smoe.cli.make_console`` for a pipe), so no label is cut here.
+    """
     f = dump["file"]
     h = dump["header"]
-    root = Tree(f"[bold]{f['path']}[/]  {f['size']:,} bytes")
+    root = Tree(f"[bold]{_safe(f['path'])}[/]  {f['size']:,} bytes")
     if h is not None:
         root.label += (f"  v{h['version']}  Q{h['bits']}  group {h['group_size']}  "
                        f"data_offset {h['data_offset']:#x}  {f.get('vault_type', '?')} vault, "
@@ -82,11 +94,10 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
         ht = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         for col in ("offset", "field", "value"):
             ht.add_column(col, justify="right" if col == "offset" else "left")
-        for name in layout.HEADER_DTYPE.names:
-            off = layout.HEADER_DTYPE.fields[name][1]
+        for name, off in layout.HEADER_OFFSETS.items():
             v = h[name]
             shown = v if isinstance(v, str) else f"{v} ({v:#x})"
-            ht.add_row(str(off), name, str(shown))
+            ht.add_row(str(off), name, _safe(shown))
         root.add(f"[bold]header[/] ({layout.HEADER_SIZE} bytes at 0)").add(ht)
     a = dump["arch"]
     if a is not None:
@@ -94,14 +105,14 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
         for col in ("offset", "field", "value"):
             at.add_column(col, justify="right" if col == "offset" else "left")
         base = h["reserved_ext"]
-        for name in layout.ARCH_BLOCK_DTYPE.names:
-            off = base + layout.ARCH_BLOCK_DTYPE.fields[name][1]
+        for name, off in layout.ARCH_BLOCK_OFFSETS.items():
+            off += base
             v = a[name]
             if name == "flags":
                 v = f"{v:#x} = {' | '.join(a['flag_names']) or 'none'}"
             elif name == "reserved":
                 v = "all zero" if set(v) <= {"0"} else v
-            at.add_row(str(off), name, str(v))
+            at.add_row(str(off), name, _safe(v))
         root.add(f"[bold]arch block[/] ({layout.ARCH_BLOCK_SIZE} bytes at {base})").add(at)
     elif h is not None:
         root.add("[bold]arch block[/]: none (version 1)")
@@ -109,11 +120,11 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
         _render_table(root, dump, experts, layer)
     fnode = root.add(f"[bold]findings[/] ({len(dump['findings'])})")
     for fi in dump["findings"]:
-        line = (f"{fi['severity']}: {fi['code']} at {fi['offset']:#x} ({fi['path']}): "
+        line = (f"{fi['severity']}: {fi['code']} at {fi['offset']:#x} ({fi['field']}): "
                 f"{fi['message']}")
         if fi["expected"] is not None or fi["actual"] is not None:
-            line += f" [expected {fi['expected']}, got {fi['actual']}]"
-        fnode.add(f"[{_severity_style(fi)}]{escape(line)}[/]", highlight=False)
+            line += f" [expected {fi['expected_text']}, got {fi['actual_text']}]"
+        fnode.add(f"[{_severity_style(fi)}]{_safe(line)}[/]", highlight=False)
     console.print(root)
 
 

@@ -37,9 +37,10 @@ from smoe import fileio, quant
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError, WriterStateError
 from smoe.manifest import ManifestBuilder, checksum, encode, path_for, tool_info
-from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, Shape, make_plan
+from smoe.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe_gen import layout
+from smoe_gen.layout import TENSOR_NAMES
 
 
 class State(enum.Enum):

@@ -75,7 +75,7 @@ def failed(proc: subprocess.CompletedProcess, code: int) -> str:
     if b"--json" in [os.fsencode(a) for a in proc.args]:
         doc = strict_json(proc.stdout)
         assert doc == {
-            "schema": 1,
+            "schema": "smoe-findings/1",
             "ok": False,
             "error": {"message": doc["error"]["message"], "exit_code": code},
         }
@@ -222,7 +222,7 @@ def test_paths_with_byte_ff_in_json_modes(ckpt: Path, tmp_path: Path) -> None:
     shutil.copyfile(FIXTURES / "q4_v2.smoe", vault)
     shown = f"{tmp_path}/ok\ufffd.smoe"
     proc = run("verify", "--json", vault)
-    assert proc.returncode == 0 and strict_json(proc.stdout)["file"] == shown
+    assert proc.returncode == 0 and strict_json(proc.stdout)["vault"] == shown
     proc = run("dump", "--json", vault)
     assert proc.returncode == 0 and strict_json(proc.stdout)["file"]["path"] == shown
     proc = run("export", FIXTURES / "q4_v2.smoe", base + b"/x\xff.safetensors", "--json")
@@ -379,7 +379,7 @@ def test_a_broken_manifest_is_a_finding(tmp_path: Path) -> None:
     codes = [f["code"] for f in strict_json(proc.stdout)["findings"]]
     assert "manifest.malformed" in codes
     proc = run("verify", "--deep", "--json", "--no-manifest", FIXTURES / "q4_v2.smoe")
-    assert proc.returncode == 0 and strict_json(proc.stdout)["ok"] is True
+    assert proc.returncode == 0 and strict_json(proc.stdout)["valid"] is True
 
 
 # ---- how each exception is shown ---------------------------------------------------------------
@@ -531,7 +531,7 @@ def test_interrupt_and_broken_pipe_keep_their_exit_codes() -> None:
     proc = run_failing("cmd_sculpt", "KeyboardInterrupt()", ["sculpt", "m", "o", "--json"])
     assert proc.returncode == 130
     assert strict_json(proc.stdout) == {
-        "schema": 1,
+        "schema": "smoe-findings/1",
         "ok": False,
         "error": {
             "message": "interrupted; run the same command with --resume to continue",
