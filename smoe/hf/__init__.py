@@ -1,0 +1,8 @@
+"""A vault and its scout back into a HuggingFace checkpoint folder (``smoe export --hf``).
+
+* :mod:`smoe.hf.names`: which checkpoint tensor each vault tensor becomes (the names and
+  layout the source had, from the manifest, or the family's standard names);
+* :mod:`smoe.hf.config`: the ``config.json`` written (a copy, or rebuilt from the arch block
+  and the scout's shapes, naming what it had to assume);
+* :mod:`smoe.hf.export`: the streamed, atomic writer of the folder (shards, index, config).
+"""
