@@ -21,9 +21,10 @@ Exit status:
 * 130: interrupted (Ctrl-C); 141: stdout was closed (``| head``), quietly.
 
 With ``--json`` stdout holds exactly one RFC 8259 document, on success (the command's own
-shape) and on failure: ``{"schema": 1, "ok": false, "error": {"message": MESSAGE,
-"exit_code": N}}`` (the stderr line is printed too). :func:`to_json` serialises every
-document: non-finite floats become ``null``, undecodable bytes in strings U+FFFD.
+shape; verify and dump: docs/JSON.md) and on failure: ``{"schema": "smoe-findings/1", "ok":
+false, "error": {"message": MESSAGE, "exit_code": N}}`` (the stderr line is printed too).
+:func:`to_json` serialises every document: non-finite floats become ``null``, undecodable
+bytes in strings U+FFFD.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import numpy as np
 from rich.console import Console
@@ -55,38 +56,28 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from smoe import __version__, findings
 from smoe.errors import SmoeError
 from smoe.fileio import NotRegular
 from smoe_gen import layout
 
-STRUCTS = (
-    ("SmoeHeader", layout.HEADER_DTYPE),
-    ("SmoeArchBlock", layout.ARCH_BLOCK_DTYPE),
-    ("ExpertEntry", layout.EXPERT_ENTRY_DTYPE),
-    ("TensorDescriptor", layout.TENSOR_DESCRIPTOR_DTYPE),
-)
-DOC_KEYS = {
-    "SmoeHeader": "header",
-    "SmoeArchBlock": "arch_block",
-    "ExpertEntry": "expert_entry",
-    "TensorDescriptor": "tensor_descriptor",
-}
+if TYPE_CHECKING:
+    from smoe.verify import Report
 
 
 def _spec_summary() -> dict:
     structs = {}
-    for name, dtype in STRUCTS:
-        docs = layout.FIELD_DOCS[DOC_KEYS[name]]
-        structs[name] = {
-            "size": dtype.itemsize,
+    for st in layout.STRUCTS:
+        structs[st.name] = {
+            "size": st.dtype.itemsize,
             "fields": [
                 {
                     "name": f,
-                    "offset": dtype.fields[f][1],
-                    "size": dtype.fields[f][0].itemsize,
-                    "doc": docs[f],
+                    "offset": st.offsets[f],
+                    "size": st.dtype.fields[f][0].itemsize,
+                    "doc": st.docs[f],
                 }
-                for f in dtype.names
+                for f in st.dtype.names
             ],
         }
     return {
@@ -167,34 +158,109 @@ def _one_line(message: str) -> str:
     return _text(_NEWLINES.sub(" ", message).strip())
 
 
+# ---- consoles: rich on a terminal, plain lines in a pipe ------------------------------------
+PIPE_WIDTH = 1 << 20  # the width of a pipe or file: wide enough that nothing wraps or is cut
+
+
+class _TrimmedLines:
+    """A text stream that drops the spaces at the end of every line (rich pads table cells
+    to their column's width). Spaces are held back until text follows them on the line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._spaces = ""
+
+    def write(self, text: str) -> int:
+        *ended, last = text.split("\n")
+        out = [(self._spaces + line).rstrip(" ") + "\n" for line in ended]
+        if ended:
+            self._spaces = ""
+        body = self._spaces + last
+        kept = body.rstrip(" ")
+        self._spaces = body[len(kept) :]
+        self._stream.write("".join(out) + kept)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
+def make_console(stderr: bool = False, highlight: bool = False) -> Console:
+    """The Console of stdout (or stderr). On a terminal: rich's rendering at the terminal's
+    width (``COLUMNS``), in colour unless ``NO_COLOR`` is set. Anywhere else (a pipe, a file):
+    plain text, no colour, never wrapped or cut whatever ``COLUMNS`` says, and no spaces at
+    line ends, so that every line greps as a whole (a long path stays on one line)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if _is_terminal(stream):
+        return Console(stderr=stderr, highlight=highlight)
+    return Console(
+        file=_TrimmedLines(stream),
+        width=PIPE_WIDTH,
+        soft_wrap=True,
+        highlight=False,
+        force_terminal=False,
+        no_color=True,
+    )
+
+
+def _table(console: Console, title: str, show_header: bool = True) -> Table:
+    """A table for ``console``: boxed on a terminal, plain aligned columns (no borders, no
+    indent) in a pipe, where a box around an unbounded column would pad every line."""
+    if console.is_terminal:
+        return Table(title=title, title_justify="left", show_header=show_header)
+    return Table(
+        title=title, title_justify="left", show_header=show_header, box=None, pad_edge=False
+    )
+
+
+def _warn(warnings: Sequence[str]) -> None:
+    """Each warning as one line on stderr: stdout holds only the command's output."""
+    err = make_console(stderr=True)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
+
+
 def cmd_spec(args: argparse.Namespace) -> int:
     """Print the format's constants and struct layouts (from the generated layout)."""
     summary = _spec_summary()
     if args.json:
         _print_json(summary)
         return 0
-    console = Console()
+    console = make_console(highlight=True)
     console.print(
         f"[bold].smoe format[/] v{summary['versions'][0]}..v{summary['versions'][1]}  "
         f"magic [cyan]{summary['magic']}[/]  page {summary['page_size']} B  "
         f"group {summary['group_size']}  bits {summary['supported_bits']}"
     )
     for name, info in summary["structs"].items():
-        table = Table(title=f"{name} ({info['size']} bytes)", title_justify="left")
+        table = _table(console, f"{name} ({info['size']} bytes)")
         table.add_column("offset", justify="right")
         table.add_column("size", justify="right")
         table.add_column("field")
         table.add_column("meaning", overflow="fold")
         for f in info["fields"]:
-            table.add_row(str(f["offset"]), str(f["size"]), f["name"], f["doc"])
+            table.add_row(str(f["offset"]), str(f["size"]), escape(f["name"]), escape(f["doc"]))
         console.print(table)
     return 0
 
 
 def cmd_sculpt(args: argparse.Namespace) -> int:
-    """Convert a HuggingFace MoE checkpoint into a vault and a scout."""
+    """Convert a HuggingFace MoE checkpoint (a folder or a model id) into a vault and a scout."""
+    from smoe.hub import resolve
     from smoe.sculpt import SculptOptions, sculpt
 
+    # the local folder from here on: an OSError inside it is an unreadable input (exit 2)
+    args.model_dir = resolve(args.model_dir, args.revision)[0]
     opts = SculptOptions(
         bits=args.bits,
         version=args.format_version,
@@ -205,7 +271,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         scale=args.scale,
     )
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if args.dry_run:
         plan = sculpt(args.model_dir, args.out_dir, opts)
         if args.json:
@@ -242,9 +308,19 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_stem(text: str) -> str:
+    """argparse type: a stem for the outputs (``sculpt --name``)."""
+    from smoe.hub import check_stem
+
+    try:
+        return check_stem(text)
+    except SmoeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _show_dry_run(plan: dict) -> None:
-    c = Console()
-    t = Table(title="planned vault (nothing written)", title_justify="left", show_header=False)
+    c = make_console(highlight=True)
+    t = _table(c, "planned vault (nothing written)", show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("experts", str(plan["experts"]))
@@ -258,17 +334,16 @@ def _show_dry_run(plan: dict) -> None:
     t.add_row("scout size", f"{plan['scout_bytes']:,} bytes ({plan['scout_tensors']} tensors)")
     c.print(t)
     if plan["arch"]:
-        a = Table(title="arch block", title_justify="left", show_header=False)
+        a = _table(c, "arch block", show_header=False)
         for k, v in plan["arch"].items():
             a.add_row(k, str(v))
         c.print(a)
-    for w in plan["warnings"]:
-        c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
+    _warn(plan["warnings"])
 
 
 def _show_summary(s: dict) -> None:
-    c = Console()
-    t = Table(title="sculpt summary", title_justify="left", show_header=False)
+    c = make_console(highlight=True)
+    t = _table(c, "sculpt summary", show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("vault", escape(_shown(s["vault"])))
@@ -282,15 +357,14 @@ def _show_summary(s: dict) -> None:
     if s["throughput_mb_s"]:
         t.add_row("throughput", f"{s['throughput_mb_s']:.1f} MB/s of expert weights")
     c.print(t)
-    q = Table(title="quantisation SNR (dB)", title_justify="left")
+    q = _table(c, "quantisation SNR (dB)")
     q.add_column("tensor")
     q.add_column("min over experts", justify="right")
     q.add_column("median", justify="right")
     for name, v in s["snr_db"].items():
         q.add_row(name, *(("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")))
     c.print(q)
-    for w in s["warnings"]:
-        c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
+    _warn(s["warnings"])
 
 
 class Unreadable(SmoeError):
@@ -309,20 +383,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from smoe.verify import verify_path
 
     report = verify_path(args.vault, deep=args.deep, manifest=_manifest(args))
-    unreadable = any(f.code == "header.size" for f in report.errors)
     if args.json:
-        _print_json(
-            {
-                "file": str(args.vault),
-                "size": report.size,
-                "deep": args.deep,
-                "ok": report.ok,
-                "errors": len(report.errors),
-                "findings": [f.to_dict() for f in report.findings],
-            }
-        )
+        doc = findings.document(str(args.vault), report.size, args.deep, report.findings)
+        _print_json(doc)
     else:
-        c = Console(highlight=False)
+        c = make_console()
         for f in report.findings:
             style = {"error": "bold red", "warning": "yellow", "info": "cyan"}[f.severity]
             c.print(f"[{style}]{escape(_shown(f.line()))}[/]", soft_wrap=True)
@@ -333,7 +398,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{', deep' if args.deep else ''})",
             soft_wrap=True,
         )
-    return 2 if unreadable else (0 if report.ok else 1)
+    return _verdict(report)
+
+
+def _verdict(report: Report) -> int:
+    """The exit status of a judged vault: 0 valid, 1 a rule broken, 2 unreadable (shorter
+    than a header: ``header.size``)."""
+    if any(f.code == layout.Rule.HEADER_SIZE.code for f in report.errors):
+        return 2
+    return 0 if report.ok else 1
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -342,29 +415,79 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     dump, report = collect_path(args.vault, deep=args.deep, manifest=_manifest(args))
     if args.json:
-        _print_json({k: dump[k] for k in ("file", "header", "arch", "experts", "findings")})
+        keys = ("file", "header", "arch", "experts", "findings")
+        _print_json({"schema": findings.SCHEMA, **{k: dump[k] for k in keys}})
     else:
-        render(dump, Console(highlight=False), experts=args.experts, layer=args.layer)
-    if any(f.code == "header.size" for f in report.errors):
-        return 2
-    return 0 if report.ok else 1
+        render(dump, make_console(), experts=args.experts, layer=args.layer)
+    return _verdict(report)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Dequantise experts to float32 safetensors."""
+    """Dequantise experts to float32 safetensors, or (--hf) a whole HF checkpoint folder."""
+    if args.hf:
+        return _export_hf(args)
+    for flag in ("scout", "config", "dtype", "max_shard_size"):
+        if getattr(args, flag) is not None:
+            return _fail(args, f"--{flag.replace('_', '-')} needs --hf (see smoe export "
+                         "--help)", 2)
     from smoe.export import export
 
     names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
     if args.json:
         _print_json({"out": str(args.out), "tensors": names})
     else:
-        Console(highlight=False).print(
+        make_console().print(
             f"wrote {len(names)} float32 tensors "
             f"({len(names) // 3} experts) to "
             f"{escape(_shown(args.out))}",
             soft_wrap=True,
         )
     return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    """``smoe export VAULT OUT_DIR --hf``: see :mod:`smoe.hf.export`."""
+    from smoe.hf.export import MAX_SHARD_SIZE, export_hf
+
+    if args.layer is not None or args.expert is not None:
+        return _fail(args, "--layer/--expert select experts of a float32 export; --hf writes "
+                     "the whole model (see smoe export --help)", 2)
+    result = export_hf(args.vault, args.out, scout=args.scout, config=args.config,
+                       dtype=args.dtype, max_shard_size=args.max_shard_size or MAX_SHARD_SIZE)
+    summary = result.summary()
+    if args.json:
+        _print_json(summary)
+        return 0
+    _warn_notes(summary["notes"])
+    make_console().print(
+        f"wrote {escape(_shown(args.out))}: {len(summary['files'])} files, "
+        f"{summary['tensors']} tensors ({summary['expert_tensors']} expert tensors in "
+        f"{summary['dtype']}), {summary['bytes_out'] / 1e6:,.1f} MB; config.json "
+        f"{escape(_shown(summary['config']))}",
+        soft_wrap=True,
+    )
+    return 0
+
+
+def _warn_notes(notes: Sequence[str]) -> None:
+    """Each note as one line on stderr (``note: ...``)."""
+    err = make_console(stderr=True)
+    for n in notes:
+        err.print(f"[cyan]note:[/] {escape(_shown(n))}", soft_wrap=True)
+
+
+def _shard_size(text: str) -> int:
+    """``--max-shard-size``: bytes, or with a unit as save_pretrained takes it (5GB, 500MB)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 5GB, 500MB, 1000000)")
+    unit = (m.group(2) or "").upper()
+    scale = {"": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
+             "GIB": 2**30}[unit]
+    value = int(m.group(1)) * scale
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1 byte")
+    return value
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
@@ -394,7 +517,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(info)
     else:
-        c = Console(highlight=False)
+        c = make_console()
         verb = {
             "in-place": "upgraded in place to v2",
             "re-stamp": "re-stamped the arch block of",
@@ -405,9 +528,27 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
             f"data_offset {result.data_offset})",
             soft_wrap=True,
         )
-        for w in warnings:
-            c.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
+        _warn(warnings)
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write one self-contained HTML page picturing a vault; exit status as ``smoe dump``."""
+    from smoe.report import write_report
+
+    result = write_report(args.vault, args.out, deep=args.deep, manifest=_manifest(args))
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        snr = f"SNR from {_shown(result.manifest)}" if result.snr else "no SNR (no manifest)"
+        errors = f"{result.errors} error{'' if result.errors == 1 else 's'}"
+        verdict = "valid" if result.ok else f"INVALID ({errors})"
+        make_console().print(
+            f"wrote {escape(_shown(result.path))} ({result.bytes:,} bytes): "
+            f"{result.experts:,} experts in {result.layers} layers, {escape(snr)}; {verdict}",
+            soft_wrap=True,
+        )
+    return 2 if result.unreadable else (0 if result.ok else 1)
 
 
 # ---- command line --------------------------------------------------------------------------
@@ -451,8 +592,13 @@ def _debug_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _version_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="smoe", description=__doc__.split("\n\n")[0])
+    _version_flag(ap)
     _debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("spec", help="show the format's constants and struct layouts")
@@ -460,8 +606,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_spec)
 
     p = sub.add_parser("sculpt", help="convert a HuggingFace MoE checkpoint into a vault + scout")
-    p.add_argument("model_dir", type=Path, help="checkpoint directory (config.json, *.safetensors)")
+    p.add_argument("model_dir", metavar="model", help="checkpoint folder (config.json, "
+                   "*.safetensors) or HuggingFace model id ORG/NAME (needs smoe[hub]; an "
+                   "existing folder of that name wins)")
     p.add_argument("out_dir", type=Path, help="where <stem>.smoe and <stem>.scout.safetensors go")
+    p.add_argument("--name", type=_output_stem, metavar="STEM", help="the outputs' stem "
+                   "(default: the model's name, NAME of ORG/NAME, or the folder's)")
+    p.add_argument("--revision", metavar="REV", help="with a model id: the branch, tag or "
+                   "commit to use (default: main)")
     p.add_argument("--bits", type=int, choices=layout.SUPPORTED_BITS, default=layout.BITS_Q4)
     p.add_argument(
         "--format-version",
@@ -504,11 +656,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dump", help="show a vault as a tree (same as smoe-dump)")
     _dump_args(p)
 
-    p = sub.add_parser("export", help="dequantise experts to float32 safetensors")
+    p = sub.add_parser("export", help="dequantise experts to float32 safetensors, or (--hf) "
+                       "a runnable HuggingFace checkpoint folder")
     p.add_argument("vault", type=Path)
-    p.add_argument("out", type=Path, help="output .safetensors file")
+    p.add_argument("out", type=Path, help="output .safetensors file (with --hf: the checkpoint "
+                   "folder, new or empty)")
     p.add_argument("--layer", type=int, help="only this layer")
     p.add_argument("--expert", type=int, help="only this expert id")
+    p.add_argument("--hf", action="store_true", help="write a whole checkpoint that "
+                   "transformers loads: scout tensors, dequantised experts, config.json")
+    p.add_argument("--scout", type=Path, help="with --hf: the scout (default: "
+                   "STEM.scout.safetensors beside the vault)")
+    p.add_argument("--config", type=Path, help="with --hf: the config.json to write (default: "
+                   "STEM.config.json beside the vault, else rebuilt from the arch block)")
+    p.add_argument("--dtype", choices=("bf16", "f16", "f32"), help="with --hf: the experts' "
+                   "dtype (default: the source's, else the scout's, else bf16)")
+    p.add_argument("--max-shard-size", type=_shard_size, metavar="SIZE", help="with --hf: "
+                   "bytes per shard (default 5GB); more than one shard adds "
+                   "model.safetensors.index.json")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_export)
 
@@ -521,6 +686,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_upgrade)
+
+    p = sub.add_parser("report", help="write an HTML page picturing a vault (map, fields, SNR)")
+    p.add_argument("vault", type=Path)
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="HTML",
+                   help="the page to write (replaced atomically; never the vault or manifest)")
+    p.add_argument("--deep", action="store_true",
+                   help="also read every blob and check it against the manifest")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--manifest", type=Path, metavar="PATH",
+                   help="the manifest to take SNR from (default: VAULT.manifest.json)")
+    m.add_argument("--no-manifest", action="store_true", help="show no SNR, check no manifest")
+    p.add_argument("--json", action="store_true", help='print {"report": PATH, ...}')
+    p.set_defaults(func=cmd_report)
     for p in sub.choices.values():
         _debug_flag(p)
     return ap
@@ -553,7 +731,7 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
 
 
 # ---- failures ------------------------------------------------------------------------------
-INPUTS = ("vault", "manifest", "config", "model", "model_dir")  # args naming files read
+INPUTS = ("vault", "manifest", "config", "model", "model_dir", "scout")  # args naming files read
 OUTPUTS = ("out", "out_dir")  # args naming files written
 READ_ERRNOS = frozenset(
     {
@@ -615,7 +793,7 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     """Print the one stderr line (and with --json the error document); return ``code``."""
     line = Text.assemble(("error:", "bold red"), " " + _shown(message))
     with contextlib.suppress(OSError):
-        Console(stderr=True, highlight=False).print(line, soft_wrap=True)
+        make_console(stderr=True).print(line, soft_wrap=True)
     if getattr(args, "json", False):
         _print_error_json(message, code)
     return code
@@ -623,7 +801,7 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 
 def _print_error_json(message: str, code: int) -> None:
     """The --json document of a failure (silently dropped if stdout cannot take it)."""
-    doc = {"schema": 1, "ok": False, "error": {"message": _one_line(message), "exit_code": code}}
+    doc = findings.error_document(_one_line(message), code)
     try:
         _print_json(doc)
         sys.stdout.flush()
@@ -689,7 +867,7 @@ def _run(args: argparse.Namespace) -> int:
             if getattr(args, "func", None) is cmd_sculpt
             else ""
         )
-        Console(stderr=True).print(f"interrupted{hint}", highlight=False)
+        make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
         if getattr(args, "json", False):
             _print_error_json(f"interrupted{hint}", 130)
         return 130
@@ -726,6 +904,7 @@ def dump_main(argv: list[str] | None = None) -> int:
     """``smoe-dump VAULT``."""
     ap = _Parser(prog="smoe-dump", description=cmd_dump.__doc__)
     _dump_args(ap)
+    _version_flag(ap)
     _debug_flag(ap)
     return _main(ap, argv)
 
