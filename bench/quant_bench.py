@@ -11,12 +11,23 @@ Data: seeded ``[1536, 4096]`` float32 tensors, "realistic" (``normal(0, 0.02)`` 
 mode the quality figures) use fewer rows; figure names say so. Throughput is the best of a
 few runs, one process, weights already in memory.
 
+Per-core encode rate (issue 13): the realistic tensor as bfloat16 bits, encoded as sculpt
+does (``encode_into`` with SNR statistics, caller buffers) by the compiled encoder
+(``kernel="fast"``, :mod:`smoe.quant_kernels`) against the numpy encoder (``kernel="numpy"``)
+in the same run, in MB/s of bf16 input per CPU second of the process (the best of several
+runs: per core, and unmoved by other processes taking turns on the machine's cores); then
+the two encoders compared byte for byte, and the compiled encoder's first-call cost
+(compiling into an empty cache, and loading from the cache) in fresh processes.
+
 Run ``python -m bench.quant_bench [--quick]``; :func:`run` returns the figures.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -133,6 +144,17 @@ def _timed(fn: Callable[[], object], repeats: int, warmup: bool = True) -> tuple
     return best, result
 
 
+def _cpu_timed(fn: Callable[[], object], repeats: int) -> float:
+    """Best CPU time of the process over ``repeats`` calls (after one warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
 def _snr(w: np.ndarray, enc: tuple[np.ndarray, np.ndarray], bits: int) -> float:
     packed, scales = enc
     return quant.snr_db(w, quant.decode(packed, scales, bits, w.shape))
@@ -142,6 +164,77 @@ def _figure(name: str, ours: float, baseline: float, ratio: float, unit: str, go
             ok: bool) -> dict:
     return {"name": name, "ours": round(ours, 4), "baseline": round(baseline, 4),
             "ratio": round(ratio, 4), "unit": unit, "goal": goal, "pass": bool(ok)}
+
+
+def bf16_bits(w: np.ndarray) -> np.ndarray:
+    """``w`` truncated to bfloat16, as raw ``uint16`` bits."""
+    return (np.ascontiguousarray(w, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _encode_with(kernel: str, w: np.ndarray, bits: int, mode: str, **kw) -> tuple:
+    """(packed, scales, stats) of one ``encode_into`` with SNR statistics."""
+    packed = np.empty(quant.packed_size(w.size, bits), np.uint8)
+    scales = np.empty(quant.num_groups(w.size), "<f2")
+    stats = quant.QuantStats()
+    quant.encode_into(w, bits, packed, scales, mode, stats=stats, kernel=kernel, **kw)
+    return packed, scales, stats
+
+
+_FIRST_CALL = """
+import sys, time
+import numpy as np
+t = time.perf_counter()
+from smoe import quant
+w = np.zeros(1 << 16, np.uint16)
+quant.encode(w, int(sys.argv[1]), sys.argv[2], src_dtype="bf16", kernel="fast")
+print(time.perf_counter() - t)
+"""
+
+
+def first_call_seconds(bits: int, mode: str, cache_dir: str) -> float:
+    """Seconds for a fresh process to import smoe and encode once with the compiled encoder,
+    its cache in ``cache_dir`` (empty: it compiles; filled: it loads)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(bits), mode], env=env,
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def encoder_figures(quick: bool) -> list[dict]:
+    """Per-core bf16 encode rate, compiled vs numpy; byte identity; first-call cost."""
+    if quant.fast_kernels(4, "optimal", kernel="auto") is None:
+        return [_figure("compiled encoder available (pip install 'smoe[fast]')", 0, 1, 0,
+                        "", "numba installed", False)]
+    w = bf16_bits(realistic_weights())
+    shape = f"{list(w.shape)}".replace(" ", "")
+    mb = w.nbytes / 1e6
+    repeats = 3 if quick else 7
+    figs: list[dict] = []
+    for bits, mode, label in ((4, "optimal", "Q4 optimal"), (4, "absmax", "Q4 absmax"),
+                              (2, "optimal", "Q2 optimal"), (2, "absmax", "Q2 absmax")):
+        out = {k: _encode_with(k, w, bits, mode, src_dtype="bf16") for k in ("fast", "numpy")}
+        t_fast = _cpu_timed(
+            lambda b=bits, m=mode: _encode_with("fast", w, b, m, src_dtype="bf16"), repeats)
+        t_np = _cpu_timed(
+            lambda b=bits, m=mode: _encode_with("numpy", w, b, m, src_dtype="bf16"),
+            max(2, repeats // 2))
+        figs.append(_figure(f"{label} encode, MB/s of BF16 in, per core, {shape}", mb / t_fast,
+                            mb / t_np, t_np / t_fast, "MB/s", "ours >= 1000 MB/s",
+                            mb / t_fast >= 1000))
+        (p1, s1, st1), (p2, s2, st2) = out["fast"], out["numpy"]
+        same = np.array_equal(p1, p2) and np.array_equal(s1.view(np.uint16), s2.view(np.uint16))
+        gap = abs(st1.snr_db - st2.snr_db) / max(1.0, abs(st2.snr_db))
+        figs.append(_figure(f"{label}: compiled == numpy bytes (ratio 1); SNR gap, {shape}",
+                            gap * 1e6, 0.0, float(same), "ppm of dB",
+                            "identical bytes, SNR gap <= 20 ppm", same and gap <= 2e-5))
+    if not quick:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = first_call_seconds(4, "optimal", cache)
+            warm = first_call_seconds(4, "optimal", cache)
+        figs.append(_figure("Q4 optimal compiled encoder: first call in a fresh process, "
+                            "cache filled vs empty (compiling)", warm, cold, warm / cold, "s",
+                            "cached first call <= 2 s", warm <= 2.0))
+    return figs
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -157,7 +250,7 @@ def run(quick: bool = False) -> list[dict]:
     rows = 192 if quick else 1536
     sub = 16 if quick else 128
     repeats = 2 if quick else 3
-    figs: list[dict] = []
+    figs: list[dict] = encoder_figures(quick)
 
     # throughput: single process, float32 input already in memory, outputs allocated
     w = realistic_weights()
