@@ -1,6 +1,10 @@
-"""`make bench`: run every benchmark, print one table, write build/bench.json.
+"""`make bench`: run every benchmark, end with one table, write build/bench.json.
 
     python -m bench [--quick] [--only quant,sculpt,reader,harness,machine]
+
+The table has one line per figure: its value, the limit or baseline it is held against
+(measured in the same run), the ratio, the goal and whether it passes. The full figure
+names and every number are in build/bench.json.
 """
 
 from __future__ import annotations
@@ -25,6 +29,30 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def summary_table(figures: list[dict], width: int) -> Table:
+    """One line per figure: section: name (cut to fit), value, limit, ratio, goal, pass."""
+    table = Table(title="smoe benchmarks: each figure against a limit or baseline measured in "
+                  "the same run", title_justify="left", box=None, pad_edge=False,
+                  show_edge=False)
+    numbers = 9 * 3 + 10 + 26 + 5 + 7 * 2  # value, limit, ratio, unit, goal, pass, padding
+    table.add_column("figure", no_wrap=True, overflow="ellipsis", max_width=width - numbers)
+    for col in ("value", "limit", "ratio"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("unit", no_wrap=True, max_width=10, overflow="ellipsis")
+    table.add_column("goal", no_wrap=True, max_width=26, overflow="ellipsis")
+    table.add_column("pass", no_wrap=True)
+    for f in figures:
+        verdict = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "-"}[f["pass"]]
+        table.add_row(f"{f['section']}: {f['name']}", _fmt(f["ours"]), _fmt(f["baseline"]),
+                      _fmt(f["ratio"]), f["unit"], f["goal"], verdict)
+    passed = sum(f["pass"] is True for f in figures)
+    failed = sum(f["pass"] is False for f in figures)
+    table.caption = (f"{passed} pass, {failed} fail, {len(figures) - passed - failed} "
+                     "informative; full names and numbers in build/bench.json")
+    table.caption_justify = "left"
+    return table
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke run")
@@ -41,7 +69,7 @@ def main() -> int:
         console.print(f"[bold]bench:[/] {section} ...")
         if section == "machine":
             from bench import machine_bench as m
-            figs = m.run(args.quick)
+            figs = m.run(work / "machine", args.quick)
         elif section == "quant":
             from bench import quant_bench as m
             figs = m.run(args.quick)
@@ -60,16 +88,7 @@ def main() -> int:
             f["section"] = section
         figures.extend(figs)
         console.print(f"      {len(figs)} figures in {time.perf_counter() - t:.1f} s")
-    table = Table(title="smoe benchmarks (baselines measured in the same run)",
-                  title_justify="left")
-    for col in ("section", "figure", "ours", "baseline", "ratio", "unit", "goal", "pass"):
-        table.add_column(col, justify="right" if col in ("ours", "baseline", "ratio") else
-                         "left", overflow="fold")
-    for f in figures:
-        verdict = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "-"}[f["pass"]]
-        table.add_row(f["section"], f["name"], _fmt(f["ours"]), _fmt(f["baseline"]),
-                      _fmt(f["ratio"]), f["unit"], f["goal"], verdict)
-    console.print(table)
+    console.print(summary_table(figures, console.width))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"quick": args.quick, "figures": figures}, indent=1) + "\n")
     console.print(f"wrote {args.out}")

@@ -11,12 +11,19 @@ from collections.abc import Callable
 
 
 def figure(name: str, ours: float, baseline: float | None, unit: str, goal: str,
-           passed: bool | None, ratio: float | None = None) -> dict:
-    """``ratio`` defaults to ours / baseline (for times, pass baseline / ours yourself)."""
+           passed: bool | None, ratio: float | None = None, detail: str | None = None) -> dict:
+    """``ratio`` defaults to ours / baseline (for times, pass baseline / ours yourself).
+
+    ``baseline`` is the limit or baseline measured in the same run; ``detail`` says how
+    (kept in build/bench.json, left out of the one-screen table).
+    """
     if ratio is None and baseline:
         ratio = ours / baseline
-    return {"name": name, "ours": ours, "baseline": baseline, "ratio": ratio, "unit": unit,
-            "goal": goal, "pass": passed}
+    out = {"name": name, "ours": ours, "baseline": baseline, "ratio": ratio, "unit": unit,
+           "goal": goal, "pass": passed}
+    if detail:
+        out["detail"] = detail
+    return out
 
 
 def best_time(fn: Callable[[], object], repeat: int = 5, min_time: float = 0.0) -> float:

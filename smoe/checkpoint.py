@@ -146,12 +146,8 @@ class ExpertReader:
     def _fd(self, path: Path) -> int:
         with self._lock:
             fd = self._fds.get(path)
-            if fd is None:
-                try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except OSError as e:
-                    raise SmoeError(f"{path}: cannot open: {e.strerror or e}") from None
-                self._fds[path] = fd
+            if fd is None:  # a shard swapped for a FIFO since it was indexed: refused
+                fd = self._fds[path] = fileio.open_input(path)
             return fd
 
     def _buffer(self, slot: int, nbytes: int) -> np.ndarray:

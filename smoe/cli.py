@@ -260,7 +260,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
     from smoe.sculpt import SculptOptions, sculpt
 
     # the local folder from here on: an OSError inside it is an unreadable input (exit 2)
-    args.model_dir = resolve(args.model_dir, args.revision)[0]
+    args.model_dir, stem = resolve(args.model_dir, args.revision)
     opts = SculptOptions(
         bits=args.bits,
         version=args.format_version,
@@ -270,6 +270,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         resume=args.resume,
         dry_run=args.dry_run,
         scale=args.scale,
+        name=args.name if args.name is not None else stem,
     )
     err = make_console(stderr=True)
     if args.dry_run:

@@ -295,10 +295,7 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
     buf = np.empty(info.nbytes, np.uint8)
     own = fd is None
     if own:
-        try:
-            fd = os.open(info.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as e:
-            raise SmoeError(f"{info.path}: cannot open: {e.strerror or e}") from None
+        fd = fileio.open_input(info.path)  # never blocks on a FIFO put in a shard's place
     try:
         fileio.preadv_exact(fd, buf, info.offset, info.path)
     finally:

@@ -44,28 +44,29 @@ import contextlib
 import ctypes
 import hashlib
 import json
-import math
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
-from smoe.checkpoint import Checkpoint, ExpertRef
+from smoe.checkpoint import Checkpoint, ExpertReader, ExpertRef
 from smoe.errors import SmoeError
+from smoe.hub import output_stem
 from smoe.manifest import checksum, path_for, tool_info
 from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, make_plan
 from smoe.records import metadata_bytes
-from smoe.safetensors_io import DTYPE_SIZES, write_streaming
-from smoe.writer import State, VaultWriter, encode_blob, expert_name
+from smoe.safetensors_io import write_streaming
+from smoe.writer import State, VaultWriter, encode_blob
 from smoe_gen import layout
 
 
@@ -80,6 +81,8 @@ class SculptOptions:
     resume: bool = False
     dry_run: bool = False
     scale: str = "optimal"
+    name: str | None = None
+    """The outputs' stem (``<name>.smoe``, ...); None: the model folder's name."""
 
 
 @dataclass
@@ -174,15 +177,18 @@ class Paths:
     lock: Path
 
     @classmethod
-    def of(cls, model_dir: Path, out_dir: Path) -> Paths:
-        vault, scout = outputs(model_dir, out_dir)
+    def of(cls, model_dir: Path, out_dir: Path, name: str | None = None) -> Paths:
+        vault, scout = outputs(model_dir, out_dir, name)
         hidden = out_dir / f".{vault.name}"
         return cls(vault, scout, path_for(vault), Path(f"{hidden}.partial"),
                    Path(f"{hidden}.journal"), Path(f"{hidden}.lock"))
 
 
-def outputs(model_dir: Path, out_dir: Path) -> tuple[Path, Path]:
-    stem = model_dir.resolve().name
+def outputs(model_dir: Path, out_dir: Path, name: str | None = None) -> tuple[Path, Path]:
+    """The vault and the scout: ``<stem>.smoe`` and ``<stem>.scout.safetensors``, the stem
+    being ``name`` (a plain file name stem, else refused) or the model's name (the folder's,
+    or ``NAME`` for a HuggingFace cache snapshot ``models--ORG--NAME/snapshots/<hash>``)."""
+    stem = output_stem(model_dir, name)
     return out_dir / f"{stem}.smoe", out_dir / f"{stem}.scout.safetensors"
 
 
@@ -271,7 +277,7 @@ class Target:
 
 # key, blob crc32c, source crc32c per tensor, SNR per tensor, bytes in
 Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], int]
-BATCH = 4  # experts per worker task: reads of the next overlap the current one's compute
+BATCH = 4  # no worker process is started for fewer experts than this
 
 
 def open_target(target: Target) -> int:
@@ -290,80 +296,213 @@ def open_target(target: Target) -> int:
     return fd
 
 
-def load_expert(ref: ExpertRef) -> list:
-    """An expert's three source matrices (raw stored bytes), read errors as SmoeError."""
+def file_order(todo: list[Job]) -> list[Job]:
+    """Jobs in the order their bytes lie in the checkpoint (shard, offset), so that reads
+    move forward through each shard as the kernel's read-ahead expects. Every blob still
+    goes to its planned offset: the output does not depend on this order."""
+    return sorted(todo, key=lambda job: min((str(p), o) for p, o, _ in job.ref.ranges()))
+
+
+def _sync_file_range() -> Callable[..., int] | None:
+    """libc's ``sync_file_range`` (Linux), or None."""
     try:
-        return ref.load()
-    except OSError as e:
-        where = e.filename or ref.sources[0][0].path
-        raise SmoeError(f"{where}: cannot read {expert_name(ref.layer, ref.expert)}: "
-                        f"{e.strerror or e}") from None
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
-def source_crcs(mats: list) -> tuple[int, ...]:
-    """CRC-32C of each source tensor's bytes as stored in the checkpoint."""
-    return tuple(checksum(a) for a, _ in mats)
+_SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
 
 
-def quantise_expert(job: Job, fd: int, name: str, mats: list | None = None) -> Result:
-    """Read (unless ``mats`` are given), quantise and write one expert blob into ``fd``."""
-    if mats is None:
-        mats = load_expert(job.ref)
-    srcs = source_crcs(mats)  # the bytes as read, before anything else touches them
+def start_writeback(fd: int, offset: int, n: int) -> None:
+    """Start writing a blob to disk now (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which
+    does not wait), so the commit's fsync has little left to wait for. Advice only: the
+    commit's fsync is what makes the blob durable and reports any error."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, n, SYNC_FILE_RANGE_WRITE)
+
+
+def quantise_expert(job: Job, fd: int, name: str, mats: list, srcs: tuple[int, ...]) -> Result:
+    """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob and
+    write it at its planned offset in ``fd``."""
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     blob = encode_blob(job.slot, [a for a, _ in mats], job.bits, job.scale,
                        [src for _, src in mats], stats)
     fileio.pwrite_all(fd, blob, job.slot.byte_offset, name)
+    start_writeback(fd, job.slot.byte_offset, len(blob))
     return ((job.ref.layer, job.ref.expert), checksum(blob), srcs,
             [s.finite_snr_db for s in stats], sum(a.nbytes for a, _ in mats))
 
 
-def quantise_stream(todo: list[Job], target: Target) -> Iterator[Result]:
-    """Quantise experts in order while a thread reads the next one (preadv drops the GIL)."""
-    if not todo:
-        return
+class Claims:
+    """Hands out the indices ``0 .. n - 1`` once each, to one process or, through a counter
+    in shared memory, to several."""
+
+    def __init__(self, n: int, counter: Any = None) -> None:
+        self.n = n
+        self.counter = counter if counter is not None else mp.get_context("fork").Value("q", 0)
+
+    def __call__(self) -> int | None:
+        with self.counter.get_lock():
+            i = self.counter.value
+            if i >= self.n:
+                return None
+            self.counter.value = i + 1
+        return i
+
+
+def quantise_stream(todo: Sequence[Job], claims: Claims, target: Target,
+                    reader: ExpertReader) -> Iterator[Result]:
+    """Quantise the jobs ``claims`` hands out while a thread claims the next one and reads
+    and hashes its sources into the reader's other buffer (preadv and CRC-32C drop the
+    GIL), so reading never waits for quantising nor the other way round."""
+    def fetch(slot: int) -> tuple[Job, list, tuple[int, ...]] | None:
+        i = claims()
+        if i is None:
+            return None
+        reader.hint(todo[i].ref)  # the whole expert at once: a deeper queue than chunk by chunk
+        return (todo[i], *reader.read(todo[i].ref, slot))
+
     fd = open_target(target)
     try:
-        with ThreadPoolExecutor(max_workers=1) as reader:
-            ahead = reader.submit(load_expert, todo[0].ref)
-            for i, job in enumerate(todo):
-                mats = ahead.result()
-                if i + 1 < len(todo):
-                    ahead = reader.submit(load_expert, todo[i + 1].ref)
-                yield quantise_expert(job, fd, target.name, mats)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            ahead, slot = pool.submit(fetch, 0), 0
+            while (got := ahead.result()) is not None:
+                slot ^= 1  # the other buffer: the expert being quantised stays untouched
+                ahead = pool.submit(fetch, slot)
+                yield quantise_expert(got[0], fd, target.name, got[1], got[2])
     finally:
         os.close(fd)
 
 
-def quantise_batch(task: tuple[list[Job], Target]) -> list[Result]:
-    return list(quantise_stream(*task))
-
-
 def _worker_init(parent: int) -> None:
-    """Die with the parent: an orphan would keep the lock and write into a reused partial."""
+    """Die with the parent: an orphan would keep the lock and write into a reused partial.
+    Ctrl-C is the parent's to handle: it stops the workers."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _make_pool(processes: int):
-    """The worker pool (a seam: tests count the processes asked for)."""
-    return mp.get_context("fork").Pool(processes=processes, initializer=_worker_init,
-                                       initargs=(os.getpid(),))
+def _worker_main(parent: int, todo: list[Job], claims: Claims, target: Target,
+                 conn: Connection) -> None:
+    """A worker process: take the next unclaimed job until none is left, send each result
+    (or the exception that stopped it) to the parent, exit."""
+    _worker_init(parent)
+    code = 0
+    try:
+        with ExpertReader() as reader:
+            for result in quantise_stream(todo, claims, target, reader):
+                conn.send(result)
+    except BaseException as e:  # every failure goes to the parent, as one line
+        code = 1
+        with contextlib.suppress(BaseException):
+            conn.send(_portable(e))
+    finally:
+        conn.close()
+    os._exit(code)  # no atexit handlers, no flushing of the parent's inherited buffers
+
+
+def _portable(e: BaseException) -> BaseException:
+    """``e`` if it survives pickling (the parent raises it as it is), else a SmoeError
+    with its text."""
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:
+        return SmoeError(f"{type(e).__name__}: {e}")
+    return e
+
+
+class Workers:
+    """``processes`` forked worker processes quantising one list of jobs.
+
+    Each worker claims the next job from a shared counter (the list is in file order), and
+    its reader thread reads the job after the current one while it quantises, so every
+    worker reads and quantises without pause until the list is done; results come back one
+    per expert, over a pipe per worker. A worker that fails sends its exception, which is
+    raised here; one that dies is an error. Leaving the block kills any worker left.
+    """
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._procs: list[Any] = []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join()
+
+    def run(self, todo: list[Job], target: Target) -> Iterator[Result]:
+        ctx = mp.get_context("fork")
+        claims = Claims(len(todo), ctx.Value("q", 0))
+        live: dict[Connection, Any] = {}
+        for _ in range(self.processes):
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, daemon=True,
+                               args=(os.getpid(), todo, claims, target, send))
+            proc.start()
+            send.close()  # only the worker holds the sending end: EOF when it exits
+            self._procs.append(proc)
+            live[recv] = proc
+        remaining = len(todo)
+        while remaining:
+            if not live:
+                raise SmoeError(f"sculpt: the workers stopped with {remaining} experts left")
+            for conn in wait(list(live)):
+                try:
+                    item = conn.recv()
+                except EOFError:
+                    proc = live.pop(conn)
+                    proc.join()
+                    if proc.exitcode:
+                        raise SmoeError(f"sculpt: worker process {proc.pid} died ("
+                                        f"{_exit_reason(proc.exitcode)}); nothing was "
+                                        "committed") from None
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                remaining -= 1
+                yield item
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _make_pool(processes: int) -> Workers:
+    """The worker processes (a seam: tests count the processes asked for)."""
+    return Workers(processes)
 
 
 def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Iterator[Result]:
-    """Results as experts finish; never more worker processes than batches of work."""
-    batches = [todo[i : i + BATCH] for i in range(0, len(todo), BATCH)]
-    workers = min(jobs, len(batches))
-    if workers <= 1:
-        yield from quantise_stream(todo, target)
+    """Results as experts finish, in file order: in this process, or in up to ``jobs``
+    worker processes, never more than there are batches of :data:`BATCH` experts."""
+    if not todo:
         return
-    with _make_pool(workers) as pool:  # leaving the block terminates the workers
-        for results in pool.imap_unordered(quantise_batch, [(b, target) for b in batches],
-                                           chunksize=1):
-            yield from results
+    todo = file_order(todo)
+    workers = min(jobs, -(-len(todo) // BATCH))
+    if workers <= 1:
+        with ExpertReader() as reader:
+            yield from quantise_stream(todo, Claims(len(todo)), target, reader)
+        return
+    for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
+        quant.prepare_fast(bits, scale)  # compiled once here, inherited by every worker
+    with _make_pool(workers) as pool:
+        yield from pool.run(todo, target)
 
 
 # ---- journal -----------------------------------------------------------------------------
@@ -464,84 +603,33 @@ class Journal:
             fileio.unlink_owned(self.path)
 
 
-class SourceHasher:
-    """CRC-32C of source byte ranges read through one reused buffer per thread (no arrays,
-    no page faults of fresh allocations: the resume re-reads every source byte)."""
-
-    CHUNK = 8 << 20
-
-    def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
-        self._lock = threading.Lock()
-        self._local = threading.local()
-
-    def _fd(self, path: Path) -> int:
-        with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
-                try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except OSError as e:
-                    raise SmoeError(f"{path}: cannot open: {e.strerror or e}") from None
-                self._fds[path] = fd
-            return fd
-
-    def crc(self, path: Path, offset: int, n: int) -> int:
-        view = getattr(self._local, "view", None)
-        if view is None:
-            view = self._local.view = memoryview(bytearray(self.CHUNK))
-        fd, value, done = self._fd(path), 0, 0
-        while done < n:
-            k = min(len(view), n - done)
-            fileio.preadv_exact(fd, view[:k], offset + done, path)
-            value = checksum(view[:k], value)
-            done += k
-        return value
-
-    def expert(self, ref: ExpertRef) -> tuple[int, ...]:
-        """The same values as :func:`source_crcs` of the loaded expert."""
-        return tuple(self.crc(*r) for r in source_ranges(ref))
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
-def source_ranges(ref: ExpertRef) -> list[tuple[Path, int, int]]:
-    """(shard, offset, size) of the bytes each of an expert's matrices is read from."""
-    out = []
-    for info, idx, rows in ref.sources:
-        item = DTYPE_SIZES[info.dtype]
-        shape = info.shape if idx is None else info.shape[1:]
-        row = math.prod(shape[1:]) * item
-        start = info.offset + (0 if idx is None else idx * shape[0] * row)
-        r0, r1 = (0, shape[0]) if rows is None else (rows.start, rows.stop)
-        out.append((info.path, start + r0 * row, (r1 - r0) * row))
-    return out
-
-
 def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[int, int], Entry],
                   threads: int) -> dict[tuple[int, int], Entry]:
     """Adopt each journaled blob whose bytes AND sources still match; the rest are redone.
 
-    The sources are re-read and hashed (the cost of a resume), ``threads`` at a time.
+    Blobs and sources are re-read and hashed (the cost of a resume) by ``threads`` threads,
+    each through its own chunk-sized buffer, in file order.
     """
     by_key = {(r.layer, r.expert): r for r in refs}
-    candidates = [k for k in sorted(done) if k in by_key
-                  and writer.stored_crc(*k) == done[k].blob]
-    hasher = SourceHasher()
+    candidates = sorted((k for k in done if k in by_key),
+                        key=lambda k: min((str(p), o) for p, o, _ in by_key[k].ranges()))
+    threads = max(1, min(threads, len(candidates)))
+
+    def check(t: int) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Source CRC-32C of this thread's share of the candidates whose blob is intact."""
+        return {k: reader.crcs(by_key[k], slot=t) for k in candidates[t::threads]
+                if writer.stored_crc(*k) == done[k].blob}
+
+    now: dict[tuple[int, int], tuple[int, ...]] = {}
+    with ExpertReader(slots=threads) as reader, ThreadPoolExecutor(threads) as pool:
+        for share in pool.map(check, range(threads)):
+            now.update(share)
     kept = {}
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            now = pool.map(hasher.expert, [by_key[k] for k in candidates])
-            for key, crcs in zip(candidates, now):
-                entry = done[key]
-                if crcs == entry.sources:
-                    writer.adopt(*key, entry.blob, tensor_entries(by_key[key], crcs, entry.snrs))
-                    kept[key] = entry
-    finally:
-        hasher.close()
+    for key in sorted(now):
+        entry = done[key]
+        if now[key] == entry.sources:
+            writer.adopt(*key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs))
+            kept[key] = entry
     return kept
 
 
@@ -573,7 +661,7 @@ def sculpt(model_dir: str | Path, out_dir: str | Path, opts: SculptOptions,
     refs = select(ckpt, opts)
     model = ckpt.model_info()
     arch = ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
-    paths = Paths.of(model_dir, out_dir)
+    paths = Paths.of(model_dir, out_dir, opts.name)
     inputs = checkpoint_inputs(ckpt)
     for out, what in ((paths.vault, "vault"), (paths.scout, "scout"),
                       (paths.manifest, "manifest"), (paths.partial, "partial file"),

@@ -173,9 +173,9 @@ def test_huggingface_cache_snapshot_of_symlinks_sculpts(tmp_path: Path) -> None:
     proc = smoe("sculpt", snap, tmp_path / "out-cache")
     assert proc.returncode == 0, proc.stderr
     assert smoe("sculpt", plain, tmp_path / "out-plain").returncode == 0
-    for name in ("0123abcd.smoe", "0123abcd.scout.safetensors"):  # stem: the snapshot's name
-        got = (tmp_path / "out-cache" / name).read_bytes()
-        assert got == (tmp_path / "out-plain" / name).read_bytes()
+    for suffix in (".smoe", ".scout.safetensors"):  # stem: the model's name, not the commit
+        got = (tmp_path / "out-cache" / f"tiny-moe{suffix}").read_bytes()
+        assert got == (tmp_path / "out-plain" / f"0123abcd{suffix}").read_bytes()
     assert snapshot(cache) == before
 
 
