@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("machine", "quant", "sculpt", "reader", "harness")
+SECTIONS = ("machine", "quant", "imatrix", "sculpt", "export", "reader", "harness")
 
 
 def _fmt(v) -> str:
@@ -82,6 +82,12 @@ def main() -> int:
         elif section == "harness":
             from bench import harness_bench as m
             figs = m.run(work / "harness", args.quick)
+        elif section == "export":
+            from bench import export_bench as m
+            figs = m.run(work / "export", args.quick)
+        elif section == "imatrix":
+            from bench import imatrix_bench as m
+            figs = m.run(work / "imatrix", args.quick)
         else:
             raise SystemExit(f"unknown section {section!r}; choose from {', '.join(SECTIONS)}")
         for f in figs:

@@ -55,7 +55,10 @@ def fuzz_python(runs: int, seconds: int, seed: int, work: Path, quick: bool = Fa
     artifacts = work / "crashes"
     artifacts.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "fuzz.reader_target", str(corpus), f"-runs={runs}",
-           f"-max_total_time={seconds}", f"-seed={seed}", "-rss_limit_mb=2048", "-timeout=20",
+           f"-max_total_time={seconds}", f"-seed={seed}",
+           # RSS grows ~40 KB per input under atheris (flat without it); one allocation of
+           # over 2 GB is still a crash
+           "-rss_limit_mb=6144", "-malloc_limit_mb=2048", "-timeout=20",
            "-max_len=200000", f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     m = re.findall(r"stat::number_of_executed_units:\s+(\d+)", proc.stderr)

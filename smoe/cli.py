@@ -271,6 +271,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         scale=args.scale,
         name=args.name if args.name is not None else stem,
+        imatrix=args.imatrix,
     )
     err = make_console(stderr=True)
     if args.dry_run:
@@ -357,13 +358,26 @@ def _show_summary(s: dict) -> None:
     t.add_row("time", f"{s['seconds']:.2f} s")
     if s["throughput_mb_s"]:
         t.add_row("throughput", f"{s['throughput_mb_s']:.1f} MB/s of expert weights")
+    im = s.get("imatrix")
+    if im:
+        data = ", ".join(im["datasets"]) or "an unnamed dataset"  # (text from the file)
+        t.add_row("imatrix", escape(_shown(f"{im['path']} ({im['chunk_count']} chunks of "
+                                           f"{data})")))
     c.print(t)
+    weighted = s.get("weighted_snr_db")
     q = _table(c, "quantisation SNR (dB)")
     q.add_column("tensor")
     q.add_column("min over experts", justify="right")
     q.add_column("median", justify="right")
+    if weighted is not None:
+        q.add_column("imatrix-weighted min", justify="right")
+        q.add_column("median", justify="right")
+
+    def cells(v: dict | None) -> tuple[str, str]:
+        return ("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")
+
     for name, v in s["snr_db"].items():
-        q.add_row(name, *(("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")))
+        q.add_row(name, *cells(v), *(cells(weighted.get(name)) if weighted is not None else ()))
     c.print(q)
     _warn(s["warnings"])
 
@@ -640,6 +654,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="optimal",
         help="how each group's scale is chosen (absmax = the reference Sculptor)",
     )
+    p.add_argument("--imatrix", type=Path, metavar="FILE", help="a llama.cpp importance "
+                   "matrix of this model (llama-imatrix's GGUF or legacy .dat; needs "
+                   "smoe[imatrix]): each group's scale minimises the error weighted by its "
+                   "input channels' mean squares, the error of the expert's output")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_sculpt)
 

@@ -16,6 +16,11 @@ its float32 operations in the same order, so codes and scales are the same bytes
   compiled with the module: numba only vectorises loops whose bodies have no inner loops.
 * bfloat16 bits are widened as they are loaded (no float32 copy of the tensor), and the
   SNR statistics (``QuantStats``) are summed from the same codes in the same pass.
+* With importance, a tile of it is laid out as the weights'. Q4 sums each rung of the
+  ladder as numpy's einsum does; Q2 sorts 64-bit keys ``|w| << 32 | h``, or, when every
+  weight of the tile is a bfloat16 value, the 32-bit keys ``|w| | h >> 16`` that sort the
+  same way at the cost of the plain sort. The drivers take ``None`` for no importance:
+  numba then compiles them without the weighted branches.
 
 :func:`encode_chunk` returns :data:`REFUSED` when a ``|w|`` bit pattern exceeds ``limit``
 (the caller raises the reference's error) and :data:`NEEDS_REFERENCE` when a Q2 optimum
@@ -30,6 +35,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from smoe.quant import _Q4W_FACTORS
 from smoe_gen.layout import GROUP_SIZE
 
 __all__ = ["NEEDS_REFERENCE", "OK", "REFUSED", "TILE", "einsum_order_holds", "encode_chunk"]
@@ -57,6 +63,10 @@ sums of 16 squares in float32 cannot overflow."""
 _Q4_F0 = _F32(0.96)  # quant._Q4_FACTORS as numpy applies them: float32 factors
 _Q4_F1 = _F32(0.89)
 _Q4_REL_INV = _F32(1) / _F32(0.89 / 0.96)  # numpy: 1 / np.float32(0.89 / 0.96)
+_Q4W_F = np.array(_Q4W_FACTORS, np.float32)  # the ladder with importance, as numpy has it
+_Q4W_K = np.array([_F32(1) / _F32(f / _Q4W_FACTORS[0]) for f in _Q4W_FACTORS], np.float32)
+"""Per rung, the factor from the first rung's ``t`` to its own (numpy: 1 / rel)."""
+_NF = len(_Q4W_FACTORS)
 
 
 def _jit(**options):
@@ -188,8 +198,32 @@ def _cx(a, b):
 
 
 @_jit()
+def _cx64(a, b):
+    """A comparator of the sorting network on 64-bit keys."""
+    return np.uint64(min(a, b)), np.uint64(max(a, b))
+
+
+@_jit()
 def _as_f32(u):
     return np.uint32(u).view(np.float32)
+
+
+@_jit()
+def _wfirst(total, weight, mask):
+    """Weighted Q2 split 0: ``b_0 = 3 P_n``, ``d_0 = 9 Q_n`` and its tag."""
+    b0 = total * _F32(3)
+    d0 = weight * _F32(9)
+    return b0, d0, np.int32(np.float32(b0 * (b0 / d0)).view(np.int32) & mask)
+
+
+@_jit()
+def _wsplit(pk, qk, b0, d0, mask, k, best_tag, best_b, best_d):
+    """Weighted Q2 split ``k``: the better of it and the best so far, as (tag, b_k, d_k)."""
+    bk = pk * _F32(-2) + b0
+    dk = qk * _F32(-8) + d0
+    tag = np.int32((np.float32(bk * (bk / dk)).view(np.int32) & mask) | k)
+    better = tag > best_tag
+    return max(tag, best_tag), (bk if better else best_b), (dk if better else best_d)
 
 
 @_jit()
@@ -235,6 +269,25 @@ def _add_sums(x, e, acc):
         acc[3] += z * z
 
 
+@_jit(fastmath={"reassoc"})
+def _add_wsums(x, e, h, acc):
+    """``acc[4:6]`` += ``sum(h x^2), sum(h e^2)`` (as :func:`_add_sums`)."""
+    a = _F32(0)
+    b = _F32(0)
+    for i in range(x.size):
+        a += h[i] * x[i] * x[i]
+        b += h[i] * e[i] * e[i]
+    if np.isfinite(a) and np.isfinite(b):
+        acc[4] += a
+        acc[5] += b
+        return
+    for i in range(x.size):
+        y = np.float64(x[i])
+        z = np.float64(e[i])
+        acc[4] += np.float64(h[i]) * y * y
+        acc[5] += np.float64(h[i]) * z * z
+
+
 # ---------------------------------------------------------------------------- generated
 
 
@@ -263,24 +316,55 @@ def _q4_sums_source() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _codes_source() -> str:
+def _codes_source(weighted: bool = False) -> str:
     """``_codes_rows(y, inv4, scl4, half, lo, hi, codes, sums)``: per lane ``q`` of a tile,
     the codes ``clip(floor(w * inv4[q]), lo, hi) + half`` into ``codes[m * _W + q]`` and the
     lane's ``sum(w), sum(w^2), sum(err), sum(err^2)`` into ``sums[k * _W + q]``, with
-    ``err = w - (f + 0.5) * scl4[q]`` (quant._floor_codes, and the stats of encode_into)."""
-    lines = ["def _codes_rows(y, inv4, scl4, half, lo, hi, codes, sums):",
+    ``err = w - (f + 0.5) * scl4[q]`` (quant._floor_codes, and the stats of encode_into).
+    ``weighted``: ``_codes_rows_w(y, hy, ...)``, also ``sum(h w^2), sum(h err^2)`` with the
+    importance tile ``hy``."""
+    name, extra = ("_codes_rows_w", "hy, ") if weighted else ("_codes_rows", "")
+    lines = [f"def {name}(y, {extra}inv4, scl4, half, lo, hi, codes, sums):",
              f"    for q in range({_W}):", "        inv = inv4[q]", "        scl = scl4[q]"]
+    out = "abcdpr" if weighted else "abcd"
     for m in range(_ROWS):
         lines += [f"        x = y[{m * _W} + q]",
                   "        f = min(max(np.floor(x * inv), lo), hi)",
                   f"        codes[{m * _W} + q] = np.uint8(np.int32(f) + half)",
                   "        e = x - (f + _F32(0.5)) * scl"]
+        if weighted:
+            lines.append(f"        h = hy[{m * _W} + q]")
         if m == 0:
             lines += ["        a = x", "        b = x * x", "        c = e", "        d = e * e"]
+            if weighted:
+                lines += ["        p = h * x * x", "        r = h * e * e"]
         else:
             lines += ["        a = a + x", "        b = b + x * x", "        c = c + e",
                       "        d = d + e * e"]
-    lines += [f"        sums[{k * _W} + q] = {v}" for k, v in enumerate("abcd")]
+            if weighted:
+                lines += ["        p = p + h * x * x", "        r = r + h * e * e"]
+    lines += [f"        sums[{k * _W} + q] = {v}" for k, v in enumerate(out)]
+    return "\n".join(lines) + "\n"
+
+
+def _q4w_sums_source() -> str:
+    """``_q4w_sums(y, hy, inv4, out)``: per lane ``q`` of a tile and rung ``i`` of the ladder
+    (quant._scales_q4_weighted), ``sum(v_i u)`` with ``u = h t`` into ``out[2 i * _W + q]``
+    and ``sum((v_i v_i) h)`` into ``out[(2 i + 1) * _W + q]``, both in numpy's einsum order
+    from +0 (``t = w * inv4[q]``, ``h`` the importance tile ``hy``)."""
+    lines = ["def _q4w_sums(y, hy, inv4, out):", f"    for q in range({_W}):",
+             "        inv = inv4[q]"]
+    for n, m in enumerate(_einsum_rows()):
+        lines += [f"        t = y[{m * _W} + q] * inv", f"        h = hy[{m * _W} + q]",
+                  "        u = h * t"]
+        for i in range(_NF):
+            x = "t" if i == 0 else f"t * _F32({float(_Q4W_K[i])!r})"
+            lines.append(f"        v = min(max(np.floor({x}), _F32(-8)), _F32(7)) + _F32(0.5)")
+            a, c = ("_F32(0)", "_F32(0)") if n == 0 else (f"a{i}", f"c{i}")
+            lines += [f"        a{i} = v * u + {a}", f"        c{i} = v * v * h + {c}"]
+    for i in range(_NF):
+        lines += [f"        out[{2 * i * _W} + q] = a{i}",
+                  f"        out[{(2 * i + 1) * _W} + q] = c{i}"]
     return "\n".join(lines) + "\n"
 
 
@@ -317,9 +401,120 @@ def _q2_optima_source() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _q4w_pick_lines(indent: str, out: str) -> list[str]:
+    """Straight-line code of one group's weighted Q4 choice (quant._scales_q4_weighted) from
+    ``absmax``, ``svt0..``, ``svv0..`` into ``out``: per rung its own scale, its
+    least-squares scale and the absmax scale ``s0`` (np.fmin.reduce skips NaN scores; ties
+    take the smallest scale; a pick above 65504 becomes the first rung's scale)."""
+    lines = ["s0 = _f16_round(absmax)", f"base = s0 * _F32({float(_Q4W_F[0])!r})",
+             "r0 = s0 / base"]
+    cands = []
+    for i in range(_NF):
+        lines += [f"c{i} = _f16_round(s0 * _F32({float(_Q4W_F[i])!r}))",
+                  f"l{i} = _f16_round(svt{i} / svv{i} * base)"]
+        for c in (f"c{i}", f"l{i}"):
+            lines += [f"r = {c} / base", f"e{c} = r * (r * svv{i} - _F32(2) * svt{i})"]
+            cands.append((c, f"e{c}"))
+        lines.append(f"es{i} = r0 * (r0 * svv{i} - _F32(2) * svt{i})")
+        cands.append(("s0", f"es{i}"))
+    first = cands[0][1]
+    lines.append(f"best = {first} if {first} == {first} else _F32(np.nan)")
+    lines += [f"best = {e} if not (best <= {e}) and {e} == {e} else best" for _, e in cands[1:]]
+    lines.append("pick = _F32(np.inf)")
+    lines += [f"pick = {c} if {e} == best and {c} < pick else pick" for c, e in cands]
+    lines.append(f"{out} = pick if pick <= _FP16_MAX else c0")
+    return [indent + line for line in lines]
+
+
+def _q4w_choose_source() -> str:
+    """``_q4w_choose(wsums, amax, scales, plain)``: per group of a tile, the weighted Q4
+    scale from the lane sums of :func:`_q4w_sums` (combined as numpy's einsum does) into
+    ``scales[g]``; ``plain[g]``: whether the group's weighted signal is 0. Returns whether
+    any is."""
+    lines = ["def _q4w_choose(wsums, amax, scales, plain):", "    any_plain = False",
+             f"    for g in range({TILE}):", f"        k = {_LANES} * g"]
+    for i in range(_NF):
+        for name, row in ((f"svt{i}", 2 * i), (f"svv{i}", 2 * i + 1)):
+            o = row * _W
+            lines.append(f"        {name} = _F32(0) + ((wsums[{o} + k] + wsums[{o + 1} + k]) + "
+                         f"(wsums[{o + 2} + k] + wsums[{o + 3} + k]))")
+    lines.append("        absmax = np.uint32(amax[g]).view(np.float32)")
+    lines += _q4w_pick_lines(" " * 8, "scales[g]")
+    lines += [f"    for g in range({TILE}):", f"        k = {_LANES} * g",
+              "        plain[g] = ((wsums[k] + wsums[k + 1]) + (wsums[k + 2] + wsums[k + 3])) "
+              "== _F32(0)", "        any_plain |= plain[g]", "    return any_plain"]
+    return "\n".join(lines) + "\n"
+
+
+def _q4w_pick_source() -> str:
+    """``_q4w_pick(absmax, svt, svv)``: one group's weighted Q4 scale from its sums."""
+    lines = ["def _q4w_pick(absmax, svt, svv):"]
+    lines += [f"    svt{i} = svt[{i}]\n    svv{i} = svv[{i}]" for i in range(_NF)]
+    lines += _q4w_pick_lines(" " * 4, "out")
+    lines.append("    return out")
+    return "\n".join(lines) + "\n"
+
+
+def _q2w_optima_source(wide: bool) -> str:
+    """``_q2w_optima32(yu, hu, out, total)`` (``wide``: ``_q2w_optima64``): per group of a
+    tile, the float64 least-squares scale of its best weighted Q2 split
+    (quant._scales_q2_weighted) into ``out[g]`` and ``sum(h |w|)`` into ``total[g]``.
+
+    The magnitudes sort with their importance ``hu`` as the keys ``|w| << 32 | h`` do.
+    ``wide`` sorts those 64-bit keys; the 32-bit form ``|w| | h >> 16`` sorts the same way
+    and is exact when every ``|w|`` has 16 low zero bits (bfloat16 weights; the importance
+    always has them), at the cost of the unweighted sort."""
+    n = GROUP_SIZE
+    mask = -1 << n.bit_length()
+    names: dict[int, str] = {}
+    count = 0
+
+    def fresh(i: int) -> str:
+        nonlocal count
+        count += 1
+        names[i] = f"v{count}"
+        return names[i]
+
+    name = "_q2w_optima64" if wide else "_q2w_optima32"
+    lines = [f"def {name}(yu, hu, out, total):", f"    for g in range({TILE}):"]
+    for j in range(n):
+        m, lane = divmod(j, _LANES)
+        at = f"{m * _W + lane} + {_LANES} * g"
+        key = (f"(np.uint64(yu[{at}] & _MAG) << np.uint64(32)) | np.uint64(hu[{at}])" if wide
+               else f"np.uint32((yu[{at}] & _MAG) | (hu[{at}] >> np.uint32(16)))")
+        lines.append(f"        {fresh(j)} = {key}")
+    cx = "_cx64" if wide else "_cx"
+    for i, j in _sort_network(n):
+        a, b = names[i], names[j]
+        lines.append(f"        {fresh(i)}, {fresh(j)} = {cx}({a}, {b})")
+    for j in range(n):
+        v = names[j]
+        if wide:
+            lines += [f"        a = _as_f32(np.uint32({v} >> np.uint64(32)))",
+                      f"        h = _as_f32(np.uint32({v} & np.uint64(0xFFFFFFFF)))"]
+        else:
+            lines += [f"        a = _as_f32({v} & np.uint32(0xFFFF0000))",
+                      f"        h = _as_f32(np.uint32({v} << np.uint32(16)))"]
+        lines += ([f"        p{j} = h * a", f"        q{j} = h"] if j == 0 else
+                  [f"        p{j} = p{j - 1} + h * a", f"        q{j} = q{j - 1} + h"])
+    lines.append(f"        b0, d0, t0 = _wfirst(p{n - 1}, q{n - 1}, {mask})")
+    lines.append("        s0 = b0\n        e0 = d0")
+    lines += [f"        t{k}, s{k}, e{k} = _wsplit(p{k - 1}, q{k - 1}, b0, d0, {mask}, {k}, "
+              f"t{k - 1}, s{k - 1}, e{k - 1})" for k in range(1, n + 1)]
+    lines.append(f"        out[g] = 3.0 * np.float64(s{n}) / np.float64(e{n})")
+    lines.append(f"        total[g] = p{n - 1}")
+    return "\n".join(lines) + "\n"
+
+
 _q4_sums = _generated(_q4_sums_source())
 _codes_rows = _generated(_codes_source())
 _q2_optima = _generated(_q2_optima_source())
+_codes_rows_w = _generated(_codes_source(weighted=True))
+_q4w_sums = _generated(_q4w_sums_source())
+_q4w_choose = _generated(_q4w_choose_source())
+_q4w_pick = _generated(_q4w_pick_source())
+_q2w_optima32 = _generated(_q2w_optima_source(wide=False))
+_q2w_optima64 = _generated(_q2w_optima_source(wide=True))
 
 
 # ---------------------------------------------------------------------------- tiles
@@ -390,14 +585,41 @@ def _spread(per_group, per_lane):
 
 
 @_jit()
-def _q4_scales(y, amax, scales, inv4, sums):
-    """Q4 ``optimal`` scales of a tile (quant._scales_candidates)."""
+def _load_importance(hcols, c0, g0, t, hy, last):
+    """Importance tile of groups ``g0 .. g0 + t - 1`` into ``hy``, laid out as the weights:
+    weight ``i`` of the chunk has column ``(c0 + i) % hcols.size``. Skipped when a whole tile
+    starts at the column ``last[0]`` of the tile before (the same values); groups past
+    ``t`` keep stale values (they are zeros: no weighted signal, the plain scale 0)."""
+    cols = hcols.size
+    start = (c0 + g0 * GROUP_SIZE) % cols
+    if t == TILE and start == last[0]:
+        return
+    last[0] = start if t == TILE else -1
+    for g in range(t):
+        col = (c0 + (g0 + g) * GROUP_SIZE) % cols
+        if col + GROUP_SIZE <= cols:
+            for m in range(_ROWS):
+                for lane in range(_LANES):
+                    hy[m * _W + _LANES * g + lane] = hcols[col + _LANES * m + lane]
+        else:  # the group wraps to the next row
+            for m in range(_ROWS):
+                for lane in range(_LANES):
+                    hy[m * _W + _LANES * g + lane] = hcols[(col + _LANES * m + lane) % cols]
+
+
+@_jit()
+def _q4_scales(y, amax, scales, inv4, sums, which):
+    """Q4 ``optimal`` scales of a tile (quant._scales_candidates), into ``scales[g]`` for the
+    groups ``g`` with ``which[g]``."""
     for g in range(TILE):
         base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4_F0
-        scales[g] = _F32(7.5) / base if base != _F32(0) else _F32(0)
-    _spread(scales, inv4)
+        inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+        for lane in range(_LANES):
+            inv4[_LANES * g + lane] = inv
     _q4_sums(y, inv4, sums)
     for g in range(TILE):
+        if not which[g]:
+            continue
         k = _LANES * g
         svt0 = _F32(0) + ((sums[k] + sums[k + 1]) + (sums[k + 2] + sums[k + 3]))
         k += _W
@@ -410,9 +632,52 @@ def _q4_scales(y, amax, scales, inv4, sums):
 
 
 @_jit()
+def _q4w_scales(y, hy, amax, plain, scales, inv4, sums, wsums):
+    """Q4 ``optimal`` scales of a tile with importance (quant._weighted_scales): the ladder's
+    weighted choice, or the plain one for the groups whose weighted signal is 0."""
+    for g in range(TILE):
+        base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4W_F[0]
+        inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+        for lane in range(_LANES):
+            inv4[_LANES * g + lane] = inv
+    _q4w_sums(y, hy, inv4, wsums)
+    if _q4w_choose(wsums, amax, scales, plain):
+        _q4_scales(y, amax, scales, inv4, sums, plain)
+
+
+@_jit()
+def _bf16_exact(yu):
+    """Whether every weight of a tile has 16 low zero bits (bfloat16 values)."""
+    acc = np.uint32(0)
+    for i in range(yu.size):
+        acc |= yu[i]
+    return (acc & np.uint32(0xFFFF)) == 0
+
+
+@_jit()
+def _q2w_optima(yu, hu, narrow, plain, optima, total, plain_optima):
+    """Q2 ``optimal`` least-squares scales (float64) of a tile with importance
+    (quant._weighted_scales); the plain ones where the weighted signal is 0."""
+    if narrow:
+        _q2w_optima32(yu, hu, optima, total)
+    else:
+        _q2w_optima64(yu, hu, optima, total)
+    any_plain = False
+    for g in range(TILE):
+        plain[g] = total[g] == _F32(0)
+        any_plain = any_plain or plain[g]
+    if any_plain:
+        _q2_optima(yu, plain_optima)
+        for g in range(TILE):
+            if plain[g]:
+                optima[g] = plain_optima[g]
+
+
+@_jit()
 def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed, scales,
-            acc):
-    """Codes, packed bytes, scales and stats of a tile whose scales ``sc`` are chosen."""
+            acc, hy):
+    """Codes, packed bytes, scales and stats of a tile whose scales ``sc`` are chosen
+    (also the importance-weighted stats from the importance tile ``hy``, unless None)."""
     c = _F32(((1 << bits) - 1) / 2)
     half = 1 << (bits - 1)
     for g in range(t):
@@ -424,7 +689,10 @@ def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed
         per_group[TILE + g] = s / c
     _spread(per_group[:TILE], inv4)
     _spread(per_group[TILE:], scl4)
-    _codes_rows(y, inv4, scl4, half, _F32(-half), _F32(half - 1), codes, sums)
+    if hy is None:  # (numba compiles only the branch the argument's type takes)
+        _codes_rows(y, inv4, scl4, half, _F32(-half), _F32(half - 1), codes, sums)
+    else:
+        _codes_rows_w(y, hy, inv4, scl4, half, _F32(-half), _F32(half - 1), codes, sums)
     words = codes.view(np.uint32)  # word m * TILE + g: the codes of weights 4 m .. 4 m + 3
     if bits == 4:
         out16 = out.view(np.uint16)
@@ -445,14 +713,14 @@ def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed
     for i in range(dst.size):
         dst[i] = src[i]
     if top < _HUGE:
-        for i in range(4 * _W):
+        for i in range(acc.size * _W):
             lanes[i] += sums[i]
     else:  # float32 lane sums could overflow: this tile's stats in float64
-        _tile_sums64(y, sc, bits, acc)
+        _tile_sums64(y, sc, bits, acc, hy)
 
 
 @_jit()
-def _tile_sums64(y, scales, bits, acc):
+def _tile_sums64(y, scales, bits, acc, hy):
     """The stats of a tile in float64 (padding groups are zeros with scale 0: they add
     nothing)."""
     c = _F32(((1 << bits) - 1) / 2)
@@ -468,6 +736,10 @@ def _tile_sums64(y, scales, bits, acc):
             acc[1] += np.float64(x) * np.float64(x)
             acc[2] += e
             acc[3] += e * e
+            if hy is not None:
+                h = np.float64(hy[m * _W + q])
+                acc[4] += h * np.float64(x) * np.float64(x)
+                acc[5] += h * e * e
 
 
 # ---------------------------------------------------------------------------- one group
@@ -505,6 +777,43 @@ def _q4_group(w, absmax):
 
 
 @_jit()
+def _q4w_group(w, h, absmax):
+    """Q4 ``optimal`` scale of one group ``w`` (fewer than 64 weights) with importance ``h``:
+    the ladder's sums in numpy's einsum order for a short row (:func:`_q4_group`)."""
+    n = w.size
+    base = _f16_round(absmax) * _Q4W_F[0]
+    inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+    a = np.zeros((_NF, _LANES), np.float32)
+    c = np.zeros((_NF, _LANES), np.float32)
+    for j in range(0, n, 16):
+        subs = (3, 2, 1, 0) if j + 16 <= n else (0, 1, 2, 3)
+        for s in subs:
+            for lane in range(_LANES):
+                p = j + _LANES * s + lane
+                if p < n:
+                    tq = w[p] * inv
+                    hq = h[p]
+                    u = hq * tq
+                    for i in range(_NF):
+                        x = tq if i == 0 else tq * _Q4W_K[i]
+                        v = min(max(np.floor(x), _F32(-8)), _F32(7)) + _F32(0.5)
+                        a[i, lane] = v * u + a[i, lane]
+                        c[i, lane] = v * v * hq + c[i, lane]
+                elif j + _LANES * s < n:
+                    for i in range(_NF):
+                        a[i, lane] = _F32(0) + a[i, lane]
+                        c[i, lane] = _F32(0) + c[i, lane]
+    svt = np.empty(_NF, np.float32)
+    svv = np.empty(_NF, np.float32)
+    for i in range(_NF):
+        svt[i] = _F32(0) + ((a[i, 0] + a[i, 1]) + (a[i, 2] + a[i, 3]))
+        svv[i] = _F32(0) + ((c[i, 0] + c[i, 1]) + (c[i, 2] + c[i, 3]))
+    if svt[0] == _F32(0):
+        return _q4_group(w, absmax)
+    return _q4w_pick(absmax, svt, svv)
+
+
+@_jit()
 def _q2_group(w, rtab):
     """Q2 ``optimal`` scale of one group ``w`` (float32, fewer than 64 weights); -1 when
     the optimum exceeds 65504."""
@@ -531,8 +840,44 @@ def _q2_group(w, rtab):
 
 
 @_jit()
-def _codes_group(w, s, bits, packed, acc):
-    """Codes of one group ``w`` (float32) into ``packed`` (LSB-first); the stats."""
+def _q2w_group(w, h, rtab):
+    """Q2 ``optimal`` scale of one group ``w`` (fewer than 64 weights) with importance
+    ``h`` (quant._scales_q2_weighted); -1 when the optimum exceeds 65504."""
+    n = w.size
+    keys = np.empty(n, np.uint64)
+    for j in range(n):  # insertion sort of the keys |w| << 32 | h
+        u = (np.uint64(np.float32(w[j]).view(np.uint32) & _MAG) << np.uint64(32)) | np.uint64(
+            np.float32(h[j]).view(np.uint32))
+        i = j
+        while i > 0 and keys[i - 1] > u:
+            keys[i] = keys[i - 1]
+            i -= 1
+        keys[i] = u
+    p = np.empty(n, np.float32)
+    q = np.empty(n, np.float32)
+    for j in range(n):
+        a = _as_f32(np.uint32(keys[j] >> np.uint64(32)))
+        hj = _as_f32(np.uint32(keys[j] & np.uint64(0xFFFFFFFF)))
+        p[j] = hj * a if j == 0 else p[j - 1] + hj * a
+        q[j] = hj if j == 0 else q[j - 1] + hj
+    if p[n - 1] == _F32(0):
+        return _q2_group(w, rtab)
+    kbits = _bit_length(n)
+    mask = np.int32(-1 << kbits)
+    b0, d0, best_tag = _wfirst(p[n - 1], q[n - 1], mask)
+    best_b = b0
+    best_d = d0
+    for k in range(1, n + 1):
+        best_tag, best_b, best_d = _wsplit(p[k - 1], q[k - 1], b0, d0, mask, k, best_tag,
+                                           best_b, best_d)
+    s = 3.0 * np.float64(best_b) / np.float64(best_d)
+    return _f16_round(_F32(s)) if s <= 65504.0 else _F32(-1)
+
+
+@_jit()
+def _codes_group(w, s, bits, packed, acc, h):
+    """Codes of one group ``w`` (float32) into ``packed`` (LSB-first); the stats (also
+    those weighted by the importance ``h``, unless None)."""
     c = _F32(((1 << bits) - 1) / 2)
     half = 1 << (bits - 1)
     inv = c / s if s > _F32(0) else _F32(0)
@@ -546,6 +891,8 @@ def _codes_group(w, s, bits, packed, acc):
         packed[j // per] |= np.uint8(code << np.uint8(bits * (j % per)))
         e[j] = w[j] - (f + _F32(0.5)) * scl
     _add_sums(w, e, acc)
+    if h is not None:
+        _add_wsums(w, e, h, acc)
 
 
 @_jit()
@@ -562,27 +909,29 @@ def _tail_max(tail, limit):
 
 @_jit()
 def _scratch(bits):
-    """A chunk's working memory (about 60 KiB): tile bits, lane and group maxima, group
+    """A chunk's working memory (about 70 KiB): tile bits, lane and group maxima, group
     scales, per-lane factors, codes, lane sums (float32 per tile, float64 per chunk),
     load words, packed bytes."""
     return (np.empty(_ROWS * _W, np.uint32), np.empty(_W, np.uint32), np.empty(TILE, np.uint32),
             np.empty(TILE, np.float32), np.empty((2, _W), np.float32),
-            np.empty(_ROWS * _W, np.uint8), np.empty(4 * _W, np.float32),
-            np.zeros(4 * _W, np.float64), np.empty(_ROWS * TILE, np.uint64),
+            np.empty(_ROWS * _W, np.uint8), np.empty(6 * _W, np.float32),
+            np.zeros(6 * _W, np.float64), np.empty(_ROWS * TILE, np.uint64),
             np.empty(TILE * GROUP_SIZE * bits // 8, np.uint8))
 
 
 @_jit()
 def _end(lanes, acc):
-    for k in range(4):
+    for k in range(acc.size):
         acc[k] += lanes[k * _W : (k + 1) * _W].sum()
 
 
 @_jit()
-def _encode_absmax(src64, f32, tail, bits, limit, packed, scales, acc):
+def _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales, acc):
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
     yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(bits)
     y = yu.view(np.float32)
+    hu = np.zeros(_ROWS * _W, np.uint32)
+    last = np.full(1, -1, np.int64)
     for g0 in range(0, groups, TILE):
         t = min(TILE, groups - g0)
         top = _load(src64, f32, g0, t, words, yu, mx, amax)
@@ -590,85 +939,132 @@ def _encode_absmax(src64, f32, tail, bits, limit, packed, scales, acc):
             return REFUSED
         for g in range(TILE):
             sc[g] = _f16_round(np.uint32(amax[g]).view(np.float32))
-        _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                scales, acc)
+        if hcols is None:
+            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, None)
+        else:
+            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
+            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, hu.view(np.float32))
     if tail.size:
         mx1 = _tail_max(tail, limit)
         if mx1 < 0:
             return REFUSED
         s = _f16_round(np.uint32(mx1).view(np.float32))
         scales[groups] = s
-        _codes_group(tail, s, bits, packed[groups * GROUP_SIZE * bits // 8 :], acc)
+        _codes_group(tail, s, bits, packed[groups * GROUP_SIZE * bits // 8 :], acc, htail)
     _end(lanes, acc)
     return OK
 
 
 @_jit()
-def _encode_q4(src64, f32, tail, limit, packed, scales, acc):
+def _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc):
+    """Q4 ``optimal``; with importance (``hcols``, ``htail``: not None) weighted."""
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
     yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(4)
     y = yu.view(np.float32)
+    plain = np.ones(TILE, np.bool_)  # unweighted: every group takes the plain choice
+    hu = np.zeros(_ROWS * _W, np.uint32)
+    last = np.full(1, -1, np.int64)
+    wsums = np.empty(2 * _NF * _W, np.float32)
     for g0 in range(0, groups, TILE):
         t = min(TILE, groups - g0)
         top = _load(src64, f32, g0, t, words, yu, mx, amax)
         if top > limit:
             return REFUSED
-        _q4_scales(y, amax, sc, rows[0], sums)
-        _finish(y, top, sc, 4, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                scales, acc)
+        if hcols is None:
+            _q4_scales(y, amax, sc, rows[0], sums, plain)
+            _finish(y, top, sc, 4, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, None)
+        else:
+            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
+            _q4w_scales(y, hu.view(np.float32), amax, plain, sc, rows[0], sums, wsums)
+            _finish(y, top, sc, 4, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, hu.view(np.float32))
     if tail.size:
         mx1 = _tail_max(tail, limit)
         if mx1 < 0:
             return REFUSED
-        s = _q4_group(tail, np.uint32(mx1).view(np.float32))
+        absmax = np.uint32(mx1).view(np.float32)
+        if htail is None:  # noqa: SIM108 (an if statement numba prunes by argument type)
+            s = _q4_group(tail, absmax)
+        else:
+            s = _q4w_group(tail, htail, absmax)
         scales[groups] = s
-        _codes_group(tail, s, 4, packed[groups * GROUP_SIZE // 2 :], acc)
+        _codes_group(tail, s, 4, packed[groups * GROUP_SIZE // 2 :], acc, htail)
     _end(lanes, acc)
     return OK
 
 
 @_jit()
-def _encode_q2(src64, f32, tail, limit, packed, scales, acc, rtab):
+def _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, rtab):
+    """Q2 ``optimal``; with importance (``hcols``, ``htail``: not None) weighted."""
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
     yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(2)
     y = yu.view(np.float32)
+    hu = np.zeros(_ROWS * _W, np.uint32)
+    last = np.full(1, -1, np.int64)
+    plain = np.empty(TILE, np.bool_)
     optima = np.empty(TILE, np.float64)
+    plain_optima = np.empty(TILE, np.float64)
+    total = np.empty(TILE, np.float32)
     for g0 in range(0, groups, TILE):
         t = min(TILE, groups - g0)
         top = _load(src64, f32, g0, t, words, yu, mx, amax)
         if top > limit:
             return REFUSED
-        _q2_optima(yu, optima)
+        if hcols is None:
+            _q2_optima(yu, optima)
+        else:
+            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
+            _q2w_optima(yu, hu, not f32 or _bf16_exact(yu), plain, optima, total,
+                        plain_optima)
         for g in range(TILE):  # (padding groups are zeros: scale 0)
             if not optima[g] <= 65504.0:
                 return NEEDS_REFERENCE
             sc[g] = _f16_round(_F32(optima[g]))
-        _finish(y, top, sc, 2, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                scales, acc)
+        if hcols is None:
+            _finish(y, top, sc, 2, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, None)
+        else:
+            _finish(y, top, sc, 2, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
+                    scales, acc, hu.view(np.float32))
     if tail.size:
         if _tail_max(tail, limit) < 0:
             return REFUSED
-        s = _q2_group(tail, rtab)
+        if htail is None:  # noqa: SIM108 (an if statement numba prunes by argument type)
+            s = _q2_group(tail, rtab)
+        else:
+            s = _q2w_group(tail, htail, rtab)
         if s < _F32(0):
             return NEEDS_REFERENCE
         scales[groups] = s
-        _codes_group(tail, s, 2, packed[groups * GROUP_SIZE // 4 :], acc)
+        _codes_group(tail, s, 2, packed[groups * GROUP_SIZE // 4 :], acc, htail)
     _end(lanes, acc)
     return OK
 
 
 def encode_chunk(src64: np.ndarray, f32: bool, tail: np.ndarray, bits: int, optimal: bool,
-                 limit: int, packed: np.ndarray, scales: np.ndarray, acc: np.ndarray) -> int:
+                 limit: int, packed: np.ndarray, scales: np.ndarray, acc: np.ndarray,
+                 importance: tuple[np.ndarray, int, np.ndarray] | None = None) -> int:
     """Encode whole groups ``src64`` (the weights' bytes as uint64: float32 if ``f32``,
     else bfloat16) followed by ``tail`` (float32, fewer than 64 weights: the tensor's
     last group) into ``packed`` (uint8, exactly their bytes) and ``scales`` (float32, one
     per group). ``acc`` (float64[4]) gains ``sum(w), sum(w^2), sum(err), sum(err^2)``.
+    ``importance``: None, or ``(per_column, c0, tail_importance)``: float32 importance per
+    column (as quant prepares it: bfloat16 values in [0, 1]), the column of the chunk's
+    first weight, and the importance of the ``tail`` weights; with it ``acc`` is float64[6]
+    and also gains ``sum(h w^2), sum(h err^2)``.
     Returns OK, REFUSED (a ``|w|`` pattern above ``limit``) or NEEDS_REFERENCE."""
+    hcols, c0, htail = None, 0, None
+    if importance is not None:
+        hcols, c0, htail = importance
     if not optimal:
-        return _encode_absmax(src64, f32, tail, bits, limit, packed, scales, acc)
+        return _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales,
+                              acc)
     if bits == 4:
-        return _encode_q4(src64, f32, tail, limit, packed, scales, acc)
-    return _encode_q2(src64, f32, tail, limit, packed, scales, acc, _RTAB)
+        return _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc)
+    return _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, _RTAB)
 
 
 def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:

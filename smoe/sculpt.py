@@ -30,12 +30,21 @@ Nothing lost, nothing silently wrong:
     smoe-journal/2 <fingerprint>
     <layer> <expert> <blob crc32c> <gate, up, down source crc32c> <gate, up, down SNR dB>
 
-one line per finished expert (SNR ``-`` when it has no finite value). The fingerprint
-(SHA-256) covers the planned metadata, the options that shape the bytes, the tool
-version and every source tensor's name, dtype, shape, place and shard name (no mtimes).
+one line per finished expert (SNR ``-`` when it has no finite value; with ``--imatrix``
+three more fields, the importance-weighted SNR of gate, up, down). The fingerprint
+(SHA-256) covers the planned metadata, the options that shape the bytes (and the
+importance matrix's SHA-256), the tool version and every source tensor's name, dtype,
+shape, place and shard name (no mtimes).
 An expert is kept only if its blob's CRC-32C matches the partial file AND the CRC-32C of
 its source bytes, re-read now, matches the journal; anything else is redone. A resumed
 run is byte-identical to a clean one (vault, scout and manifest).
+
+``--imatrix FILE`` (a llama.cpp importance matrix, :mod:`smoe.imatrix`): opened and mapped
+onto the chosen experts before any work (a file of another model is refused; the expert
+tensors it has no data for are quantised unweighted, named in one warning); each worker
+reads its expert's per-column importance and the encoder minimises the error weighted by
+it (:func:`smoe.quant.encode`). The summary and the manifest record the file (hashes,
+datasets, chunk count) and per tensor the importance-weighted SNR beside the plain one.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
@@ -64,10 +73,13 @@ from smoe.errors import SmoeError
 from smoe.hub import output_stem
 from smoe.manifest import checksum, path_for, tool_info
 from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, make_plan
-from smoe.records import metadata_bytes
+from smoe.records import ModelInfo, metadata_bytes
 from smoe.safetensors_io import write_streaming
 from smoe.writer import State, VaultWriter, encode_blob
 from smoe_gen import layout
+
+if TYPE_CHECKING:
+    from smoe.imatrix import ImportanceMatrix
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,9 @@ class SculptOptions:
     scale: str = "optimal"
     name: str | None = None
     """The outputs' stem (``<name>.smoe``, ...); None: the model folder's name."""
+    imatrix: str | Path | None = None
+    """A llama.cpp importance matrix (GGUF or legacy ``.dat``): ``optimal`` scales minimise
+    the error weighted by each input channel's mean square; None: the plain error."""
 
 
 @dataclass
@@ -103,6 +118,11 @@ class SculptResult:
     """(layer, expert) of the i-th value of every list in ``snr``."""
     bits: int | None = None
     """Bit width of the run: selects ``quant.SNR_FLOOR_DB`` (no SNR warnings if None)."""
+    weighted_snr: dict[str, list[float | None]] | None = None
+    """With an importance matrix: per tensor name, the importance-weighted SNR of every
+    expert written (as ``snr``; None for a tensor quantised unweighted)."""
+    imatrix: dict[str, Any] | None = None
+    """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
 
     SHOW_EACH = 3
     """Up to this many low-SNR tensors get a warning line each; more collapse into one."""
@@ -116,14 +136,22 @@ class SculptResult:
         NaN/±Inf: encoded exactly up to a constant offset, e.g. all zeros, or constant);
         they are left out of min/median.
         ``snr_floor_db``: the bit width's floor (``quant.SNR_FLOOR_DB``); ``warnings``:
-        the checkpoint's, then one per tensor below the floor (or one line for many).
+        the checkpoint's (and the importance matrix's), then one per tensor below the floor
+        (or one line for many; the importance-weighted SNR where there is one).
+        ``imatrix``: the importance matrix used (path, format, size, CRC-32C, SHA-256,
+        datasets, chunk count and size, entries) or None; ``weighted_snr_db``: with it, per
+        tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
+        the output ``W x``), or None.
         """
         snr, exact = {}, 0
         for t, values in self.snr.items():
             finite = [v for v in values if _finite(v)]
             exact += len(values) - len(finite)
-            snr[t] = ({"min": min(finite), "median": statistics.median(finite)} if finite
-                      else None)
+            snr[t] = _spread(finite)
+        weighted = None
+        if self.weighted_snr is not None:
+            weighted = {t: _spread([v for v in values if _finite(v)])
+                        for t, values in self.weighted_snr.items()}
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         mb_in = self.bytes_in / 1e6
         return {
@@ -135,34 +163,47 @@ class SculptResult:
             "seconds": self.seconds,
             "throughput_mb_s": mb_in / self.seconds if self.seconds > 0 else None,
             "snr_db": snr, "snr_exact": exact, "snr_floor_db": floor,
+            "imatrix": self.imatrix, "weighted_snr_db": weighted,
             "warnings": self.warnings + self.snr_warnings(),
         }
 
     def snr_warnings(self) -> list[str]:
         """Expert tensors whose SNR is below the floor for ``bits``, worst first when
-        there are more than :attr:`SHOW_EACH` (then as one line with a count)."""
+        there are more than :attr:`SHOW_EACH` (then as one line with a count). A tensor
+        quantised with importance is judged by its importance-weighted SNR: weighting
+        lowers the plain one on purpose."""
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         if floor is None:
             return []
-        low = []  # (snr, (layer, expert) or (i,), tensor ordinal, who, tensor name)
+        low = []  # (snr, (layer, expert) or (i,), tensor ordinal, who, tensor name, weighted)
         for j, (t, values) in enumerate(self.snr.items()):
+            wvalues = (self.weighted_snr or {}).get(t, [])
             for i, v in enumerate(values):
+                w = wvalues[i] if i < len(wvalues) else None
+                weighted = _finite(w)
+                v = w if weighted else v
                 if _finite(v) and v < floor:
                     key = self.snr_keys[i] if i < len(self.snr_keys) else None
                     who = f"layer {key[0]} expert {key[1]}" if key else f"expert #{i}"
-                    low.append((v, key or (i,), j, who, t))
+                    low.append((v, key or (i,), j, who, t, weighted))
         below = f"the Q{self.bits} floor of {floor:g} dB"
         if len(low) <= self.SHOW_EACH:
-            return [f"{who} {t}: SNR {v:.2f} dB is below {below}"
-                    for v, _, _, who, t in sorted(low, key=lambda x: x[1:3])]
+            return [f"{who} {t}: {'importance-weighted ' if w else ''}SNR {v:.2f} dB is below "
+                    f"{below}" for v, _, _, who, t, w in sorted(low, key=lambda x: x[1:3])]
         worst = ", ".join(f"{who} {t} {v:.2f} dB"
-                          for v, _, _, who, t in sorted(low)[: self.SHOW_EACH])
-        return [f"{len(low)} expert tensors have an SNR below {below}; worst: {worst}"]
+                          for v, _, _, who, t, _ in sorted(low)[: self.SHOW_EACH])
+        how = " (importance-weighted where an imatrix applies)" if self.weighted_snr else ""
+        return [f"{len(low)} expert tensors have an SNR{how} below {below}; worst: {worst}"]
 
 
 def _finite(v: float | None) -> bool:
     """A real SNR: not None, NaN or ±Inf."""
     return v is not None and float("-inf") < v < float("inf")
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    """``{"min", "median"}`` of finite values, or None when there are none."""
+    return {"min": min(values), "median": statistics.median(values)} if values else None
 
 
 @dataclass(frozen=True)
@@ -232,8 +273,10 @@ def checkpoint_inputs(ckpt: Checkpoint) -> list[Path]:
     return files + sorted({t.path for t in ckpt.tensors.values()})
 
 
-def provenance(ckpt: Checkpoint, opts: SculptOptions) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The manifest's ``tool`` and ``source``: no time stamps, no absolute paths."""
+def provenance(ckpt: Checkpoint, opts: SculptOptions, imatrix: dict[str, Any] | None = None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest's ``tool`` and ``source``: no time stamps, no absolute paths
+    (``imatrix``: the importance matrix's record, kept in ``source`` by file name)."""
     tool = tool_info("sculpt", {"bits": opts.bits, "version": opts.version,
                                 "scale": opts.scale, "max_layers": opts.max_layers,
                                 "max_experts": opts.max_experts})
@@ -244,17 +287,43 @@ def provenance(ckpt: Checkpoint, opts: SculptOptions) -> tuple[dict[str, Any], d
         except OSError as e:
             raise SmoeError(f"{shard}: cannot read: {e.strerror or e}") from None
         files.append({"name": shard.relative_to(ckpt.root).as_posix(), "size": size})
-    return tool, {"model_type": ckpt.model_type, "files": files}
+    source: dict[str, Any] = {"model_type": ckpt.model_type, "files": files}
+    if imatrix is not None:
+        record = dict(imatrix)
+        record["name"] = Path(record.pop("path")).name
+        source["imatrix"] = record
+    return tool, source
 
 
-def tensor_entries(ref: ExpertRef, src_crcs: Sequence[int],
-                   snrs: Sequence[float | None]) -> list[dict[str, Any]]:
-    """Per tensor provenance of one expert for the manifest (docs/MANIFEST.md)."""
-    return [{"name": name, "source": info.name, "index": idx,
-             "rows": None if rows is None else [rows.start, rows.stop],
-             "source_crc32c": crc, "snr_db": snr}
-            for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs,
-                                                         snrs)]
+def open_imatrix(path: str | Path, refs: list[ExpertRef], n_experts: int
+                 ) -> tuple[ImportanceMatrix, str | None]:
+    """The importance matrix at ``path``, opened, validated and mapped onto ``refs`` before
+    any work (a file of another model is refused, one SmoeError line), and the one warning
+    about the expert tensors it has no data for (quantised unweighted), or None."""
+    from smoe.imatrix import ImportanceMatrix
+
+    matrix = ImportanceMatrix.open(path)
+    try:
+        fallbacks = matrix.check([(r.layer, r.expert, r.shapes) for r in refs], n_experts)
+    except BaseException:
+        matrix.close()
+        raise
+    return matrix, matrix.fallback_warning(fallbacks, len(TENSOR_NAMES) * len(refs))
+
+
+def tensor_entries(ref: ExpertRef, src_crcs: Sequence[int], snrs: Sequence[float | None],
+                   weighted: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
+    """Per tensor provenance of one expert for the manifest (docs/MANIFEST.md); with
+    ``weighted`` (a run with an importance matrix) also ``weighted_snr_db``."""
+    out = [{"name": name, "source": info.name, "index": idx,
+            "rows": None if rows is None else [rows.start, rows.stop],
+            "source_crc32c": crc, "snr_db": snr}
+           for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs,
+                                                        snrs)]
+    if weighted is not None:
+        for entry, value in zip(out, weighted):
+            entry["weighted_snr_db"] = None if not _finite(value) else round(float(value), 4)
+    return out
 
 
 # ---- one expert, in a worker or in-process -------------------------------------------------
@@ -264,6 +333,8 @@ class Job:
     slot: ExpertSlot
     bits: int
     scale: str
+    imatrix: ImportanceMatrix | None = None
+    """Read for this expert's importance (positioned reads: a forked worker shares it)."""
 
 
 @dataclass(frozen=True)
@@ -275,8 +346,9 @@ class Target:
     ident: tuple[int, int]  # st_dev, st_ino of the file the parent created
 
 
-# key, blob crc32c, source crc32c per tensor, SNR per tensor, bytes in
-Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], int]
+# key, blob crc32c, source crc32c per tensor, SNR and weighted SNR per tensor, bytes in
+Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], list[float | None],
+               int]
 BATCH = 4  # no worker process is started for fewer experts than this
 
 
@@ -328,14 +400,19 @@ def start_writeback(fd: int, offset: int, n: int) -> None:
 
 def quantise_expert(job: Job, fd: int, name: str, mats: list, srcs: tuple[int, ...]) -> Result:
     """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob and
-    write it at its planned offset in ``fd``."""
+    write it at its planned offset in ``fd``; with an importance matrix, weighted by it."""
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
+    importance = None
+    if job.imatrix is not None:
+        importance = [job.imatrix.for_expert(job.ref.layer, job.ref.expert, t, cols, rows)
+                      for t, (rows, cols) in zip(TENSOR_NAMES, job.ref.shapes)]
     blob = encode_blob(job.slot, [a for a, _ in mats], job.bits, job.scale,
-                       [src for _, src in mats], stats)
+                       [src for _, src in mats], stats, importance)
     fileio.pwrite_all(fd, blob, job.slot.byte_offset, name)
     start_writeback(fd, job.slot.byte_offset, len(blob))
     return ((job.ref.layer, job.ref.expert), checksum(blob), srcs,
-            [s.finite_snr_db for s in stats], sum(a.nbytes for a, _ in mats))
+            [s.finite_snr_db for s in stats], [s.weighted_snr_db for s in stats],
+            sum(a.nbytes for a, _ in mats))
 
 
 class Claims:
@@ -499,8 +576,9 @@ def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Iterator[Result]:
         with ExpertReader() as reader:
             yield from quantise_stream(todo, Claims(len(todo)), target, reader)
         return
+    weighted = any(job.imatrix is not None for job in todo)
     for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
-        quant.prepare_fast(bits, scale)  # compiled once here, inherited by every worker
+        quant.prepare_fast(bits, scale, importance=weighted)  # compiled once, inherited
     with _make_pool(workers) as pool:
         yield from pool.run(todo, target)
 
@@ -511,24 +589,31 @@ JOURNAL_MAGIC = "smoe-journal/2"
 
 @dataclass(frozen=True)
 class Entry:
-    """One journaled expert: blob CRC-32C, source CRC-32C and SNR per tensor."""
+    """One journaled expert: blob CRC-32C, source CRC-32C and SNR per tensor (and with an
+    importance matrix, the weighted SNR per tensor)."""
 
     blob: int
     sources: tuple[int, ...]
     snrs: tuple[float | None, ...]
+    weighted: tuple[float | None, ...] | None = None
 
     def line(self, key: tuple[int, int]) -> bytes:
-        snrs = " ".join("-" if v is None else repr(float(v)) for v in self.snrs)
+        values = self.snrs + (self.weighted or ())
+        snrs = " ".join("-" if v is None else repr(float(v)) for v in values)
         crcs = " ".join(str(c) for c in self.sources)
         return f"{key[0]} {key[1]} {self.blob} {crcs} {snrs}\n".encode("ascii")
 
 
-def fingerprint(ckpt: Checkpoint, refs: list[ExpertRef], meta: bytes, opts: SculptOptions) -> str:
-    """Identifies one planned run by its inputs' layout and the outputs' shape (no mtimes)."""
+def fingerprint(ckpt: Checkpoint, refs: list[ExpertRef], meta: bytes, opts: SculptOptions,
+                imatrix_sha256: str | None = None) -> str:
+    """Identifies one planned run by its inputs' layout and the outputs' shape (no mtimes),
+    and the importance matrix's content."""
     h = hashlib.sha256(f"{JOURNAL_MAGIC} smoe {__version__}\n".encode())
     h.update(meta)
-    h.update(json.dumps({"scale": opts.scale, "bits": opts.bits,
-                         "version": opts.version}).encode())
+    shaping: dict[str, Any] = {"scale": opts.scale, "bits": opts.bits, "version": opts.version}
+    if imatrix_sha256 is not None:
+        shaping["imatrix"] = imatrix_sha256
+    h.update(json.dumps(shaping).encode())
     for ref in refs:
         for info, idx, rows in ref.sources:
             shard = info.path.relative_to(ckpt.root).as_posix()
@@ -539,16 +624,17 @@ def fingerprint(ckpt: Checkpoint, refs: list[ExpertRef], meta: bytes, opts: Scul
 
 def _parse_line(line: str) -> tuple[tuple[int, int], Entry] | None:
     parts = line.split(" ")
-    if len(parts) != 9 or not all(p.isdigit() for p in parts[:6]):
+    if len(parts) not in (9, 12) or not all(p.isdigit() for p in parts[:6]):
         return None
-    snrs = []
+    snrs: list[float | None] = []
     for p in parts[6:]:
         try:
             snrs.append(None if p == "-" else float(p))
         except ValueError:
             return None
     nums = [int(p) for p in parts[:6]]
-    return (nums[0], nums[1]), Entry(nums[2], tuple(nums[3:6]), tuple(snrs))
+    weighted = tuple(snrs[3:]) if len(snrs) == 6 else None
+    return (nums[0], nums[1]), Entry(nums[2], tuple(nums[3:6]), tuple(snrs[:3]), weighted)
 
 
 def read_journal(fd: int, path: Path, fp: str) -> dict[tuple[int, int], Entry]:
@@ -604,8 +690,9 @@ class Journal:
 
 
 def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[int, int], Entry],
-                  threads: int) -> dict[tuple[int, int], Entry]:
+                  threads: int, weighted: bool = False) -> dict[tuple[int, int], Entry]:
     """Adopt each journaled blob whose bytes AND sources still match; the rest are redone.
+    ``weighted``: the run has an importance matrix (its journal lines carry weighted SNRs).
 
     Blobs and sources are re-read and hashed (the cost of a resume) by ``threads`` threads,
     each through its own chunk-sized buffer, in file order.
@@ -627,8 +714,9 @@ def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[i
     kept = {}
     for key in sorted(now):
         entry = done[key]
-        if now[key] == entry.sources:
-            writer.adopt(*key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs))
+        if now[key] == entry.sources and (entry.weighted is not None) == weighted:
+            writer.adopt(*key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs,
+                                                          entry.weighted))
             kept[key] = entry
     return kept
 
@@ -660,37 +748,64 @@ def sculpt(model_dir: str | Path, out_dir: str | Path, opts: SculptOptions,
     ckpt = Checkpoint.open(model_dir)
     refs = select(ckpt, opts)
     model = ckpt.model_info()
+    imatrix, imatrix_warning = None, None
+    if opts.imatrix is not None:  # a wrong file is refused here, before anything is written
+        imatrix, imatrix_warning = open_imatrix(opts.imatrix, refs, model.max_experts_per_layer)
+    try:
+        return _sculpt_checked(ckpt, refs, model, model_dir, out_dir, opts, jobs, imatrix,
+                               imatrix_warning, progress, t0)
+    finally:
+        if imatrix is not None:
+            imatrix.close()
+
+
+def _sculpt_checked(ckpt: Checkpoint, refs: list[ExpertRef], model: ModelInfo, model_dir: Path,
+                    out_dir: Path, opts: SculptOptions, jobs: int,
+                    imatrix: ImportanceMatrix | None, imatrix_warning: str | None,
+                    progress: Callable[[int, int, int], None] | None,
+                    t0: float) -> SculptResult | dict:
+    """:func:`sculpt` once the inputs are open and checked."""
     arch = ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
     paths = Paths.of(model_dir, out_dir, opts.name)
-    inputs = checkpoint_inputs(ckpt)
+    inputs = checkpoint_inputs(ckpt) + ([imatrix.path] if imatrix is not None else [])
     for out, what in ((paths.vault, "vault"), (paths.scout, "scout"),
                       (paths.manifest, "manifest"), (paths.partial, "partial file"),
                       (paths.journal, "journal"), (paths.lock, "lock file")):
         fileio.refuse_same_file(out, inputs, what)
-    tool, source = provenance(ckpt, opts)
+    record = imatrix.info.as_json() if imatrix is not None else None
+    tool, source = provenance(ckpt, opts, record)
     writer = VaultWriter(paths.vault, model, bits=opts.bits, version=opts.version, arch=arch,
                          scale=opts.scale, partial=paths.partial, tool=tool, source=source)
     for ref in refs:
         writer.add_expert(ref.layer, ref.expert, ref.shapes)
     plan0 = make_plan({(r.layer, r.expert): r.shapes for r in refs}, opts.bits, opts.version)
+    warnings = ckpt.warnings + ([imatrix_warning] if imatrix_warning else [])
     if opts.dry_run:
         scout_bytes = sum(t.nbytes for t in ckpt.non_expert_tensors())
         info = dry_run_plan(ckpt, plan0, scout_bytes, refs)
         info["arch"] = asdict(arch) if arch else None
         info["model"] = asdict(model)
-        info["warnings"] = ckpt.warnings
+        if record is not None:
+            info["imatrix"] = record
+        info["warnings"] = warnings
         return info
     fileio.ensure_dir(out_dir)
     with fileio.Lock(paths.lock, paths.vault):
         for staged in (paths.scout, paths.manifest, paths.vault):
             sweep_stale(staged)  # temporary files of a killed run (the partial is kept)
-        fp = fingerprint(ckpt, refs, metadata_bytes(plan0, model, arch), opts)
-        return _sculpt_locked(ckpt, refs, writer, paths, fp, opts, jobs, progress, t0)
+        fp = fingerprint(ckpt, refs, metadata_bytes(plan0, model, arch), opts,
+                         imatrix.info.sha256 if imatrix is not None else None)
+        result = _sculpt_locked(ckpt, refs, writer, paths, fp, opts, jobs, progress, t0,
+                                imatrix)
+    result.warnings = warnings
+    result.imatrix = record
+    return result
 
 
 def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter, paths: Paths,
                    fp: str, opts: SculptOptions, jobs: int,
-                   progress: Callable[[int, int, int], None] | None, t0: float) -> SculptResult:
+                   progress: Callable[[int, int, int], None] | None, t0: float,
+                   imatrix: ImportanceMatrix | None = None) -> SculptResult:
     """The run proper, under the lock: see the module docstring for the protocol."""
     journal: Journal | None = None
     scout: AtomicFile | None = None
@@ -698,24 +813,28 @@ def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter,
         journal = Journal(paths.journal)
         done = journal.read(fp) if opts.resume and os.path.lexists(paths.partial) else {}
         plan = writer.begin(keep=bool(done))
-        kept = keep_verified(writer, refs, done, jobs) if done else {}
+        weighted = imatrix is not None
+        kept = keep_verified(writer, refs, done, jobs, weighted) if done else {}
         journal.start(fp, kept)
         slots = {e.key: e for e in plan.experts}
-        todo = [Job(ref, slots[(ref.layer, ref.expert)], opts.bits, opts.scale)
+        todo = [Job(ref, slots[(ref.layer, ref.expert)], opts.bits, opts.scale, imatrix)
                 for ref in refs if (ref.layer, ref.expert) not in kept]
         target = Target(str(writer.partial_path), str(paths.vault), writer.partial_identity)
         by_key = {(r.layer, r.expert): r for r in refs}
         snr: dict[str, list[float | None]] = {n: [] for n in TENSOR_NAMES}
+        wsnr: dict[str, list[float | None]] = {n: [] for n in TENSOR_NAMES}
         snr_keys: list[tuple[int, int]] = []
         bytes_in = 0
         n_done = len(kept)
         results = _run_jobs(todo, jobs, target)
         try:
-            for key, crc, srcs, snrs, nbytes in results:
-                writer.adopt(*key, crc, tensor_entries(by_key[key], srcs, snrs))
-                journal.append(Entry(crc, srcs, tuple(snrs)).line(key))
-                for name, value in zip(TENSOR_NAMES, snrs):
+            for key, crc, srcs, snrs, wsnrs, nbytes in results:
+                w = tuple(wsnrs) if weighted else None
+                writer.adopt(*key, crc, tensor_entries(by_key[key], srcs, snrs, w))
+                journal.append(Entry(crc, srcs, tuple(snrs), w).line(key))
+                for name, value, wvalue in zip(TENSOR_NAMES, snrs, wsnrs):
                     snr[name].append(value)
+                    wsnr[name].append(wvalue)
                 snr_keys.append(key)
                 bytes_in += nbytes
                 n_done += 1
@@ -744,4 +863,5 @@ def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter,
     journal.close(remove=True)
     return SculptResult(paths.vault, paths.scout, len(todo), len(kept), bytes_in,
                         plan.file_size, scout_bytes, time.perf_counter() - t0, snr,
-                        ckpt.warnings, snr_keys=snr_keys, bits=opts.bits)
+                        ckpt.warnings, snr_keys=snr_keys, bits=opts.bits,
+                        weighted_snr=wsnr if weighted else None)

@@ -56,8 +56,10 @@ def expert_name(layer: int, expert: int) -> str:
 
 def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scale: str,
                 src_dtypes: Sequence[str | None] = (None, None, None),
-                stats: Sequence[quant.QuantStats] | None = None) -> bytearray:
-    """One expert's blob (D3): each matrix quantised straight into its planned slices.
+                stats: Sequence[quant.QuantStats] | None = None,
+                importance: Sequence[np.ndarray | None] | None = None) -> bytearray:
+    """One expert's blob (D3): each matrix quantised straight into its planned slices
+    (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
 
     Weights the format cannot hold are refused, never clipped: ``quant.NonFiniteWeights``
     (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
@@ -70,7 +72,7 @@ def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scal
             quant.encode_into(w, bits, view[t.packed_offset : t.packed_offset + t.packed_size],
                               view[t.scales_offset : t.scales_offset + t.scales_size], scale,
                               src_dtype=src_dtypes[i], stats=stats[i] if stats else None,
-                              overflow="raise")
+                              overflow="raise", importance=importance[i] if importance else None)
         except quant.UnrepresentableWeights as e:
             where = f"{expert_name(slot.layer_id, slot.expert_id)} {TENSOR_NAMES[i]}"
             raise e.within(where) from None

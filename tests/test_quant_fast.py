@@ -3,7 +3,8 @@
 Every comparison encodes the same input twice, ``kernel="fast"`` against ``kernel="numpy"``:
 the committed fixtures (regenerated with the compiled encoder), their weights at both widths
 and scales, and random tensors with partial groups, zeros, subnormals, huge and tiny
-groups, every source dtype, refusals (NaN/Inf, |w| > 65504) and Q2 optima above 65504.
+groups, every source dtype, refusals (NaN/Inf, |w| > 65504) and Q2 optima above 65504;
+each also with per-column importance (outlier channels, zero channels and zero blocks).
 """
 
 from __future__ import annotations
@@ -56,6 +57,32 @@ def assert_same(w: np.ndarray, bits: int, mode: str, **kw) -> None:
         assert abs(st1.snr_db - st2.snr_db) <= 2e-5 * max(1.0, abs(st2.snr_db))
     else:
         assert st1.snr_db == st2.snr_db
+    assert st1.weighted_n == st2.weighted_n
+    a, b = st1.weighted_snr_db, st2.weighted_snr_db
+    assert (a is None) == (b is None)
+    if b is not None:
+        assert abs(a - b) <= 2e-5 * max(1.0, abs(b))
+
+
+def importance(cols: int, kind: str, seed: int) -> np.ndarray:
+    """Per-column importance: lognormal with 1 % outliers at 100x, plus ``kind``'s quirks."""
+    rng = np.random.default_rng(seed)
+    imp = rng.lognormal(0, 1, cols) * np.where(rng.random(cols) < 0.01, 100.0, 1.0)
+    if kind == "zeros":  # a quarter of the channels never seen
+        imp[rng.random(cols) < 0.25] = 0
+    elif kind == "block":  # a whole group's worth of zero channels
+        imp[: min(cols, GROUP_SIZE + 7)] = 0
+    elif kind == "steps":  # few distinct values: ties in the Q2 keys
+        imp = np.floor(imp).clip(0, 3)
+    elif kind == "one":  # a single channel carries all of it
+        imp = np.zeros(cols)
+        imp[rng.integers(cols)] = 5.0
+    elif kind == "wide":  # 60 orders of magnitude
+        imp = 10.0 ** rng.uniform(-40, 20, cols)
+    return imp
+
+
+IMPORTANCE_KINDS = ["lognormal", "zeros", "block", "steps", "one", "wide"]
 
 
 def weights(n: int, kinds: list[str], seed: int) -> np.ndarray:
@@ -159,10 +186,13 @@ def fixture_tensors() -> list[tuple[str, np.ndarray]]:
 
 @pytest.mark.parametrize(("bits", "mode"), WIDTHS_AND_MODES)
 def test_fixture_weights_at_every_width_and_scale(bits: int, mode: str) -> None:
-    for _name, w in fixture_tensors():
+    for i, (_name, w) in enumerate(fixture_tensors()):
         assert_same(w, bits, mode)
         bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
         assert_same(bf16, bits, mode, src_dtype="bf16")
+        imp = importance(w.shape[-1], IMPORTANCE_KINDS[i % len(IMPORTANCE_KINDS)], i)
+        assert_same(w, bits, mode, importance=imp)
+        assert_same(bf16, bits, mode, src_dtype="bf16", importance=imp)
 
 
 # ---------------------------------------------------------------------------- random
@@ -172,10 +202,16 @@ def test_fixture_weights_at_every_width_and_scale(bits: int, mode: str) -> None:
 @given(n=st.one_of(st.integers(1, 300), st.integers(4000, 9000)), kinds=KINDS,
        seed=st.integers(0, 2**32 - 1), bits=st.sampled_from(SUPPORTED_BITS),
        mode=st.sampled_from(MODES), src=st.sampled_from(["f32", "bf16", "f16", "f64"]),
-       chunk=st.sampled_from([GROUP_SIZE, GROUP_SIZE * 3, GROUP_SIZE * 64, 1 << 18]))
-def test_random_tensors(n, kinds, seed, bits, mode, src, chunk) -> None:
+       chunk=st.sampled_from([GROUP_SIZE, GROUP_SIZE * 3, GROUP_SIZE * 64, 1 << 18]),
+       imp=st.sampled_from([None, *IMPORTANCE_KINDS]),
+       cols=st.sampled_from([1, 37, GROUP_SIZE, 200, 4096]))
+def test_random_tensors(n, kinds, seed, bits, mode, src, chunk, imp, cols) -> None:
     w = weights(n, kinds, seed)
     kw: dict = {"chunk_weights": chunk}
+    if imp is not None:  # rows of ``cols`` (or one row), the importance per column
+        cols = cols if n % cols == 0 else n
+        w = w.reshape(-1, cols)
+        kw["importance"] = importance(cols, imp, seed)
     if src == "bf16":
         w, kw["src_dtype"] = (w.view(np.uint32) >> 16).astype(np.uint16), "bf16"
     elif src == "f16":
@@ -188,18 +224,28 @@ def test_random_tensors(n, kinds, seed, bits, mode, src, chunk) -> None:
 
 
 @pytest.mark.parametrize(("bits", "mode"), WIDTHS_AND_MODES)
-def test_large_realistic_tensor_and_layouts(bits: int, mode: str) -> None:
-    """Many tiles, a partial tile and group; C order, Fortran order, a strided view."""
+@pytest.mark.parametrize("weighted", [False, True])
+def test_large_realistic_tensor_and_layouts(bits: int, mode: str, weighted: bool) -> None:
+    """Many tiles, a partial tile and group; C order, Fortran order, a strided view; with
+    importance also float32 weights whose tiles are partly bfloat16 values (Q2's two
+    sorts) and rows that do not start at a group (unaligned importance runs)."""
     w = weights(300 * 1000 + 37, ["0.02", "outlier", "0.02", "1e-3", "zero"], 3)
-    assert_same(w, bits, mode)
+    imp = (lambda cols: {"importance": importance(cols, "zeros", cols)}) if weighted else (
+        lambda cols: {})
+    assert_same(w, bits, mode, **imp(w.size))
     m = w[: 600 * 500].reshape(600, 500)
-    assert_same(np.asfortranarray(m), bits, mode)
-    assert_same(m[:, ::2], bits, mode)
+    if weighted:
+        for part in (m[:120], m[::7]):  # whole tiles of bfloat16 values, and mixed ones
+            part[...] = (part.view(np.uint32) & 0xFFFF0000).view(np.float32)
+    assert_same(np.asfortranarray(m), bits, mode, **imp(500))
+    assert_same(m[:, ::2], bits, mode, **imp(250))
     bf16 = (m.view(np.uint32) >> 16).astype(np.uint16)
-    assert_same(bf16[::3], bits, mode, src_dtype="bf16")
+    assert_same(bf16[::3], bits, mode, src_dtype="bf16", **imp(500))
     unaligned = np.frombuffer(b"\0" + bf16.tobytes(), np.uint16, offset=1)
     assert not unaligned.flags.aligned
-    assert_same(unaligned, bits, mode, src_dtype="bf16")
+    assert_same(unaligned, bits, mode, src_dtype="bf16", **imp(unaligned.size))
+    if weighted:
+        assert_same(w[: 4099 * 61].reshape(4099, 61), bits, mode, **imp(61))
 
 
 @pytest.mark.parametrize(("bits", "mode"), WIDTHS_AND_MODES)
@@ -209,6 +255,8 @@ def test_huge_weights_when_clipping(bits: int, mode: str) -> None:
     w = weights(64 * 300 + 5, ["1e5", "0.02", "1e30", "edge", "1e37"], 9)
     w[7] = np.float32(3.4e38)
     assert_same(w, bits, mode, overflow="clip")
+    for kind in IMPORTANCE_KINDS:
+        assert_same(w, bits, mode, overflow="clip", importance=importance(w.size, kind, 9))
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -236,9 +284,11 @@ def test_refusals_are_the_same(bits: int, mode: str, bad: str, where: int) -> No
         w[where] = np.nan
     else:
         w[where] = float(bad)
-    for src in ("f32", "bf16"):
+    for src in ("f32", "bf16", "f32 weighted"):
         x, kw = (w, {}) if src == "f32" else ((w.view(np.uint32) >> 16).astype(np.uint16),
                                               {"src_dtype": "bf16"})
+        if src == "f32 weighted":  # rows of 3 columns, of importance 1, 0 and 20
+            x, kw = w.reshape(-1, 3), {"importance": np.array([1.0, 0.0, 20.0])}
         for overflow in ("raise", "clip"):
             if bad == "big" and overflow == "clip":
                 continue
@@ -277,12 +327,17 @@ def test_memory_stays_bounded() -> None:
     w = np.random.default_rng(0).normal(0, 0.02, n).astype(np.float32)
     bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
     chunk = 1 << 15
+    imp = importance(4096, "lognormal", 0)  # with importance: its columns on top
+    cases = [(w, {}), (bf16, {"src_dtype": "bf16"}), (w.reshape(-1, 4096), {"importance": imp}),
+             (bf16.reshape(-1, 4096), {"src_dtype": "bf16", "importance": imp})]
     for bits, mode in WIDTHS_AND_MODES:
         packed = np.empty(quant.packed_size(n, bits), np.uint8)
         scales = np.empty(quant.num_groups(n), "<f2")
-        for x, kw in ((w, {}), (bf16, {"src_dtype": "bf16"})):
-            quant.encode_into(x[:GROUP_SIZE * 4], bits, packed[: GROUP_SIZE * bits // 2],
-                              scales[:4], mode, kernel="fast", **kw)  # compile or load first
+        for x, kw in cases:
+            first = {**kw, "importance": None if "importance" not in kw else imp[:GROUP_SIZE * 4]}
+            quant.encode_into(x.reshape(-1)[:GROUP_SIZE * 4], bits,
+                              packed[: GROUP_SIZE * bits // 2], scales[:4], mode, kernel="fast",
+                              **first)  # compile or load first
             tracemalloc.start()
             quant.encode_into(x, bits, packed, scales, mode, chunk_weights=chunk,
                               kernel="fast", **kw)
