@@ -633,7 +633,7 @@ def _manifest_snr(where: Path | None, size: int, geo: Geometry, table: np.ndarra
     index = {(int(la), int(e)): i for i, (la, e) in
              enumerate(zip(table["layer_id"].tolist(), table["expert_id"].tolist()))}
     snr = np.full((len(table), layout.TENSORS_PER_EXPERT), np.nan)
-    recorded = 0
+    recorded = weighted = 0
     for row in doc["experts"]:
         i = index.get((row["layer"], row["expert"]))
         tensors = row.get("tensors")
@@ -641,15 +641,28 @@ def _manifest_snr(where: Path | None, size: int, geo: Geometry, table: np.ndarra
             continue
         recorded += 1
         for t, tensor in enumerate(tensors[: layout.TENSORS_PER_EXPERT]):
-            v = tensor.get("snr_db") if isinstance(tensor, dict) else None
-            if v is None and isinstance(tensor, dict) and "snr_db" in tensor:
+            # an imatrix sculpt records the importance-weighted SNR (the expected SNR of the
+            # expert's output), which is what its scales were chosen for: show that one
+            key = "snr_db"
+            if isinstance(tensor, dict) and _finite_number(tensor.get("weighted_snr_db")):
+                key = "weighted_snr_db"
+                weighted += 1
+            v = tensor.get(key) if isinstance(tensor, dict) else None
+            if v is None and isinstance(tensor, dict) and key in tensor:
                 snr[i, t] = np.inf  # null: all zero or exactly representable
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 snr[i, t] = float(v)
     if not recorded:
         return None, (f"The manifest {_text(os.fsdecode(where))} records no per-tensor SNR "
                       "(it was not written by smoe sculpt).")
+    if weighted:
+        return snr, (f"Importance-weighted SNR (the expected SNR of each expert's output, "
+                     f"from the imatrix sculpt) from {_text(os.fsdecode(where))}.")
     return snr, f"SNR from {_text(os.fsdecode(where))}."
+
+
+def _finite_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def viridis(t: float) -> str:

@@ -312,7 +312,8 @@ def _tensors(row: dict[str, Any]) -> list[dict[str, Any]] | None:
     """An old manifest row's per-tensor provenance, if well formed (else dropped)."""
     tensors = row.get("tensors")
     if isinstance(tensors, list) and all(
-        isinstance(x, dict) and (x.get("snr_db") is None or type(x.get("snr_db")) in (int, float))
+        isinstance(x, dict) and all(x.get(k) is None or type(x.get(k)) in (int, float)
+                                    for k in ("snr_db", "weighted_snr_db"))
         for x in tensors
     ):
         return tensors

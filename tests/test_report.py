@@ -527,3 +527,20 @@ def test_browser_check_sees_svg_errors(chromium: str, broken_page: Path, tmp_pat
     """The console check is not vacuous: an invalid SVG attribute is reported."""
     proc = browse(chromium, broken_page, tmp_path / "profile", "--dump-dom")
     assert any("A negative value is not valid" in line for line in console_lines(proc.stderr))
+
+
+def test_weighted_snr_is_shown_when_the_manifest_has_it(tmp_path: Path) -> None:
+    """An imatrix sculpt records weighted_snr_db: the heat map shows that one and says so."""
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "q4_v2.smoe"
+    vault = tmp_path / src.name
+    shutil.copy(src, vault)
+    doc = json.loads(manifest.path_for(src).read_text())
+    for row in doc["experts"]:
+        row["tensors"] = [{"name": n, "snr_db": 18.0, "weighted_snr_db": 21.5}
+                          for n in ("gate_proj", "up_proj", "down_proj")]
+    manifest.path_for(vault).write_bytes(manifest.encode(doc))
+    out = tmp_path / "r.html"
+    report.write_report(vault, out)
+    page = out.read_text()
+    assert "Importance-weighted SNR" in page
+    assert "21.50" in page and "18.00" not in page
