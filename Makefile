@@ -81,8 +81,16 @@ build: $(BUILD)/layout_test $(if $(HARNESS_SRC),$(BUILD)/smoe-stream)
 
 build-asan: $(if $(HARNESS_SRC),$(BUILD)/asan/smoe-stream)
 
+CXX_SOURCES := $(wildcard harness/*.cpp harness/*.hpp harness/tests/*.cpp harness/tests/*.c)
+
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	@command -v clang-format >/dev/null || { \
+		echo "lint: installing clang-format (Debian package)"; \
+		(apt-get install -y -q clang-format >/dev/null 2>&1 \
+		 || (apt-get update -q >/dev/null && apt-get install -y -q clang-format >/dev/null)); }
+	clang-format --dry-run --Werror $(CXX_SOURCES)
 
 test: setup check-gen build build-asan lint $(FUZZ_STAMP)
 	$(PY) -m fuzz.campaign --quick

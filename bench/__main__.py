@@ -31,9 +31,13 @@ def _fmt(v) -> str:
 
 def summary_table(figures: list[dict], width: int) -> Table:
     """One line per figure: section: name (cut to fit), value, limit, ratio, goal, pass."""
-    table = Table(title="smoe benchmarks: each figure against a limit or baseline measured in "
-                  "the same run", title_justify="left", box=None, pad_edge=False,
-                  show_edge=False)
+    table = Table(
+        title="smoe benchmarks: each figure against a limit or baseline measured in the same run",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        show_edge=False,
+    )
     numbers = 9 * 3 + 10 + 26 + 5 + 7 * 2  # value, limit, ratio, unit, goal, pass, padding
     table.add_column("figure", no_wrap=True, overflow="ellipsis", max_width=width - numbers)
     for col in ("value", "limit", "ratio"):
@@ -43,12 +47,21 @@ def summary_table(figures: list[dict], width: int) -> Table:
     table.add_column("pass", no_wrap=True)
     for f in figures:
         verdict = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "-"}[f["pass"]]
-        table.add_row(f"{f['section']}: {f['name']}", _fmt(f["ours"]), _fmt(f["baseline"]),
-                      _fmt(f["ratio"]), f["unit"], f["goal"], verdict)
+        table.add_row(
+            f"{f['section']}: {f['name']}",
+            _fmt(f["ours"]),
+            _fmt(f["baseline"]),
+            _fmt(f["ratio"]),
+            f["unit"],
+            f["goal"],
+            verdict,
+        )
     passed = sum(f["pass"] is True for f in figures)
     failed = sum(f["pass"] is False for f in figures)
-    table.caption = (f"{passed} pass, {failed} fail, {len(figures) - passed - failed} "
-                     "informative; full names and numbers in build/bench.json")
+    table.caption = (
+        f"{passed} pass, {failed} fail, {len(figures) - passed - failed} "
+        "informative; full names and numbers in build/bench.json"
+    )
     table.caption_justify = "left"
     return table
 
@@ -69,24 +82,31 @@ def main() -> int:
         console.print(f"[bold]bench:[/] {section} ...")
         if section == "machine":
             from bench import machine_bench as m
+
             figs = m.run(work / "machine", args.quick)
         elif section == "quant":
             from bench import quant_bench as m
+
             figs = m.run(args.quick)
         elif section == "sculpt":
             from bench import sculpt_bench as m
+
             figs = m.run(work / "sculpt", args.quick)
         elif section == "reader":
             from bench import reader_bench as m
+
             figs = m.run(work / "reader", args.quick)
         elif section == "harness":
             from bench import harness_bench as m
+
             figs = m.run(work / "harness", args.quick)
         elif section == "export":
             from bench import export_bench as m
+
             figs = m.run(work / "export", args.quick)
         elif section == "imatrix":
             from bench import imatrix_bench as m
+
             figs = m.run(work / "imatrix", args.quick)
         else:
             raise SystemExit(f"unknown section {section!r}; choose from {', '.join(SECTIONS)}")

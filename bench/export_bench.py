@@ -37,9 +37,16 @@ def vault(workdir: Path, layers: int) -> Path:
         return path
     ckpt = workdir / name
     if not (ckpt / "config.json").exists():
-        write_checkpoint(ckpt, layers=layers, experts=GEOMETRY["experts"],
-                         d_model=GEOMETRY["d_model"], ffn=GEOMETRY["ffn"],
-                         vocab=GEOMETRY["vocab"], top_k=8, seed=7)
+        write_checkpoint(
+            ckpt,
+            layers=layers,
+            experts=GEOMETRY["experts"],
+            d_model=GEOMETRY["d_model"],
+            ffn=GEOMETRY["ffn"],
+            vocab=GEOMETRY["vocab"],
+            top_k=8,
+            seed=7,
+        )
     result = sculpt(ckpt, out, SculptOptions(bits=4, jobs=2))
     shutil.copyfile(ckpt / "config.json", out / f"{name}.config.json")  # as the sculptor will
     return result.vault
@@ -74,10 +81,22 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     limit_mb_s = limit * 1e3
     gb = summary["expert_bytes_out"] / 1e9
     return [
-        figure(f"export --hf: MB/s of BF16 expert weights out ({gb:.2f} GB, Q4 in) vs the "
-               f"cached-read limit of a file of the same size ({describe(per)})", best_mb_s,
-               limit_mb_s, "MB/s", "informative: the decoder is the bound", None),
-        figure("export --hf: peak RSS of the export process", peak / 2**20, RSS_GOAL / 2**20,
-               "MiB", f"<= {RSS_GOAL >> 20} MiB whatever the model's size", peak <= RSS_GOAL,
-               ratio=peak / RSS_GOAL),
+        figure(
+            f"export --hf: MB/s of BF16 expert weights out ({gb:.2f} GB, Q4 in) vs the "
+            f"cached-read limit of a file of the same size ({describe(per)})",
+            best_mb_s,
+            limit_mb_s,
+            "MB/s",
+            "informative: the decoder is the bound",
+            None,
+        ),
+        figure(
+            "export --hf: peak RSS of the export process",
+            peak / 2**20,
+            RSS_GOAL / 2**20,
+            "MiB",
+            f"<= {RSS_GOAL >> 20} MiB whatever the model's size",
+            peak <= RSS_GOAL,
+            ratio=peak / RSS_GOAL,
+        ),
     ]

@@ -10,8 +10,16 @@ import time
 from collections.abc import Callable
 
 
-def figure(name: str, ours: float, baseline: float | None, unit: str, goal: str,
-           passed: bool | None, ratio: float | None = None, detail: str | None = None) -> dict:
+def figure(
+    name: str,
+    ours: float,
+    baseline: float | None,
+    unit: str,
+    goal: str,
+    passed: bool | None,
+    ratio: float | None = None,
+    detail: str | None = None,
+) -> dict:
     """``ratio`` defaults to ours / baseline (for times, pass baseline / ours yourself).
 
     ``baseline`` is the limit or baseline measured in the same run; ``detail`` says how
@@ -19,8 +27,15 @@ def figure(name: str, ours: float, baseline: float | None, unit: str, goal: str,
     """
     if ratio is None and baseline:
         ratio = ours / baseline
-    out = {"name": name, "ours": ours, "baseline": baseline, "ratio": ratio, "unit": unit,
-           "goal": goal, "pass": passed}
+    out = {
+        "name": name,
+        "ours": ours,
+        "baseline": baseline,
+        "ratio": ratio,
+        "unit": unit,
+        "goal": goal,
+        "pass": passed,
+    }
     if detail:
         out["detail"] = detail
     return out
@@ -44,14 +59,17 @@ def peak_rss_of(cmd: list[str], env: dict | None = None) -> tuple[float, int, st
 
     A fresh wrapper process waits for ``cmd`` only, so RUSAGE_CHILDREN is ``cmd``'s own.
     """
-    wrapper = [sys.executable, "-c",
-               "import resource, subprocess, sys, time, json\n"
-               "t = time.perf_counter()\n"
-               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-               "dt = time.perf_counter() - t\n"
-               "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
-               "sys.stderr.write(p.stderr)\n"
-               "print(json.dumps({'rc': p.returncode, 's': dt, 'rss': rss, 'out': p.stdout}))\n"]
+    wrapper = [
+        sys.executable,
+        "-c",
+        "import resource, subprocess, sys, time, json\n"
+        "t = time.perf_counter()\n"
+        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "dt = time.perf_counter() - t\n"
+        "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
+        "sys.stderr.write(p.stderr)\n"
+        "print(json.dumps({'rc': p.returncode, 's': dt, 'rss': rss, 'out': p.stdout}))\n",
+    ]
     proc = subprocess.run(wrapper + cmd, capture_output=True, text=True, env=env or os.environ)
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     if info["rc"] != 0:

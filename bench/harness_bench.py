@@ -26,15 +26,29 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "build" / "smoe-stream"
 
 
-def make_vault(path: Path, layers: int, experts: int, d_model: int = 2048,
-               ffn: int = 768) -> Path:
+def make_vault(path: Path, layers: int, experts: int, d_model: int = 2048, ffn: int = 768) -> Path:
     if path.exists():
         return path
-    model = ModelInfo(num_moe_layers=layers, max_experts_per_layer=experts, d_model=d_model,
-                      vocab_size=151936, ffn_dim=6144)
-    arch = ArchInfo(rope_theta=1e6, num_heads=32, num_kv_heads=4, head_dim=128, moe_top_k=8,
-                    moe_ffn_dim=ffn, num_hidden_layers=layers, rms_norm_eps=1e-6,
-                    model_type="qwen3_moe", norm_topk_prob=True, has_qk_norm=True)
+    model = ModelInfo(
+        num_moe_layers=layers,
+        max_experts_per_layer=experts,
+        d_model=d_model,
+        vocab_size=151936,
+        ffn_dim=6144,
+    )
+    arch = ArchInfo(
+        rope_theta=1e6,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        moe_top_k=8,
+        moe_ffn_dim=ffn,
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        model_type="qwen3_moe",
+        norm_topk_prob=True,
+        has_qk_norm=True,
+    )
     shapes = [(ffn, d_model), (ffn, d_model), (d_model, ffn)]
     rng = np.random.default_rng(0)
     n = ffn * d_model
@@ -61,8 +75,9 @@ def warm(path: Path) -> None:
 
 
 def bench(vault: Path, *args: str) -> dict:
-    proc = subprocess.run([str(BIN), "bench", str(vault), *args], capture_output=True,
-                          text=True, check=True)
+    proc = subprocess.run(
+        [str(BIN), "bench", str(vault), *args], capture_output=True, text=True, check=True
+    )
     out = json.loads(proc.stdout)
     out["stderr"] = proc.stderr.strip()
     return out
@@ -72,8 +87,9 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     if not BIN.exists():
         subprocess.run(["make", "-s", "build"], cwd=ROOT, check=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    vault = make_vault(workdir / ("q4-small.smoe" if quick else "q4-qwen3-30b-shapes.smoe"),
-                       8 if quick else 48, 32)
+    vault = make_vault(
+        workdir / ("q4-small.smoe" if quick else "q4-qwen3-30b-shapes.smoe"), 8 if quick else 48, 32
+    )
     seconds = "1" if quick else "3"
     figs = []
     warm(vault)
@@ -82,24 +98,59 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
         threads = "4" if direct else "2"  # direct I/O wants a deeper queue than 2 cores
         extra = ["--direct"] if direct else []
         for pattern, goal in (("seq", 0.9), ("random", 0.8)):
-            r = bench(vault, "--threads", threads, "--pattern", pattern, "--topk", "8",
-                      "--seconds", seconds, *extra)
+            r = bench(
+                vault,
+                "--threads",
+                threads,
+                "--pattern",
+                pattern,
+                "--topk",
+                "8",
+                "--seconds",
+                seconds,
+                *extra,
+            )
             ours, raw = r["stream"]["gb_per_s"], r["raw_read"]["gb_per_s"]
             runs = ", ".join(f"{x['threads']}: {x['gb_per_s']:.2f}" for x in r["raw_read"]["runs"])
             note = " (fell back: O_DIRECT refused)" if direct and r.get("direct") is False else ""
             what = "seq" if pattern == "seq" else "random top-8"
-            figs.append(figure(f"stream {what}, {threads} threads, {mode}, vs raw read{note}",
-                               ours, raw, "GB/s", f">= {goal:.0%} of raw", ours >= goal * raw,
-                               detail=f"smoe-stream bench --pattern {pattern} --topk 8 --threads "
-                               f"{threads}{' --direct' if direct else ''}; raw read of the same "
-                               f"file, best of 1/2/4 threads ({runs} GB/s)"))
+            figs.append(
+                figure(
+                    f"stream {what}, {threads} threads, {mode}, vs raw read{note}",
+                    ours,
+                    raw,
+                    "GB/s",
+                    f">= {goal:.0%} of raw",
+                    ours >= goal * raw,
+                    detail=f"smoe-stream bench --pattern {pattern} --topk 8 --threads "
+                    f"{threads}{' --direct' if direct else ''}; raw read of the same "
+                    f"file, best of 1/2/4 threads ({runs} GB/s)",
+                )
+            )
             if pattern == "random":
                 s = r["stream"]
-                figs.append(figure(f"stream random top-8, {mode}: expert read latency p50",
-                                   s["latency_p50_us"], None, "us", "reported", None,
-                                   detail=f"p99 {s['latency_p99_us']:.0f} us"))
+                figs.append(
+                    figure(
+                        f"stream random top-8, {mode}: expert read latency p50",
+                        s["latency_p50_us"],
+                        None,
+                        "us",
+                        "reported",
+                        None,
+                        detail=f"p99 {s['latency_p99_us']:.0f} us",
+                    )
+                )
     c = bench(vault, "--threads", "1", "--pattern", "seq", "--seconds", "1")["compute"]
-    figs.append(figure(f"dequant+SwiGLU ({c['simd']}) vs scalar loop", c["gb_per_s"],
-                       c["scalar_gb_per_s"], "GB/s", ">= 4x scalar", c["speedup"] >= 4,
-                       ratio=c["speedup"], detail="GB/s of packed weights, one thread"))
+    figs.append(
+        figure(
+            f"dequant+SwiGLU ({c['simd']}) vs scalar loop",
+            c["gb_per_s"],
+            c["scalar_gb_per_s"],
+            "GB/s",
+            ">= 4x scalar",
+            c["speedup"] >= 4,
+            ratio=c["speedup"],
+            detail="GB/s of packed weights, one thread",
+        )
+    )
     return figs

@@ -55,16 +55,17 @@ def channel_variances(cols: int, rng: np.random.Generator) -> np.ndarray:
     return rng.lognormal(0, 1, cols) * np.where(rng.random(cols) < OUTLIERS, OUTLIER_GAIN, 1.0)
 
 
-def build_model(d: int, f: int, experts: int, calib: int, held: int,
-                seed: int = 0) -> list[Tensor]:
+def build_model(d: int, f: int, experts: int, calib: int, held: int, seed: int = 0) -> list[Tensor]:
     """The synthetic model's expert tensors with their importance and held-out inputs."""
     rng = np.random.default_rng(seed)
     spaces = {"gate_up": channel_variances(d, rng), "down": channel_variances(f, rng)}
     out = []
     for e in range(experts):
-        for name, rows, cols, space in (("gate_proj", f, d, "gate_up"),
-                                        ("up_proj", f, d, "gate_up"),
-                                        ("down_proj", d, f, "down")):
+        for name, rows, cols, space in (
+            ("gate_proj", f, d, "gate_up"),
+            ("up_proj", f, d, "gate_up"),
+            ("down_proj", d, f, "down"),
+        ):
             if name == "up_proj":  # the same inputs as gate_proj
                 imp, x = out[-1].importance, out[-1].x
             else:
@@ -96,14 +97,27 @@ def weight_snr(tensors: list[Tensor], decoded: list[np.ndarray]) -> float:
     return float(10 * np.log10(sig / err))
 
 
-def encode(w: np.ndarray, bits: int, importance: np.ndarray | None = None,
-           kernel: str | None = None, stats: quant.QuantStats | None = None,
-           src_dtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def encode(
+    w: np.ndarray,
+    bits: int,
+    importance: np.ndarray | None = None,
+    kernel: str | None = None,
+    stats: quant.QuantStats | None = None,
+    src_dtype: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """As sculpt encodes: into caller buffers, with statistics."""
     packed = np.empty(quant.packed_size(w.size, bits), np.uint8)
     scales = np.empty(quant.num_groups(w.size), "<f2")
-    quant.encode_into(w, bits, packed, scales, stats=stats or quant.QuantStats(),
-                      kernel=kernel, importance=importance, src_dtype=src_dtype)
+    quant.encode_into(
+        w,
+        bits,
+        packed,
+        scales,
+        stats=stats or quant.QuantStats(),
+        kernel=kernel,
+        importance=importance,
+        src_dtype=src_dtype,
+    )
     return packed, scales
 
 
@@ -111,8 +125,9 @@ def decode(w: np.ndarray, enc: tuple[np.ndarray, np.ndarray], bits: int) -> np.n
     return quant.decode(enc[0], enc[1], bits, w.shape)
 
 
-def dense_weighted(w: np.ndarray, importance: np.ndarray, bits: int,
-                   steps: int = 600) -> np.ndarray:
+def dense_weighted(
+    w: np.ndarray, importance: np.ndarray, bits: int, steps: int = 600
+) -> np.ndarray:
     """Decoded weights with every group's best fp16 scale among ``steps`` geometric factors
     in [0.2, 1.6] times its absmax, for the importance-weighted error (nearest codes)."""
     c = np.float32(((1 << bits) - 1) / 2)
@@ -162,30 +177,66 @@ def run(workdir: Path, quick: bool) -> list[dict]:
     for bits in (2, 4):
         plain = [decode(t.w, encode(t.w, bits), bits) for t in model]
         stats = [quant.QuantStats() for _ in model]
-        ours = [decode(t.w, encode(t.w, bits, t.importance, stats=s), bits)
-                for t, s in zip(model, stats)]
+        ours = [
+            decode(t.w, encode(t.w, bits, t.importance, stats=s), bits)
+            for t, s in zip(model, stats)
+        ]
         snr_p, snr_o = output_snr(model, plain), output_snr(model, ours)
-        figs.append(figure(f"Q{bits} output SNR, imatrix vs plain encode ({shape})", snr_o,
-                           snr_p, "dB", f"imatrix - plain >= +{GAIN_DB:g} dB",
-                           bool(snr_o - snr_p >= GAIN_DB), ratio=snr_o - snr_p,
-                           detail="held-out activations; ratio = difference in dB"))
+        figs.append(
+            figure(
+                f"Q{bits} output SNR, imatrix vs plain encode ({shape})",
+                snr_o,
+                snr_p,
+                "dB",
+                f"imatrix - plain >= +{GAIN_DB:g} dB",
+                bool(snr_o - snr_p >= GAIN_DB),
+                ratio=snr_o - snr_p,
+                detail="held-out activations; ratio = difference in dB",
+            )
+        )
         dense = [dense_weighted(t.w[:dense_rows], t.importance, bits) for t in model]
         sub_o = output_snr(model, ours, dense_rows)
         sub_d = output_snr(model, dense, dense_rows)
-        figs.append(figure(f"Q{bits} imatrix output SNR vs dense weighted scale search "
-                           f"(first {dense_rows} rows per tensor)", sub_o, sub_d, "dB",
-                           f"dense - ours <= {DENSE_GAP_DB:g} dB",
-                           bool(sub_d - sub_o <= DENSE_GAP_DB), ratio=sub_d - sub_o,
-                           detail="600 fp16 scales in [0.2, 1.6] x absmax per group; "
-                                  "ratio = dense - ours in dB"))
+        figs.append(
+            figure(
+                f"Q{bits} imatrix output SNR vs dense weighted scale search "
+                f"(first {dense_rows} rows per tensor)",
+                sub_o,
+                sub_d,
+                "dB",
+                f"dense - ours <= {DENSE_GAP_DB:g} dB",
+                bool(sub_d - sub_o <= DENSE_GAP_DB),
+                ratio=sub_d - sub_o,
+                detail="600 fp16 scales in [0.2, 1.6] x absmax per group; "
+                "ratio = dense - ours in dB",
+            )
+        )
         wp, wo = weight_snr(model, plain), weight_snr(model, ours)
-        figs.append(figure(f"Q{bits} weight SNR, imatrix vs plain (the trade)", wo, wp, "dB",
-                           "informative", None, ratio=wo - wp))
+        figs.append(
+            figure(
+                f"Q{bits} weight SNR, imatrix vs plain (the trade)",
+                wo,
+                wp,
+                "dB",
+                "informative",
+                None,
+                ratio=wo - wp,
+            )
+        )
         sig = sum(s.wsums[0] for s in stats)
         err = sum(s.wsums[1] for s in stats)
         stat = float(10 * np.log10(sig / err))
-        figs.append(figure(f"Q{bits} importance-weighted SNR (manifest) vs held-out output SNR",
-                           stat, snr_o, "dB", "informative", None, ratio=stat - snr_o))
+        figs.append(
+            figure(
+                f"Q{bits} importance-weighted SNR (manifest) vs held-out output SNR",
+                stat,
+                snr_o,
+                "dB",
+                "informative",
+                None,
+                ratio=stat - snr_o,
+            )
+        )
     figs += _throughput(model, quick)
     return figs
 
@@ -194,8 +245,10 @@ def _throughput(model: list[Tensor], quick: bool) -> list[dict]:
     """Encode time with importance vs without, per source and encoder."""
     figs = []
     fast = quant.fast_kernels(4, "optimal", 1 << 30) is not None
-    cases = [("bf16", "fast" if fast else "numpy", True), ("f32", "fast" if fast else "numpy",
-                                                          False)]
+    cases = [
+        ("bf16", "fast" if fast else "numpy", True),
+        ("f32", "fast" if fast else "numpy", False),
+    ]
     if fast:
         cases.append(("bf16", "numpy", False))
     mb = sum(t.w.size for t in model) * 2 / 1e6
@@ -214,12 +267,19 @@ def _throughput(model: list[Tensor], quick: bool) -> list[dict]:
 
             t_p, t_w = _best_cpu([plain, weighted], 3 if quick else 7)
             name = "compiled" if kernel == "fast" else "numpy"
-            figs.append(figure(
-                f"Q{bits} encode with imatrix vs without, {src} in, {name} encoder, "
-                "MB/s of BF16 per core", mb / t_w, mb / t_p, "MB/s",
-                f"time <= {TIME_RATIO:g}x plain" if goal else "informative",
-                bool(t_w / t_p <= TIME_RATIO) if goal else None, ratio=t_w / t_p,
-                detail="ratio = weighted / plain CPU time (best of interleaved runs)"))
+            figs.append(
+                figure(
+                    f"Q{bits} encode with imatrix vs without, {src} in, {name} encoder, "
+                    "MB/s of BF16 per core",
+                    mb / t_w,
+                    mb / t_p,
+                    "MB/s",
+                    f"time <= {TIME_RATIO:g}x plain" if goal else "informative",
+                    bool(t_w / t_p <= TIME_RATIO) if goal else None,
+                    ratio=t_w / t_p,
+                    detail="ratio = weighted / plain CPU time (best of interleaved runs)",
+                )
+            )
     return figs
 
 
@@ -229,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     figs = run(Path("."), quick="--quick" in argv)
     for fig in figs:
         verdict = {True: "pass", False: "FAIL", None: "-"}[fig["pass"]]
-        print(f"{fig['name']}: {fig['ours']:.4g} vs {fig['baseline']:.4g} {fig['unit']} "
-              f"(ratio {fig['ratio']:.3g}; {fig['goal']}) {verdict}")
+        print(
+            f"{fig['name']}: {fig['ours']:.4g} vs {fig['baseline']:.4g} {fig['unit']} "
+            f"(ratio {fig['ratio']:.3g}; {fig['goal']}) {verdict}"
+        )
     return 1 if any(fig["pass"] is False for fig in figs) else 0
 
 

@@ -112,8 +112,9 @@ def read_rate(paths: Sequence[Path], threads: int, direct: bool = False) -> floa
     return sum(sizes) / seconds / 1e9
 
 
-def read_limit(paths: Sequence[Path], mode: str, threads: Sequence[int] = THREADS,
-               repeat: int = 2) -> tuple[float, dict[int, float]]:
+def read_limit(
+    paths: Sequence[Path], mode: str, threads: Sequence[int] = THREADS, repeat: int = 2
+) -> tuple[float, dict[int, float]]:
     """(best GB/s, best GB/s per thread count) of reading ``paths``.
 
     ``mode``: "cached" (warmed once, then read from the page cache), "cold" (dropped
@@ -131,9 +132,13 @@ def read_limit(paths: Sequence[Path], mode: str, threads: Sequence[int] = THREAD
 
 
 def describe(per_threads: dict[int, float]) -> str:
-    """"1 thread 5.1, 2 threads 9.8 GB/s": the rates behind a limit."""
-    return ", ".join(f"{n} thread{'s' if n > 1 else ''} {v:.2f}"
-                     for n, v in sorted(per_threads.items())) + " GB/s"
+    """ "1 thread 5.1, 2 threads 9.8 GB/s": the rates behind a limit."""
+    return (
+        ", ".join(
+            f"{n} thread{'s' if n > 1 else ''} {v:.2f}" for n, v in sorted(per_threads.items())
+        )
+        + " GB/s"
+    )
 
 
 def scratch_file(workdir: Path, nbytes: int) -> Path:
@@ -155,11 +160,26 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     raw = np.random.default_rng(0).integers(0, 1 << 16, n // 2, dtype=np.uint16)
     t = best_time(lambda: quant.bf16_to_f32(raw), repeat=5)
     conv = n / t / 1e9  # GB/s of bf16 input, one thread
-    figs = [figure("memory copy", copy, None, "GB/s", "reference limit", None,
-                   detail=f"np.copyto of {n >> 20} MiB, best of {describe(per)}"),
-            figure("bf16 -> f32 widening, 1 thread, vs memory copy", conv, copy, "GB/s",
-                   "fraction of memory copy", None,
-                   detail="quant.bf16_to_f32, GB/s of bf16 in")]
+    figs = [
+        figure(
+            "memory copy",
+            copy,
+            None,
+            "GB/s",
+            "reference limit",
+            None,
+            detail=f"np.copyto of {n >> 20} MiB, best of {describe(per)}",
+        ),
+        figure(
+            "bf16 -> f32 widening, 1 thread, vs memory copy",
+            conv,
+            copy,
+            "GB/s",
+            "fraction of memory copy",
+            None,
+            detail="quant.bf16_to_f32, GB/s of bf16 in",
+        ),
+    ]
     path = scratch_file(workdir, (256 if quick else 1024) << 20)
     size = f"{path.stat().st_size >> 20} MiB file"
     for mode, what in (("cached", "page-cached"), ("cold", "cold"), ("direct", "O_DIRECT")):
@@ -167,11 +187,28 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
         try:
             best, per = read_limit([path], mode)
         except OSError as e:  # O_DIRECT refused by the filesystem
-            figs.append(figure(name, 0.0, None, "GB/s", "reference limit", None,
-                               detail=f"not measured: {e.strerror}"))
+            figs.append(
+                figure(
+                    name,
+                    0.0,
+                    None,
+                    "GB/s",
+                    "reference limit",
+                    None,
+                    detail=f"not measured: {e.strerror}",
+                )
+            )
             continue
-        figs.append(figure(name, best, None, "GB/s", "reference limit", None,
-                           detail=f"best of {describe(per)}"
-                           + (", dropped from the page cache before each" if mode == "cold"
-                              else "")))
+        figs.append(
+            figure(
+                name,
+                best,
+                None,
+                "GB/s",
+                "reference limit",
+                None,
+                detail=f"best of {describe(per)}"
+                + (", dropped from the page cache before each" if mode == "cold" else ""),
+            )
+        )
     return figs

@@ -160,10 +160,18 @@ def _snr(w: np.ndarray, enc: tuple[np.ndarray, np.ndarray], bits: int) -> float:
     return quant.snr_db(w, quant.decode(packed, scales, bits, w.shape))
 
 
-def _figure(name: str, ours: float, baseline: float, ratio: float, unit: str, goal: str,
-            ok: bool) -> dict:
-    return {"name": name, "ours": round(ours, 4), "baseline": round(baseline, 4),
-            "ratio": round(ratio, 4), "unit": unit, "goal": goal, "pass": bool(ok)}
+def _figure(
+    name: str, ours: float, baseline: float, ratio: float, unit: str, goal: str, ok: bool
+) -> dict:
+    return {
+        "name": name,
+        "ours": round(ours, 4),
+        "baseline": round(baseline, 4),
+        "ratio": round(ratio, 4),
+        "unit": unit,
+        "goal": goal,
+        "pass": bool(ok),
+    }
 
 
 def bf16_bits(w: np.ndarray) -> np.ndarray:
@@ -195,45 +203,90 @@ def first_call_seconds(bits: int, mode: str, cache_dir: str) -> float:
     """Seconds for a fresh process to import smoe and encode once with the compiled encoder,
     its cache in ``cache_dir`` (empty: it compiles; filled: it loads)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir}
-    out = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(bits), mode], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_CALL, str(bits), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def encoder_figures(quick: bool) -> list[dict]:
     """Per-core bf16 encode rate, compiled vs numpy; byte identity; first-call cost."""
     if quant.fast_kernels(4, "optimal", kernel="auto") is None:
-        return [_figure("compiled encoder available (pip install 'smoe[fast]')", 0, 1, 0,
-                        "", "numba installed", False)]
+        return [
+            _figure(
+                "compiled encoder available (pip install 'smoe[fast]')",
+                0,
+                1,
+                0,
+                "",
+                "numba installed",
+                False,
+            )
+        ]
     w = bf16_bits(realistic_weights())
     shape = f"{list(w.shape)}".replace(" ", "")
     mb = w.nbytes / 1e6
     repeats = 3 if quick else 7
     figs: list[dict] = []
-    for bits, mode, label in ((4, "optimal", "Q4 optimal"), (4, "absmax", "Q4 absmax"),
-                              (2, "optimal", "Q2 optimal"), (2, "absmax", "Q2 absmax")):
+    for bits, mode, label in (
+        (4, "optimal", "Q4 optimal"),
+        (4, "absmax", "Q4 absmax"),
+        (2, "optimal", "Q2 optimal"),
+        (2, "absmax", "Q2 absmax"),
+    ):
         out = {k: _encode_with(k, w, bits, mode, src_dtype="bf16") for k in ("fast", "numpy")}
         t_fast = _cpu_timed(
-            lambda b=bits, m=mode: _encode_with("fast", w, b, m, src_dtype="bf16"), repeats)
+            lambda b=bits, m=mode: _encode_with("fast", w, b, m, src_dtype="bf16"), repeats
+        )
         t_np = _cpu_timed(
             lambda b=bits, m=mode: _encode_with("numpy", w, b, m, src_dtype="bf16"),
-            max(2, repeats // 2))
-        figs.append(_figure(f"{label} encode, MB/s of BF16 in, per core, {shape}", mb / t_fast,
-                            mb / t_np, t_np / t_fast, "MB/s", "ours >= 1000 MB/s",
-                            mb / t_fast >= 1000))
+            max(2, repeats // 2),
+        )
+        figs.append(
+            _figure(
+                f"{label} encode, MB/s of BF16 in, per core, {shape}",
+                mb / t_fast,
+                mb / t_np,
+                t_np / t_fast,
+                "MB/s",
+                "ours >= 1000 MB/s",
+                mb / t_fast >= 1000,
+            )
+        )
         (p1, s1, st1), (p2, s2, st2) = out["fast"], out["numpy"]
         same = np.array_equal(p1, p2) and np.array_equal(s1.view(np.uint16), s2.view(np.uint16))
         gap = abs(st1.snr_db - st2.snr_db) / max(1.0, abs(st2.snr_db))
-        figs.append(_figure(f"{label}: compiled == numpy bytes (ratio 1); SNR gap, {shape}",
-                            gap * 1e6, 0.0, float(same), "ppm of dB",
-                            "identical bytes, SNR gap <= 20 ppm", same and gap <= 2e-5))
+        figs.append(
+            _figure(
+                f"{label}: compiled == numpy bytes (ratio 1); SNR gap, {shape}",
+                gap * 1e6,
+                0.0,
+                float(same),
+                "ppm of dB",
+                "identical bytes, SNR gap <= 20 ppm",
+                same and gap <= 2e-5,
+            )
+        )
     if not quick:
         with tempfile.TemporaryDirectory() as cache:
             cold = first_call_seconds(4, "optimal", cache)
             warm = first_call_seconds(4, "optimal", cache)
-        figs.append(_figure("Q4 optimal compiled encoder: first call in a fresh process, "
-                            "cache filled vs empty (compiling)", warm, cold, warm / cold, "s",
-                            "cached first call <= 2 s", warm <= 2.0))
+        figs.append(
+            _figure(
+                "Q4 optimal compiled encoder: first call in a fresh process, "
+                "cache filled vs empty (compiling)",
+                warm,
+                cold,
+                warm / cold,
+                "s",
+                "cached first call <= 2 s",
+                warm <= 2.0,
+            )
+        )
     return figs
 
 
@@ -258,14 +311,30 @@ def run(quick: bool = False) -> list[dict]:
     mw = w.size / 1e6
     t_ours, ours4 = _timed(lambda: quant.encode(w, 4), repeats)
     t_ref, ref4 = _timed(lambda: ref_absmax_q4(w), repeats)
-    figs.append(_figure(f"q4 encode throughput vs absmax, realistic {shape}",
-                        mw / t_ours, mw / t_ref, t_ref / t_ours, "M weights/s",
-                        "ours / absmax >= 1", t_ref >= t_ours))
+    figs.append(
+        _figure(
+            f"q4 encode throughput vs absmax, realistic {shape}",
+            mw / t_ours,
+            mw / t_ref,
+            t_ref / t_ours,
+            "M weights/s",
+            "ours / absmax >= 1",
+            t_ref >= t_ours,
+        )
+    )
     t_ours2, ours2 = _timed(lambda: quant.encode(w, 2), repeats)
     t_grid, grid2 = _timed(lambda: ref_grid_q2(w), 1, warmup=False)
-    figs.append(_figure(f"q2 encode throughput vs 64-candidate grid, realistic {shape}",
-                        mw / t_ours2, mw / t_grid, t_grid / t_ours2, "M weights/s",
-                        "ours / grid >= 50", t_grid / t_ours2 >= 50))
+    figs.append(
+        _figure(
+            f"q2 encode throughput vs 64-candidate grid, realistic {shape}",
+            mw / t_ours2,
+            mw / t_grid,
+            t_grid / t_ours2,
+            "M weights/s",
+            "ours / grid >= 50",
+            t_grid / t_ours2 >= 50,
+        )
+    )
 
     for label, make in (("realistic", realistic_weights), ("plain", plain_weights)):
         if quick or label != "realistic":
@@ -274,18 +343,43 @@ def run(quick: bool = False) -> list[dict]:
             ours2, grid2 = quant.encode(w, 2), ref_grid_q2(w)
         shape = f"[{rows},4096]"
         snr_o, snr_r = _snr(w, ours4, 4), _snr(w, ref4, 4)
-        figs.append(_figure(f"q4 snr vs absmax, {label} {shape}", snr_o, snr_r,
-                            snr_o - snr_r, "dB", "ours - absmax >= +0.3 dB",
-                            snr_o - snr_r >= 0.3))
+        figs.append(
+            _figure(
+                f"q4 snr vs absmax, {label} {shape}",
+                snr_o,
+                snr_r,
+                snr_o - snr_r,
+                "dB",
+                "ours - absmax >= +0.3 dB",
+                snr_o - snr_r >= 0.3,
+            )
+        )
         ws = w[:sub]
         snr_os = _snr(ws, quant.encode(ws, 4), 4)
         snr_b = _snr(ws, dense_bound_q4(ws), 4)
-        figs.append(_figure(f"q4 snr gap to dense fp16 bound, {label} first {sub} rows",
-                            snr_os, snr_b, snr_b - snr_os, "dB",
-                            "bound - ours <= 0.1 dB", snr_b - snr_os <= 0.1))
+        figs.append(
+            _figure(
+                f"q4 snr gap to dense fp16 bound, {label} first {sub} rows",
+                snr_os,
+                snr_b,
+                snr_b - snr_os,
+                "dB",
+                "bound - ours <= 0.1 dB",
+                snr_b - snr_os <= 0.1,
+            )
+        )
         snr_o2, snr_g = _snr(w, ours2, 2), _snr(w, grid2, 2)
-        figs.append(_figure(f"q2 snr vs 64-candidate grid, {label} {shape}", snr_o2, snr_g,
-                            snr_o2 - snr_g, "dB", "ours - grid >= 0 dB", snr_o2 >= snr_g))
+        figs.append(
+            _figure(
+                f"q2 snr vs 64-candidate grid, {label} {shape}",
+                snr_o2,
+                snr_g,
+                snr_o2 - snr_g,
+                "dB",
+                "ours - grid >= 0 dB",
+                snr_o2 >= snr_g,
+            )
+        )
     return figs
 
 
@@ -296,8 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(f["name"]) for f in figs)
     for f in figs:
         mark = "ok  " if f["pass"] else "MISS"
-        print(f"{mark} {f['name']:<{width}}  ours {f['ours']:>9.3f}  base {f['baseline']:>9.3f}"
-              f"  ratio {f['ratio']:>8.3f}  {f['unit']:<12} goal: {f['goal']}")
+        print(
+            f"{mark} {f['name']:<{width}}  ours {f['ours']:>9.3f}  base {f['baseline']:>9.3f}"
+            f"  ratio {f['ratio']:>8.3f}  {f['unit']:<12} goal: {f['goal']}"
+        )
     return 0 if all(f["pass"] for f in figs) else 1
 
 

@@ -47,8 +47,15 @@ def struct_loop_open(path: Path) -> dict:
         key = (lay, exp)
         if prev is not None and key <= prev:
             raise ValueError("unsorted")
-        if (off % page or off < data_offset or off + pad > size or res != b"\0" * 4
-                or raw == 0 or pad != -(-raw // page) * page or gs != layout.GROUP_SIZE):
+        if (
+            off % page
+            or off < data_offset
+            or off + pad > size
+            or res != b"\0" * 4
+            or raw == 0
+            or pad != -(-raw // page) * page
+            or gs != layout.GROUP_SIZE
+        ):
             raise ValueError("bad entry")
         spans.append((off, off + pad))
         index[key] = i
@@ -83,38 +90,94 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     t_fast = best_time(lambda: Vault.open(big), repeat=20)
     t_loop = best_time(lambda: struct_loop_open(big), repeat=3)
     t_ks = best_time(lambda: kaitai_open(big), repeat=1)
-    figs.append(figure("open + table checks, 12,032 experts, vs struct loop", t_fast * 1e3,
-                       t_loop * 1e3, "ms", "about 1 ms and >= 20x faster",
-                       t_loop / t_fast >= 20, ratio=t_loop / t_fast,
-                       detail="open + index + table checks: the fast reader vs a per-entry "
-                       "struct.unpack loop with the same checks"))
-    figs.append(figure("open + table checks, 12,032 experts, vs Kaitai", t_fast * 1e3,
-                       t_ks * 1e3, "ms", "faster", t_ks > t_fast, ratio=t_ks / t_fast,
-                       detail="the fast reader vs the generated Kaitai parser"))
+    figs.append(
+        figure(
+            "open + table checks, 12,032 experts, vs struct loop",
+            t_fast * 1e3,
+            t_loop * 1e3,
+            "ms",
+            "about 1 ms and >= 20x faster",
+            t_loop / t_fast >= 20,
+            ratio=t_loop / t_fast,
+            detail="open + index + table checks: the fast reader vs a per-entry "
+            "struct.unpack loop with the same checks",
+        )
+    )
+    figs.append(
+        figure(
+            "open + table checks, 12,032 experts, vs Kaitai",
+            t_fast * 1e3,
+            t_ks * 1e3,
+            "ms",
+            "faster",
+            t_ks > t_fast,
+            ratio=t_ks / t_fast,
+            detail="the fast reader vs the generated Kaitai parser",
+        )
+    )
     data = FileView.open(big)
     t_verify = best_time(lambda: verify(data), repeat=5)
-    figs.append(figure("smoe verify (no --deep), 12,032 experts", t_verify * 1e3, None, "ms",
-                       "milliseconds (< 50 ms)", t_verify < 0.05))
+    figs.append(
+        figure(
+            "smoe verify (no --deep), 12,032 experts",
+            t_verify * 1e3,
+            None,
+            "ms",
+            "milliseconds (< 50 ms)",
+            t_verify < 0.05,
+        )
+    )
     t_dump = best_time(lambda: json.dumps(collect(big, data)[0]), repeat=2)
-    figs.append(figure("smoe-dump --json content, 12,032 experts", t_dump * 1e3, None, "ms",
-                       "< 1 s", t_dump < 1.0))
+    figs.append(
+        figure(
+            "smoe-dump --json content, 12,032 experts",
+            t_dump * 1e3,
+            None,
+            "ms",
+            "< 1 s",
+            t_dump < 1.0,
+        )
+    )
     v1 = workdir / "qwen3-235b-a22b-shapes-v1.smoe"
     write_sparse_vault(v1, version=1)
-    arch = ArchInfo(rope_theta=1e6, num_heads=64, num_kv_heads=4, head_dim=128, moe_top_k=8,
-                    moe_ffn_dim=1536, num_hidden_layers=94, rms_norm_eps=1e-6,
-                    model_type="qwen3_moe", has_qk_norm=True, norm_topk_prob=True)
+    arch = ArchInfo(
+        rope_theta=1e6,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        moe_top_k=8,
+        moe_ffn_dim=1536,
+        num_hidden_layers=94,
+        rms_norm_eps=1e-6,
+        model_type="qwen3_moe",
+        has_qk_norm=True,
+        norm_topk_prob=True,
+    )
     t = time.perf_counter()
     res = upgrade(v1, arch)
     t_up = time.perf_counter() - t
-    figs.append(figure("smoe upgrade in place, 12,032 experts", t_up * 1e3, None, "ms",
-                       "independent of size (< 100 ms)", t_up < 0.1,
-                       detail=f"the v1 twin of the sparse vault ({res.mode})"))
-    figs.append(figure("sparse vault: on disk vs apparent size", on_disk / 2**20,
-                       apparent / 2**30, "MiB / GiB", "holes stay holes",
-                       big.stat().st_blocks * 512 < 64 * 2**20, ratio=on_disk / apparent,
-                       detail="bytes on disk (MiB) / apparent size (GiB) of the sparse "
-                       "12,032-expert vault"))
+    figs.append(
+        figure(
+            "smoe upgrade in place, 12,032 experts",
+            t_up * 1e3,
+            None,
+            "ms",
+            "independent of size (< 100 ms)",
+            t_up < 0.1,
+            detail=f"the v1 twin of the sparse vault ({res.mode})",
+        )
+    )
+    figs.append(
+        figure(
+            "sparse vault: on disk vs apparent size",
+            on_disk / 2**20,
+            apparent / 2**30,
+            "MiB / GiB",
+            "holes stay holes",
+            big.stat().st_blocks * 512 < 64 * 2**20,
+            ratio=on_disk / apparent,
+            detail="bytes on disk (MiB) / apparent size (GiB) of the sparse 12,032-expert vault",
+        )
+    )
     v1.unlink()
     return figs
-
-

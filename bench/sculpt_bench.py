@@ -83,8 +83,7 @@ def tree_pss(pid: int) -> int:
     for p in tree_pids(pid):
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
-                total += sum(int(line.split()[1]) * 1024 for line in f
-                             if line.startswith("Pss:"))
+                total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
         except (FileNotFoundError, ProcessLookupError, ValueError):
             continue
     return total
@@ -111,9 +110,16 @@ def run_tree(cmd: list[str]) -> tuple[float, int, str, int]:
 def checkpoint(root: Path, layers: int) -> Path:
     path = root / f"qwen3-30b-a3b-shapes-{layers}l"
     if not (path / "config.json").exists():
-        write_checkpoint(path, layers=layers, experts=GEOMETRY["experts"],
-                         d_model=GEOMETRY["d_model"], ffn=GEOMETRY["ffn"],
-                         vocab=GEOMETRY["vocab"], top_k=8, seed=7)
+        write_checkpoint(
+            path,
+            layers=layers,
+            experts=GEOMETRY["experts"],
+            d_model=GEOMETRY["d_model"],
+            ffn=GEOMETRY["ffn"],
+            vocab=GEOMETRY["vocab"],
+            top_k=8,
+            seed=7,
+        )
     return path
 
 
@@ -147,13 +153,31 @@ def remove_tree(out: Path) -> None:
 
 def sculpt_run(ckpt: Path, out: Path, bits: int, jobs: int, extra: list[str]) -> dict:
     """One ``smoe sculpt`` process: MB/s over its own seconds, process wall, peak RSS."""
-    cmd = [sys.executable, "-m", "smoe.cli", "sculpt", str(ckpt), str(out), "--bits", str(bits),
-           "--jobs", str(jobs), "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "smoe.cli",
+        "sculpt",
+        str(ckpt),
+        str(out),
+        "--bits",
+        str(bits),
+        "--jobs",
+        str(jobs),
+        "--json",
+        *extra,
+    ]
     wall, rss, stdout, pss = run_tree(cmd)
     summary = json.loads(stdout)
     mb = summary["expert_bytes_in"] / 1e6
-    return {"mb_s": mb / summary["seconds"], "seconds": summary["seconds"], "wall": wall,
-            "rss": rss, "pss": pss, "mb": mb}
+    return {
+        "mb_s": mb / summary["seconds"],
+        "seconds": summary["seconds"],
+        "wall": wall,
+        "rss": rss,
+        "pss": pss,
+        "mb": mb,
+    }
 
 
 def run(workdir: Path, quick: bool = False) -> list[dict]:
@@ -198,50 +222,88 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
             else:
                 remove_tree(out)
     gb = sum(p.stat().st_size for p in shards) / 1e9
-    figs = [figure(f"read limit of the checkpoint, {what}", limits[mode], None, "MB/s",
-                   "reference limit", None,
-                   detail=f"{gb:.2f} GB in {len(shards)} shard(s), best in this run of "
-                   f"{describe(per_threads[mode])}"
-                   + (", dropped from the page cache before each read" if mode == "cold"
-                      else ""))
-            for mode, what in (("cached", "page-cached"), ("cold", "cold"))]
+    figs = [
+        figure(
+            f"read limit of the checkpoint, {what}",
+            limits[mode],
+            None,
+            "MB/s",
+            "reference limit",
+            None,
+            detail=f"{gb:.2f} GB in {len(shards)} shard(s), best in this run of "
+            f"{describe(per_threads[mode])}"
+            + (", dropped from the page cache before each read" if mode == "cold" else ""),
+        )
+        for mode, what in (("cached", "page-cached"), ("cold", "cold"))
+    ]
     for bits, runs in all_runs.items():
         one, base = runs[(1, "cached")], bases[bits]
-        figs.append(figure(f"sculpt Q{bits} --jobs 1 vs reference-encoder baseline",
-                           one["mb_s"], base, "MB/s", ">= 1x baseline", one["mb_s"] >= base,
-                           detail="MB/s of BF16 expert weights in, page-cached; the baseline "
-                           "loads, reference-quantises and appends each expert in turn"))
+        figs.append(
+            figure(
+                f"sculpt Q{bits} --jobs 1 vs reference-encoder baseline",
+                one["mb_s"],
+                base,
+                "MB/s",
+                ">= 1x baseline",
+                one["mb_s"] >= base,
+                detail="MB/s of BF16 expert weights in, page-cached; the baseline "
+                "loads, reference-quantises and appends each expert in turn",
+            )
+        )
         for mode in ("cached", "cold"):
             r = runs[(cores, mode)]
-            figs.append(figure(
-                f"sculpt Q{bits} --jobs {cores}, {mode}, vs read limit", r["mb_s"],
-                limits[mode], "MB/s", f">= {GOAL:.0%} of the read limit",
-                r["mb_s"] >= GOAL * limits[mode],
-                detail=f"--jobs = the usable cores; {r['mb']:.0f} MB in {r['seconds']:.2f} s "
-                f"in sculpt ({r['wall']:.2f} s for the process, start-up included)"))
+            figs.append(
+                figure(
+                    f"sculpt Q{bits} --jobs {cores}, {mode}, vs read limit",
+                    r["mb_s"],
+                    limits[mode],
+                    "MB/s",
+                    f">= {GOAL:.0%} of the read limit",
+                    r["mb_s"] >= GOAL * limits[mode],
+                    detail=f"--jobs = the usable cores; {r['mb']:.0f} MB in {r['seconds']:.2f} s "
+                    f"in sculpt ({r['wall']:.2f} s for the process, start-up included)",
+                )
+            )
         if cores > 1:
             scale = runs[(cores, "cached")]["mb_s"] / one["mb_s"]
-            figs.append(figure(f"sculpt Q{bits} --jobs {cores} vs --jobs 1, page-cached",
-                               runs[(cores, "cached")]["mb_s"], one["mb_s"], "MB/s",
-                               f">= {0.75 * cores:g}x on {cores} cores", scale >= 0.75 * cores))
+            figs.append(
+                figure(
+                    f"sculpt Q{bits} --jobs {cores} vs --jobs 1, page-cached",
+                    runs[(cores, "cached")]["mb_s"],
+                    one["mb_s"],
+                    "MB/s",
+                    f">= {0.75 * cores:g}x on {cores} cores",
+                    scale >= 0.75 * cores,
+                )
+            )
         (jobs, mode), r = max(runs.items(), key=lambda kv: kv[1]["rss"])
-        figs.append(figure(f"sculpt Q{bits}: peak RSS of the process tree", r["rss"] / 2**20,
-                           rss_limit / 2**20, "MiB", "<= 512 MiB + 1 expert f32",
-                           r["rss"] <= rss_limit, ratio=r["rss"] / rss_limit,
-                           detail=f"the largest of {len(runs)} runs (--jobs {jobs}, {mode}), "
-                           "the sum of every process's RSS (pages the workers share with the "
-                           f"parent counted in each; PSS, counting them once: "
-                           f"{r['pss'] / 2**20:.0f} MiB); limit 512 MiB + one expert's three "
-                           "f32 tensors"))
-    figs.extend(resume_figures(ckpt, workdir, clean_seconds, limits["cached"],
-                               32 if quick else None))
+        figs.append(
+            figure(
+                f"sculpt Q{bits}: peak RSS of the process tree",
+                r["rss"] / 2**20,
+                rss_limit / 2**20,
+                "MiB",
+                "<= 512 MiB + 1 expert f32",
+                r["rss"] <= rss_limit,
+                ratio=r["rss"] / rss_limit,
+                detail=f"the largest of {len(runs)} runs (--jobs {jobs}, {mode}), "
+                "the sum of every process's RSS (pages the workers share with the "
+                f"parent counted in each; PSS, counting them once: "
+                f"{r['pss'] / 2**20:.0f} MiB); limit 512 MiB + one expert's three "
+                "f32 tensors",
+            )
+        )
+    figs.extend(
+        resume_figures(ckpt, workdir, clean_seconds, limits["cached"], 32 if quick else None)
+    )
     figs.extend(vault_read_figures(q4_vault, workdir))
     remove_tree(q4_vault)
     return figs
 
 
-def resume_figures(ckpt: Path, workdir: Path, clean_seconds: float, limit: float,
-                   max_experts: int | None = None) -> list[dict]:
+def resume_figures(
+    ckpt: Path, workdir: Path, clean_seconds: float, limit: float, max_experts: int | None = None
+) -> list[dict]:
     """Seconds and MB/s of source bytes re-hashed by ``--resume`` when all is done."""
     cores = usable_cores()
     opts = SculptOptions(jobs=cores, max_experts=max_experts)
@@ -262,8 +324,18 @@ def resume_figures(ckpt: Path, workdir: Path, clean_seconds: float, limit: float
             raise
     if not stopped:
         raise RuntimeError("the preparatory sculpt was not stopped before its commit")
-    cmd = [sys.executable, "-m", "smoe.cli", "sculpt", str(ckpt), str(out), "--resume",
-           "--jobs", str(cores), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "smoe.cli",
+        "sculpt",
+        str(ckpt),
+        str(out),
+        "--resume",
+        "--jobs",
+        str(cores),
+        "--json",
+    ]
     if max_experts is not None:
         cmd += ["--max-experts", str(max_experts)]
     seconds, _, stdout, _ = run_tree(cmd)
@@ -274,15 +346,27 @@ def resume_figures(ckpt: Path, workdir: Path, clean_seconds: float, limit: float
     gb = source_bytes / 1e9
     rate = source_bytes / 1e6 / summary["seconds"]
     return [
-        figure("sculpt --resume, all experts done, vs a clean sculpt", seconds, clean_seconds,
-               "s", "<= 0.25x a clean sculpt", seconds <= 0.25 * clean_seconds,
-               detail=f"a run stopped after its last expert ({total} experts, {gb:.2f} GB of "
-               f"sources re-read and hashed), against the clean Q4 --jobs {cores} run, both "
-               "process wall"),
-        figure("sculpt --resume: sources re-hashed vs read limit", rate, limit, "MB/s",
-               "informative", None,
-               detail="MB/s of source bytes re-read and hashed (CRC-32C) over the sculpt's own "
-               "seconds, against the page-cached read limit of the checkpoint"),
+        figure(
+            "sculpt --resume, all experts done, vs a clean sculpt",
+            seconds,
+            clean_seconds,
+            "s",
+            "<= 0.25x a clean sculpt",
+            seconds <= 0.25 * clean_seconds,
+            detail=f"a run stopped after its last expert ({total} experts, {gb:.2f} GB of "
+            f"sources re-read and hashed), against the clean Q4 --jobs {cores} run, both "
+            "process wall",
+        ),
+        figure(
+            "sculpt --resume: sources re-hashed vs read limit",
+            rate,
+            limit,
+            "MB/s",
+            "informative",
+            None,
+            detail="MB/s of source bytes re-read and hashed (CRC-32C) over the sculpt's own "
+            "seconds, against the page-cached read limit of the checkpoint",
+        ),
     ]
 
 
@@ -311,12 +395,23 @@ def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
     f32 = out.stat().st_size
     out.unlink()
     return [
-        figure("smoe verify --deep vs read limit of the vault", size / 1e6 / t_verify, limit,
-               "MB/s", "informative", None,
-               detail=f"the {size / 1e6:.0f} MB Q4 vault with its manifest (CRC-32C of every "
-               f"blob), page-cached, in-process; read limit best of {describe(per)}"),
-        figure("smoe export --layer 0 vs read limit of the vault", layer_in / 1e6 / t_export,
-               limit, "MB/s", "informative", None,
-               detail=f"MB/s of vault bytes in; writes {f32 / 1e9:.2f} GB of float32, "
-               "in-process"),
+        figure(
+            "smoe verify --deep vs read limit of the vault",
+            size / 1e6 / t_verify,
+            limit,
+            "MB/s",
+            "informative",
+            None,
+            detail=f"the {size / 1e6:.0f} MB Q4 vault with its manifest (CRC-32C of every "
+            f"blob), page-cached, in-process; read limit best of {describe(per)}",
+        ),
+        figure(
+            "smoe export --layer 0 vs read limit of the vault",
+            layer_in / 1e6 / t_export,
+            limit,
+            "MB/s",
+            "informative",
+            None,
+            detail=f"MB/s of vault bytes in; writes {f32 / 1e9:.2f} GB of float32, in-process",
+        ),
     ]

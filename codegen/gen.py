@@ -44,8 +44,12 @@ def compile_ksy(spec: Path) -> dict[str, dict[str, str]]:
         raise GenError("node is not installed; run `make setup`")
     if not (HERE / "node_modules" / "kaitai-struct-compiler").is_dir():
         raise GenError("codegen/node_modules is missing; run `make setup` (npm ci)")
-    proc = subprocess.run([node, str(HERE / "ksc.js"), str(spec), "python", "graphviz"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [node, str(HERE / "ksc.js"), str(spec), "python", "graphviz"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode == 2 or not proc.stdout:
         raise GenError(f"kaitai-struct-compiler failed to run:\n{proc.stderr}")
     result = json.loads(proc.stdout)
@@ -87,8 +91,9 @@ def render_all(spec: Path) -> dict[str, str]:
     }
     dot = shutil.which("dot")
     if dot is not None:
-        svg = subprocess.run([dot, "-Tsvg"], input=out["docs/smoe.dot"], capture_output=True,
-                             text=True, check=True).stdout
+        svg = subprocess.run(
+            [dot, "-Tsvg"], input=out["docs/smoe.dot"], capture_output=True, text=True, check=True
+        ).stdout
         out["docs/smoe.svg"] = svg
     return out
 
@@ -106,8 +111,11 @@ def drift(files: dict[str, str], committed: Path) -> list[str]:
         fresh = Path(tmp)
         write_tree(files, fresh)
         problems = []
-        existing = {p.relative_to(committed).as_posix() for p in committed.rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts}
+        existing = {
+            p.relative_to(committed).as_posix()
+            for p in committed.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
         for rel in sorted(set(files) | existing):
             if rel not in files:
                 if rel in OPTIONAL:
@@ -133,14 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.check:
         if "docs/smoe.svg" not in files:
-            print("check-gen: graphviz `dot` not installed; docs/smoe.svg not compared",
-                  file=sys.stderr)
+            print(
+                "check-gen: graphviz `dot` not installed; docs/smoe.svg not compared",
+                file=sys.stderr,
+            )
         problems = drift(files, args.out)
         for p in problems:
             print(f"check-gen: generated/{p}", file=sys.stderr)
         if problems:
-            print("check-gen: generated files are stale or hand-edited; run `make gen`",
-                  file=sys.stderr)
+            print(
+                "check-gen: generated files are stale or hand-edited; run `make gen`",
+                file=sys.stderr,
+            )
             return 1
         print(f"check-gen: {len(files)} generated files are current")
         return 0

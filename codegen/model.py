@@ -217,20 +217,48 @@ def _c_field(attr: dict[str, Any], offset: int, struct_id: str) -> Field:
         contents = attr["contents"]
         raw = contents.encode("ascii") if isinstance(contents, str) else bytes(contents)
         shown = " ".join(f"{b:02X}" for b in raw)
-        return Field(name, offset, len(raw), "uint8_t", len(raw), "u1", f"uint8[{len(raw)}]",
-                     doc, f"== {shown}")
+        return Field(
+            name,
+            offset,
+            len(raw),
+            "uint8_t",
+            len(raw),
+            "u1",
+            f"uint8[{len(raw)}]",
+            doc,
+            f"== {shown}",
+        )
     typ = attr.get("type")
     if typ in _PRIMITIVES:
         size, ctype, nptype, readable = _PRIMITIVES[typ]
         enum = attr.get("enum")
-        return Field(name, offset, size, ctype, None, nptype, readable if not enum else
-                     f"{readable} enum {enum}", doc, _valid_text(attr.get("valid")), enum)
+        return Field(
+            name,
+            offset,
+            size,
+            ctype,
+            None,
+            nptype,
+            readable if not enum else f"{readable} enum {enum}",
+            doc,
+            _valid_text(attr.get("valid")),
+            enum,
+        )
     if "size" in attr and isinstance(attr["size"], int):
         size = attr["size"]
         if typ == "strz" or "-smoe-text" in attr:  # a text field read as checked bytes
             encoding = attr.get("encoding", attr.get("-smoe-text", ""))
-            return Field(name, offset, size, "char", size, f"S{size}", f"char[{size}]", doc,
-                         f"{encoding}, NUL-padded")
+            return Field(
+                name,
+                offset,
+                size,
+                "char",
+                size,
+                f"S{size}",
+                f"char[{size}]",
+                doc,
+                f"{encoding}, NUL-padded",
+            )
         valid = "all zero" if typ == "zero_fill" else _valid_text(attr.get("valid"))
         return Field(name, offset, size, "uint8_t", size, "u1", f"uint8[{size}]", doc, valid)
     raise ValueError(f"{struct_id}.{name}: no fixed-size C mapping for {attr!r}")
@@ -299,8 +327,9 @@ def _rules(spec: dict[str, Any]) -> list[Rule]:
     out: list[Rule] = []
     for i, node in enumerate(spec.get("-smoe-rules") or []):
         where = f"-smoe-rules[{i}]"
-        if not isinstance(node, dict) or not {"code", "severity", "load", "ksy",
-                                              "message"} <= set(node):
+        if not isinstance(node, dict) or not {"code", "severity", "load", "ksy", "message"} <= set(
+            node
+        ):
             raise ValueError(f"{where}: needs code, severity, load, ksy and message")
         if set(node) - _RULE_KEYS:
             raise ValueError(f"{where}: unknown keys {sorted(set(node) - _RULE_KEYS)}")
@@ -319,8 +348,18 @@ def _rules(spec: dict[str, Any]) -> list[Rule]:
         rulings = tuple(str(r) for r in node.get("ruling") or ())
         if not all(re.fullmatch(r"[DR]\d+", r) for r in rulings):
             raise ValueError(f"{where} {code}: rulings are D<n> or R<n>")
-        out.append(Rule(code, node["severity"], flags["load"], flags["deep"], flags["ksy"],
-                        flags["sidecar"], rulings, " ".join(str(node["message"]).split())))
+        out.append(
+            Rule(
+                code,
+                node["severity"],
+                flags["load"],
+                flags["deep"],
+                flags["ksy"],
+                flags["sidecar"],
+                rulings,
+                " ".join(str(node["message"]).split()),
+            )
+        )
     for attr in ("code", "name"):
         seen = [getattr(r, attr) for r in out]
         dup = sorted({x for x in seen if seen.count(x) > 1})
@@ -369,19 +408,29 @@ def load(path: Path) -> Model:
             if attr["id"] == "magic":
                 c = attr["contents"]
                 magics[struct_id] = c.encode("ascii") if isinstance(c, str) else bytes(c)
-        structs.append(Struct(struct_id, node["-smoe-struct"], _doc(node), _doc_ref(node),
-                              fields, _instances(node), type_id))
+        structs.append(
+            Struct(
+                struct_id,
+                node["-smoe-struct"],
+                _doc(node),
+                _doc_ref(node),
+                fields,
+                _instances(node),
+                type_id,
+            )
+        )
         sizes[type_id] = offset
 
     def resolve(text: str) -> str:
         """Spell constants and struct sizes out, for readers of the rendered spec; drop the
         `.as<u8>`-style casts, which only keep typed targets exact (docs/KAITAI_TARGETS.md)."""
         text = re.sub(r"\.as<[us][1248]>", "", text)
-        text = re.sub(r"_root\.([a-z0-9_]+)",
-                      lambda m: str(by_ksy[m.group(1)].value) if m.group(1) in by_ksy
-                      else m.group(0), text)
-        return re.sub(r"sizeof<([a-z_]+)>", lambda m: str(sizes.get(m.group(1), m.group(0))),
-                      text)
+        text = re.sub(
+            r"_root\.([a-z0-9_]+)",
+            lambda m: str(by_ksy[m.group(1)].value) if m.group(1) in by_ksy else m.group(0),
+            text,
+        )
+        return re.sub(r"sizeof<([a-z_]+)>", lambda m: str(sizes.get(m.group(1), m.group(0))), text)
 
     orig = _orig_names(spec)
     for st in structs:
@@ -395,14 +444,21 @@ def load(path: Path) -> Model:
         c.doc = _in_orig_names(c.doc, orig)
 
     enums = [
-        Enum(enum_id, [EnumValue(v["id"] if isinstance(v, dict) else v, k,
-                                 _doc(v) if isinstance(v, dict) else "")
-                       for k, v in values.items()])
+        Enum(
+            enum_id,
+            [
+                EnumValue(
+                    v["id"] if isinstance(v, dict) else v, k, _doc(v) if isinstance(v, dict) else ""
+                )
+                for k, v in values.items()
+            ],
+        )
         for enum_id, values in spec.get("enums", {}).items()
     ]
 
-    header_type = next(t for t, node in spec["types"].items()
-                       if node.get("-orig-id", t) == "header")
+    header_type = next(
+        t for t, node in spec["types"].items() if node.get("-orig-id", t) == "header"
+    )
     bits_attr = next(a for a in spec["types"][header_type]["seq"] if a["id"] == "bits")
     supported = []
     for ref in bits_attr["valid"]["any-of"]:

@@ -46,28 +46,46 @@ def fuzz_python(runs: int, seconds: int, seed: int, work: Path, quick: bool = Fa
     if importlib.util.find_spec("atheris") is None:
         # atheris (the `fuzz` extra) has no wheel for every platform: the short campaign of
         # `make test` names the missing dependency and goes on; `make fuzz` fails without it
-        return {"ok": quick, "skipped": "atheris is not installed (pip install -e '.[fuzz]'; "
-                "it has no wheel for this platform)"}
+        return {
+            "ok": quick,
+            "skipped": "atheris is not installed (pip install -e '.[fuzz]'; "
+            "it has no wheel for this platform)",
+        }
     corpus = work / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
     for p in [*FIXTURES.glob("*.smoe"), *(FIXTURES / "corrupt").glob("*.smoe")]:
         shutil.copy(p, corpus / p.name)
     artifacts = work / "crashes"
     artifacts.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "fuzz.reader_target", str(corpus), f"-runs={runs}",
-           f"-max_total_time={seconds}", f"-seed={seed}",
-           # RSS grows ~40 KB per input under atheris (flat without it); one allocation of
-           # over 2 GB is still a crash
-           "-rss_limit_mb=6144", "-malloc_limit_mb=2048", "-timeout=20",
-           "-max_len=200000", f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fuzz.reader_target",
+        str(corpus),
+        f"-runs={runs}",
+        f"-max_total_time={seconds}",
+        f"-seed={seed}",
+        # RSS grows ~40 KB per input under atheris (flat without it); one allocation of
+        # over 2 GB is still a crash
+        "-rss_limit_mb=6144",
+        "-malloc_limit_mb=2048",
+        "-timeout=20",
+        "-max_len=200000",
+        f"-artifact_prefix={artifacts}/",
+        "-print_final_stats=1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     m = re.findall(r"stat::number_of_executed_units:\s+(\d+)", proc.stderr)
     cov = re.findall(r"cov: (\d+)", proc.stderr)
     crashes = sorted(p.name for p in artifacts.iterdir())
-    return {"inputs": int(m[-1]) if m else 0, "coverage_edges": int(cov[-1]) if cov else 0,
-            "crashes": crashes, "exit_code": proc.returncode,
-            "ok": proc.returncode == 0 and not crashes,
-            "log_tail": proc.stderr[-1500:] if proc.returncode else ""}
+    return {
+        "inputs": int(m[-1]) if m else 0,
+        "coverage_edges": int(cov[-1]) if cov else 0,
+        "crashes": crashes,
+        "exit_code": proc.returncode,
+        "ok": proc.returncode == 0 and not crashes,
+        "log_tail": proc.stderr[-1500:] if proc.returncode else "",
+    }
 
 
 def fuzz_cpp(mutations: int, seed: int, work: Path) -> dict:
@@ -84,8 +102,11 @@ def fuzz_cpp(mutations: int, seed: int, work: Path) -> dict:
     except json.JSONDecodeError:
         info = {"raw": proc.stdout[-500:]}
     sanitizer = "runtime error" in proc.stderr or "AddressSanitizer" in proc.stderr
-    info.update(exit_code=proc.returncode, sanitizer_reports=sanitizer,
-                ok=proc.returncode == 0 and not sanitizer and info.get("failed", 1) == 0)
+    info.update(
+        exit_code=proc.returncode,
+        sanitizer_reports=sanitizer,
+        ok=proc.returncode == 0 and not sanitizer and info.get("failed", 1) == 0,
+    )
     if not info["ok"]:
         info["log_tail"] = proc.stderr[-1500:]
     return info
@@ -98,13 +119,15 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
 
     rng = random.Random(seed)
     layers, experts = 4, 32
-    ck = write_checkpoint(work / "ckpt" / "killme", layers=layers, experts=experts,
-                          d_model=512, ffn=256, seed=seed)
+    ck = write_checkpoint(
+        work / "ckpt" / "killme", layers=layers, experts=experts, d_model=512, ffn=256, seed=seed
+    )
     ref = sculpt(ck, work / "ref", SculptOptions())
     ref_vault, ref_scout = ref.vault.read_bytes(), ref.scout.read_bytes()
     t = time.perf_counter()
-    subprocess.run([*SMOE, "sculpt", str(ck), str(work / "timing")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*SMOE, "sculpt", str(ck), str(work / "timing")], check=True, capture_output=True
+    )
     full = time.perf_counter() - t
     out = work / "out"
     survived, partial_seen, attempts = 0, 0, 0
@@ -115,8 +138,11 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
         attempts += 1
         if out.exists():
             shutil.rmtree(out)
-        proc = subprocess.Popen([*SMOE, "sculpt", str(ck), str(out), "--resume"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*SMOE, "sculpt", str(ck), str(out), "--resume"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0, full * 0.9))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -135,19 +161,28 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
         if final.exists() and final.read_bytes() != ref_vault:  # complete is fine, partial not
             partial_seen += 1
             failures.append(f"kill {interrupted}: a partial vault appeared under the final name")
-        done = subprocess.run([*SMOE, "sculpt", str(ck), str(out), "--resume"],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [*SMOE, "sculpt", str(ck), str(out), "--resume"], capture_output=True, text=True
+        )
         if done.returncode != 0:
             failures.append(f"kill {interrupted}: resume failed: {done.stderr[-300:]}")
             continue
-        if final.read_bytes() != ref_vault or (out / "killme.scout.safetensors").read_bytes() \
-                != ref_scout:
+        if (
+            final.read_bytes() != ref_vault
+            or (out / "killme.scout.safetensors").read_bytes() != ref_scout
+        ):
             failures.append(f"kill {interrupted}: resumed vault differs from the clean run")
             continue
         survived += 1
-    return {"kills": interrupted, "attempts": attempts, "survived": survived, "stages": stages,
-            "partial_under_final_name": partial_seen, "failures": failures[:10],
-            "ok": survived == interrupted >= kills}
+    return {
+        "kills": interrupted,
+        "attempts": attempts,
+        "survived": survived,
+        "stages": stages,
+        "partial_under_final_name": partial_seen,
+        "failures": failures[:10],
+        "ok": survived == interrupted >= kills,
+    }
 
 
 PAUSE = """
@@ -182,8 +217,12 @@ def kill_upgrade(random_kills: int, seed: int, work: Path) -> dict:
         for i in range(count):
             p = work / f"u{mode}{i}.smoe"
             p.write_bytes(src.read_bytes())
-            proc = subprocess.Popen([sys.executable, "-c", PAUSE, str(p), mode],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", PAUSE, str(p), mode],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             if mode == "pause":
                 for _ in range(i):
                     proc.stdout.readline()
@@ -204,8 +243,13 @@ def kill_upgrade(random_kills: int, seed: int, work: Path) -> dict:
             if p.read_bytes()[v.geometry.data_offset :] != blobs:
                 failures.append(f"{mode} {i}: blobs changed")
             p.unlink()
-    return {"kills": trials, "valid_v1": versions[1], "valid_v2": versions[2],
-            "failures": failures[:10], "ok": not failures}
+    return {
+        "kills": trials,
+        "valid_v1": versions[1],
+        "valid_v2": versions[2],
+        "failures": failures[:10],
+        "ok": not failures,
+    }
 
 
 def fuzz_inputs(target: str, cases: int, seconds: float, cli_every: int, seed: int) -> dict:
@@ -231,18 +275,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="smoe-fuzz-") as tmp:
         work = Path(tmp)
         steps = [
-            ("python_reader_fuzz", lambda d: fuzz_python(3000 if q else 10**9, 30 if q else 240,
-                                                         args.seed, d, q)),
+            (
+                "python_reader_fuzz",
+                lambda d: fuzz_python(3000 if q else 10**9, 30 if q else 240, args.seed, d, q),
+            ),
             ("cpp_check_mutations", lambda d: fuzz_cpp(2000 if q else 50000, args.seed, d)),
             ("sculpt_kills", lambda d: kill_sculpt(4 if q else 60, args.seed, d)),
             ("upgrade_kills", lambda d: kill_upgrade(4 if q else 50, args.seed, d)),
             # quick: a fixed number of cases (the same ones on every machine), time-capped
-            ("safetensors_header_mutations",
-             lambda d: fuzz_inputs("safetensors", 250 if q else 10**9, 10 if q else 240,
-                                   100 if q else 50, args.seed)),
-            ("config_mutations",
-             lambda d: fuzz_inputs("config", 350 if q else 10**9, 8 if q else 180,
-                                   100 if q else 50, args.seed)),
+            (
+                "safetensors_header_mutations",
+                lambda d: fuzz_inputs(
+                    "safetensors",
+                    250 if q else 10**9,
+                    10 if q else 240,
+                    100 if q else 50,
+                    args.seed,
+                ),
+            ),
+            (
+                "config_mutations",
+                lambda d: fuzz_inputs(
+                    "config", 350 if q else 10**9, 8 if q else 180, 100 if q else 50, args.seed
+                ),
+            ),
         ]
         for name, step in steps:
             (work / name).mkdir(exist_ok=True)

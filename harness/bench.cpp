@@ -4,6 +4,9 @@
 #include "json.hpp"
 #include "quant.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -11,12 +14,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <mutex>
-#include <sys/stat.h>
 #include <random>
 #include <thread>
-#include <unistd.h>
 
 namespace smoe::harness {
 
@@ -53,8 +53,8 @@ void open_reader(const Vault& v, bool want_direct, Reader& r) {
                      v.name.c_str(), std::strerror(errno));
     }
     r.fd = Fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
-    if (r.fd.get() < 0) throw IoError(v.name + ": cannot duplicate the descriptor: " +
-                                      std::strerror(errno));
+    if (r.fd.get() < 0)
+        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno));
 }
 
 /// The order in which experts are read. seq: table entries in file order. random:
@@ -63,7 +63,8 @@ void open_reader(const Vault& v, bool want_direct, Reader& r) {
 std::vector<uint32_t> make_jobs(const Vault& v, bool random, unsigned k, uint64_t seed) {
     std::vector<uint32_t> jobs;
     if (!random) {
-        for (uint32_t i = 0; i < v.experts.size(); ++i) jobs.push_back(i);
+        for (uint32_t i = 0; i < v.experts.size(); ++i)
+            jobs.push_back(i);
         std::stable_sort(jobs.begin(), jobs.end(), [&](uint32_t a, uint32_t b) {
             return v.experts[a].byte_offset < v.experts[b].byte_offset;
         });
@@ -71,7 +72,8 @@ std::vector<uint32_t> make_jobs(const Vault& v, bool random, unsigned k, uint64_
     }
     std::vector<std::vector<uint32_t>> layers;  // the table is sorted by layer
     for (uint32_t i = 0; i < v.experts.size(); ++i) {
-        if (i == 0 || v.experts[i].layer_id != v.experts[i - 1].layer_id) layers.emplace_back();
+        if (i == 0 || v.experts[i].layer_id != v.experts[i - 1].layer_id)
+            layers.emplace_back();
         layers.back().push_back(i);
     }
     std::mt19937_64 rng(seed);
@@ -88,13 +90,16 @@ std::vector<uint32_t> make_jobs(const Vault& v, bool random, unsigned k, uint64_
 }
 
 double percentile(std::vector<float>& v, double q) {
-    if (v.empty()) return 0;
+    if (v.empty())
+        return 0;
     const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
     std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
     return v[k];
 }
 
-void sleep_for(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+void sleep_for(double s) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
 
 struct Stream {
     uint64_t reads = 0, bytes = 0;
@@ -105,13 +110,15 @@ struct Stream {
 /// N reader threads take expert reads from a shared job counter; each preads a whole
 /// padded blob (16 KiB-aligned offset and length) into its slot of a ring of
 /// page-aligned buffers, as an engine's I/O pool fills staging buffers.
-Stream stream(const Vault& v, const Reader& r, const std::vector<uint32_t>& jobs,
-              unsigned threads, double seconds) {
+Stream stream(const Vault& v, const Reader& r, const std::vector<uint32_t>& jobs, unsigned threads,
+              double seconds) {
     uint64_t max_blob = 0;
-    for (const Expert& e : v.experts) max_blob = std::max(max_blob, e.padded_size);
+    for (const Expert& e : v.experts)
+        max_blob = std::max(max_blob, e.padded_size);
     constexpr unsigned SLOTS = 2;  // ring slots per thread
     std::vector<AlignedBuffer> ring;
-    for (unsigned k = 0; k < threads * SLOTS; ++k) ring.emplace_back(max_blob);
+    for (unsigned k = 0; k < threads * SLOTS; ++k)
+        ring.emplace_back(max_blob);
 
     std::atomic<uint64_t> next{0};
     std::atomic<bool> stop{false};
@@ -138,11 +145,15 @@ Stream stream(const Vault& v, const Reader& r, const std::vector<uint32_t>& jobs
     };
     const double t0 = now_seconds();
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker, t);
-    for (double end = t0 + seconds; !stop && now_seconds() < end;) sleep_for(0.005);
+    for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back(worker, t);
+    for (double end = t0 + seconds; !stop && now_seconds() < end;)
+        sleep_for(0.005);
     stop = true;
-    for (auto& th : pool) th.join();
-    if (!error.empty()) throw IoError(error);
+    for (auto& th : pool)
+        th.join();
+    if (!error.empty())
+        throw IoError(error);
     Stream all;
     all.elapsed = now_seconds() - t0;
     for (Stream& st : per) {
@@ -176,7 +187,8 @@ Raw raw_read(const Vault& v, const Reader& r, unsigned threads, double seconds) 
             AlignedBuffer buf(RAW_CHUNK);
             const uint64_t lo = std::min<uint64_t>(v.size, t * share);
             const uint64_t hi = std::min<uint64_t>(v.size, lo + share);
-            if (hi <= lo) return;
+            if (hi <= lo)
+                return;
             for (uint64_t off = lo; !stop.load(std::memory_order_relaxed);) {
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(RAW_CHUNK, hi - off));
                 const size_t n = pread_some(r.fd.get(), buf.data(), want, off, v.name);
@@ -191,15 +203,20 @@ Raw raw_read(const Vault& v, const Reader& r, unsigned threads, double seconds) 
     };
     const double t0 = now_seconds();
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker, t);
-    for (double end = t0 + seconds; !stop && now_seconds() < end;) sleep_for(0.005);
+    for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back(worker, t);
+    for (double end = t0 + seconds; !stop && now_seconds() < end;)
+        sleep_for(0.005);
     stop = true;
-    for (auto& th : pool) th.join();
-    if (!error.empty()) throw IoError(error);
+    for (auto& th : pool)
+        th.join();
+    if (!error.empty())
+        throw IoError(error);
     Raw out;
     out.threads = threads;
     out.seconds = now_seconds() - t0;
-    for (uint64_t b : bytes) out.bytes += b;
+    for (uint64_t b : bytes)
+        out.bytes += b;
     return out;
 }
 
@@ -220,7 +237,8 @@ std::pair<uint64_t, double> repeat(double seconds, Fn fn) {
 }  // namespace
 
 std::string run_bench(const Vault& v, const BenchOptions& o) {
-    if (v.experts.empty()) throw IoError(v.name + ": the vault holds no experts to stream");
+    if (v.experts.empty())
+        throw IoError(v.name + ": the vault holds no experts to stream");
     const unsigned threads = std::max(1u, o.threads);
     const unsigned k = o.topk ? o.topk : v.arch ? v.arch->moe_top_k : 8;
     const double side = std::max(0.05, o.seconds / 4);
@@ -229,17 +247,20 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
 
     std::vector<Raw> raws;  // the machine's limit for this file: the best of 1, 2, 4 threads
     const double raw_s = std::max(0.05, o.seconds / 3);  // the three take as long as the stream
-    for (unsigned n : {1u, 2u, 4u}) raws.push_back(raw_read(v, r, n, raw_s));
+    for (unsigned n : {1u, 2u, 4u})
+        raws.push_back(raw_read(v, r, n, raw_s));
     const Raw* best_raw = &raws[0];
     for (const Raw& x : raws)
-        if (x.gb_per_s() > best_raw->gb_per_s()) best_raw = &x;
+        if (x.gb_per_s() > best_raw->gb_per_s())
+            best_raw = &x;
     const auto jobs = make_jobs(v, o.random, k, o.seed);
     Stream st = stream(v, r, jobs, threads, o.seconds);
 
     // Compute: the largest expert, decoded and run from memory.
     const Expert* big = &v.experts[0];
     for (const Expert& e : v.experts)
-        if (e.raw_size > big->raw_size) big = &e;
+        if (e.raw_size > big->raw_size)
+            big = &e;
     AlignedBuffer blob(big->padded_size);
     pread_full(r.fd.get(), blob.data(), big->padded_size, big->byte_offset, v.name);
     QTensor t[3];
@@ -247,10 +268,12 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     std::vector<float> x(t[0].cols), y_fast(t[2].rows), y_ref(t[2].rows);
     std::mt19937 rng(static_cast<uint32_t>(o.seed));
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    for (float& xi : x) xi = uni(rng);
+    for (float& xi : x)
+        xi = uni(rng);
     ExpertKernel kernel;
     const auto [fast_n, fast_s] = repeat(side, [&] { kernel.forward(t, x.data(), y_fast.data()); });
-    const auto [ref_n, ref_s] = repeat(side, [&] { forward_scalar_reference(t, x.data(), y_ref.data()); });
+    const auto [ref_n, ref_s] =
+        repeat(side, [&] { forward_scalar_reference(t, x.data(), y_ref.data()); });
     double diff = 0, norm = 0;
     for (size_t j = 0; j < y_ref.size(); ++j) {
         diff = std::max(diff, std::fabs(static_cast<double>(y_fast[j]) - y_ref[j]));
@@ -258,8 +281,10 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     }
 
     const double gb = 1e9;
-    const double fast_gbps = static_cast<double>(big->raw_size) * static_cast<double>(fast_n) / fast_s / gb;
-    const double ref_gbps = static_cast<double>(big->raw_size) * static_cast<double>(ref_n) / ref_s / gb;
+    const double fast_gbps =
+        static_cast<double>(big->raw_size) * static_cast<double>(fast_n) / fast_s / gb;
+    const double ref_gbps =
+        static_cast<double>(big->raw_size) * static_cast<double>(ref_n) / ref_s / gb;
     JsonWriter j;
     j.begin_object();
     j.member("vault", v.name).member("file_size", v.size);

@@ -12,11 +12,11 @@ namespace smoe::harness {
 
 struct BenchOptions {
     unsigned threads = 1;
-    bool direct = false;          // O_DIRECT (falls back to buffered reads if refused)
-    bool random = true;           // pattern: random (per layer, K experts) or seq
-    unsigned topk = 0;            // 0: arch.moe_top_k, or 8 for a v1 vault
-    double seconds = 2.0;         // streaming phase; each raw read (1, 2, 4 threads) takes
-                                  // a third of it, each compute phase a quarter
+    bool direct = false;   // O_DIRECT (falls back to buffered reads if refused)
+    bool random = true;    // pattern: random (per layer, K experts) or seq
+    unsigned topk = 0;     // 0: arch.moe_top_k, or 8 for a v1 vault
+    double seconds = 2.0;  // streaming phase; each raw read (1, 2, 4 threads) takes
+                           // a third of it, each compute phase a quarter
     uint64_t seed = 1;
 };
 

@@ -42,6 +42,8 @@ inline float load_fp16(const uint8_t* p) noexcept {
 }
 
 /// A binary16 is finite unless its exponent field is all ones (inf / NaN).
-inline bool fp16_is_finite(uint16_t h) noexcept { return (h & 0x7C00u) != 0x7C00u; }
+inline bool fp16_is_finite(uint16_t h) noexcept {
+    return (h & 0x7C00u) != 0x7C00u;
+}
 
 }  // namespace smoe::harness

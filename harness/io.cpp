@@ -2,28 +2,35 @@
 
 #include <common.hpp>
 
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fcntl.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace smoe::harness {
 
 namespace {
 
-std::string why(int err) { return std::strerror(err); }
+std::string why(int err) {
+    return std::strerror(err);
+}
 
 const char* kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a folder";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISSOCK(mode)) return "a socket";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISDIR(mode))
+        return "a folder";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
     return "not a file";
 }
 
@@ -50,11 +57,13 @@ size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::str
     while (done < len) {
         ssize_t n = ::pread(fd, p + done, len - done, static_cast<off_t>(offset + done));
         if (n < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR)
+                continue;
             throw IoError(name + ": cannot read " + std::to_string(len) + " bytes at offset " +
                           std::to_string(offset) + ": " + why(errno));
         }
-        if (n == 0) break;  // end of file
+        if (n == 0)
+            break;  // end of file
         done += static_cast<size_t>(n);
     }
     return done;
@@ -70,14 +79,16 @@ void pread_full(int fd, void* buf, size_t len, uint64_t offset, const std::strin
 
 Fd& Fd::operator=(Fd&& o) noexcept {
     if (this != &o) {
-        if (fd_ >= 0) ::close(fd_);
+        if (fd_ >= 0)
+            ::close(fd_);
         fd_ = std::exchange(o.fd_, -1);
     }
     return *this;
 }
 
 Fd::~Fd() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0)
+        ::close(fd_);
 }
 
 Input open_input(const std::string& path) {
@@ -88,7 +99,8 @@ Input open_input(const std::string& path) {
         throw IoError(path + ": cannot open: " + why(err), err);
     }
     struct stat st {};
-    if (::fstat(in.fd.get(), &st) != 0) throw IoError(path + ": cannot stat: " + why(errno));
+    if (::fstat(in.fd.get(), &st) != 0)
+        throw IoError(path + ": cannot stat: " + why(errno));
     if (!S_ISREG(st.st_mode))
         throw IoError(path + ": not a regular file (" + kind(st.st_mode) + ")");
     const int flags = ::fcntl(in.fd.get(), F_GETFL);
@@ -102,7 +114,8 @@ Input open_input(const std::string& path) {
 void refuse_same_file(const std::string& out,
                       const std::vector<std::pair<std::string, FileId>>& inputs) {
     struct stat st {};
-    if (::stat(out.c_str(), &st) != 0) return;  // absent or unreachable: not an input
+    if (::stat(out.c_str(), &st) != 0)
+        return;  // absent or unreachable: not an input
     for (const auto& [name, id] : inputs)
         if (st.st_dev == id.dev && st.st_ino == id.ino)
             throw IoError(out + ": the output is the input " + name +
@@ -133,9 +146,9 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     const std::string prefix = (slash == std::string::npos ? "" : path_.substr(0, slash + 1));
     for (int attempt = 0;; ++attempt) {
         tmp_ = prefix + "." + base + "." + random_suffix() + ".tmp";
-        fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                        0666));
-        if (fd_.get() >= 0) return;
+        fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+        if (fd_.get() >= 0)
+            return;
         const int err = errno;
         if (err != EEXIST || attempt == 100) {
             tmp_.clear();
@@ -146,15 +159,17 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
 
 AtomicFile::~AtomicFile() {
     fd_ = Fd();
-    if (!renamed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+    if (!renamed_ && !tmp_.empty())
+        ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::write(const void* data, size_t len) {
     const auto* p = static_cast<const uint8_t*>(data);
     for (size_t done = 0; done < len;) {
-        const ssize_t n = ::pwrite(fd_.get(), p + done, len - done,
-                                   static_cast<off_t>(written_ + done));
-        if (n < 0 && errno == EINTR) continue;
+        const ssize_t n =
+            ::pwrite(fd_.get(), p + done, len - done, static_cast<off_t>(written_ + done));
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n <= 0)
             throw IoError(path_ + ": cannot write " + std::to_string(len - done) +
                           " bytes at offset " + std::to_string(written_ + done) + ": " +
@@ -165,10 +180,12 @@ void AtomicFile::write(const void* data, size_t len) {
 }
 
 void AtomicFile::finish() {
-    if (fd_.get() < 0) return;
+    if (fd_.get() < 0)
+        return;
     if (::fsync(fd_.get()) != 0)
         throw IoError(path_ + ": cannot flush to disk (fsync): " + why(errno));
-    if (::close(fd_.release()) != 0) throw IoError(path_ + ": cannot close: " + why(errno));
+    if (::close(fd_.release()) != 0)
+        throw IoError(path_ + ": cannot close: " + why(errno));
 }
 
 void AtomicFile::rename_into_place() {
@@ -187,7 +204,8 @@ void AtomicFile::commit() {
 
 void fsync_dir(const std::string& dir) {
     Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (fd.get() < 0) throw IoError(dir + ": cannot open the folder to flush it: " + why(errno));
+    if (fd.get() < 0)
+        throw IoError(dir + ": cannot open the folder to flush it: " + why(errno));
     // EINVAL: a filesystem that cannot fsync folders (the rename is then as durable as it gets).
     if (::fsync(fd.get()) != 0 && errno != EINVAL)
         throw IoError(dir + ": cannot flush to disk (fsync): " + why(errno));
@@ -201,12 +219,15 @@ void write_whole_file(const std::string& path, const void* data, size_t len) {
 
 // ---- memory and time ----------------------------------------------------------------------
 
-void FreeDeleter::operator()(void* p) const noexcept { std::free(p); }
+void FreeDeleter::operator()(void* p) const noexcept {
+    std::free(p);
+}
 
 AlignedBuffer::AlignedBuffer(size_t len) {
     size_ = static_cast<size_t>(round_up(len == 0 ? 1 : len, PAGE_SIZE));
     void* p = std::aligned_alloc(PAGE_SIZE, size_);
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr)
+        throw std::bad_alloc();
     std::memset(p, 0, size_);
     ptr_.reset(static_cast<uint8_t*>(p));
 }

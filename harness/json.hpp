@@ -19,8 +19,7 @@ class JsonScalar {
 public:
     JsonScalar() = default;
     template <std::unsigned_integral T>
-        requires(!std::same_as<T, bool>)
-    JsonScalar(T v) : kind_(Kind::uint), u_(v) {}
+    requires(!std::same_as<T, bool>) JsonScalar(T v) : kind_(Kind::uint), u_(v) {}
     template <std::floating_point T>
     JsonScalar(T v) : kind_(Kind::real), d_(static_cast<double>(v)) {}
     JsonScalar(std::string s) : kind_(Kind::text), s_(std::move(s)) {}

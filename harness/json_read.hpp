@@ -52,15 +52,19 @@ public:
             ++pos_;
         } else {
             for (;;) {
-                if (ws_peek() != '"') fail("expected a string key");
+                if (ws_peek() != '"')
+                    fail("expected a string key");
                 std::string key = string();
-                if (ws_peek() != ':') fail("expected ':'");
+                if (ws_peek() != ':')
+                    fail("expected ':'");
                 ++pos_;
                 on_member(std::move(key));
                 const char c = ws_peek();
                 ++pos_;
-                if (c == '}') break;
-                if (c != ',') fail(pos_ - 1, "expected ',' or '}'");
+                if (c == '}')
+                    break;
+                if (c != ',')
+                    fail(pos_ - 1, "expected ',' or '}'");
             }
         }
         --depth_;
@@ -78,8 +82,10 @@ public:
                 on_item(i);
                 const char c = ws_peek();
                 ++pos_;
-                if (c == ']') break;
-                if (c != ',') fail(pos_ - 1, "expected ',' or ']'");
+                if (c == ']')
+                    break;
+                if (c != ',')
+                    fail(pos_ - 1, "expected ',' or ']'");
             }
         }
         --depth_;

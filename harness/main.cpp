@@ -41,6 +41,7 @@
 
 #include <common.hpp>
 
+#include <sys/stat.h>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -50,7 +51,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <sys/stat.h>
 #include <vector>
 
 using namespace smoe;
@@ -113,11 +113,13 @@ void write_finding(JsonWriter& j, const Issue& f) {
     j.begin_object().member("code", f.code).member("severity", severity_name(f.severity));
     j.member("offset", f.offset).member("field", f.field).member("message", f.message);
     j.member("expected", f.expected).member("actual", f.actual);
-    for (const auto& [key, v] : {std::pair{"expected_text", &f.expected},
-                                 std::pair{"actual_text", &f.actual}}) {
+    for (const auto& [key, v] :
+         {std::pair{"expected_text", &f.expected}, std::pair{"actual_text", &f.actual}}) {
         j.key(key);
-        if (v->is_null()) j.null();
-        else j.value(v->text());
+        if (v->is_null())
+            j.null();
+        else
+            j.value(v->text());
     }
     j.end_object();
 }
@@ -134,24 +136,29 @@ struct CheckResult {
 /// vault (null otherwise), manifest, header, arch, experts, partial, layers, gap_bytes.
 std::string check_json(const Vault& v, const CheckResult& r) {
     std::vector<Issue> findings;
-    if (r.error) findings.push_back(*r.error);
+    if (r.error)
+        findings.push_back(*r.error);
     findings.insert(findings.end(), v.warnings.begin(), v.warnings.end());
     std::stable_sort(findings.begin(), findings.end(), [](const Issue& a, const Issue& b) {
         return a.severity != b.severity ? a.severity < b.severity : a.offset < b.offset;
     });
     const bool valid = !r.error;
     uint64_t warnings = 0;
-    for (const Issue& f : findings) warnings += f.severity == Severity::warning;
+    for (const Issue& f : findings)
+        warnings += f.severity == Severity::warning;
     JsonWriter j;
     j.begin_object().member("schema", SCHEMA).member("vault", v.name).member("size", v.size);
     j.member("valid", valid).member("deep", r.deep);
     j.member("errors", uint64_t{valid ? 0u : 1u}).member("warnings", warnings);
     j.key("findings").begin_array();
-    for (const Issue& f : findings) write_finding(j, f);
+    for (const Issue& f : findings)
+        write_finding(j, f);
     j.end_array();
     j.key("manifest");  // the manifest checked, or null
-    if (valid && r.manifest) j.value(r.manifest->path);
-    else j.null();
+    if (valid && r.manifest)
+        j.value(r.manifest->path);
+    else
+        j.null();
     if (!valid) {
         for (const char* key : {"header", "arch", "experts", "partial", "layers", "gap_bytes"})
             j.key(key).null();
@@ -177,7 +184,8 @@ std::string check_json(const Vault& v, const CheckResult& r) {
         j.member("rms_norm_eps", static_cast<double>(a.rms_norm_eps));
         j.member("model_type", std::string(mt, strnlen(mt, MODEL_TYPE_SIZE)));
         j.member("reserved", hex(a.reserved, sizeof a.reserved));
-        for (const FlagName& flag : FLAG_NAMES) j.member(flag.name, (a.flags & flag.bit) != 0);
+        for (const FlagName& flag : FLAG_NAMES)
+            j.member(flag.name, (a.flags & flag.bit) != 0);
         j.end_object();
     } else {
         j.null();
@@ -186,7 +194,8 @@ std::string check_json(const Vault& v, const CheckResult& r) {
     j.member("experts", static_cast<uint64_t>(v.experts.size()));
     j.member("partial", v.experts.size() < model_experts);
     std::map<uint32_t, uint64_t> per_layer;
-    for (const Expert& e : v.experts) ++per_layer[e.layer_id];
+    for (const Expert& e : v.experts)
+        ++per_layer[e.layer_id];
     j.key("layers").begin_array();
     for (auto [layer, count] : per_layer)
         j.begin_object().member("layer_id", layer).member("experts", count).end_object();
@@ -199,8 +208,8 @@ std::string check_json(const Vault& v, const CheckResult& r) {
 std::string finding_line(const Issue& f) {
     char at[32];
     std::snprintf(at, sizeof at, "0x%llx", static_cast<unsigned long long>(f.offset));
-    std::string line = std::string(severity_name(f.severity)) + ": " + f.code + " at offset " +
-                       at + " (" + f.field + "): " + f.message;
+    std::string line = std::string(severity_name(f.severity)) + ": " + f.code + " at offset " + at +
+                       " (" + f.field + "): " + f.message;
     if (!f.expected.is_null() || !f.actual.is_null())
         line += " [expected " + (f.expected.is_null() ? "None" : f.expected.text()) + ", got " +
                 (f.actual.is_null() ? "None" : f.actual.text()) + "]";
@@ -227,7 +236,8 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
             if (a == "--manifest" && k + 1 >= args.size())
                 throw UsageError("check: --manifest needs a PATH");
             c.manifest = a == "--manifest" ? args[++k] : a.substr(std::strlen("--manifest="));
-            if (c.manifest->empty()) throw UsageError("check: --manifest needs a PATH");
+            if (c.manifest->empty())
+                throw UsageError("check: --manifest needs a PATH");
         } else if (!a.empty() && a[0] == '-') {
             throw UsageError("check: unknown option " + a);
         } else if (c.path.empty()) {
@@ -237,7 +247,8 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
             throw UsageError("check: one VAULT expected");
         }
     }
-    if (c.path.empty()) throw UsageError("check: VAULT missing");
+    if (c.path.empty())
+        throw UsageError("check: VAULT missing");
     if ((c.manifest || c.no_manifest) && !c.deep)
         throw UsageError("check: --manifest and --no-manifest need --deep");
     if (c.manifest && c.no_manifest)
@@ -266,7 +277,8 @@ int run_check(const CheckArgs& c) {
     std::optional<Manifest> manifest;
     auto report = [&](const Issue& error) {
         r.error = error;
-        if (c.json) std::fputs(check_json(v, r).c_str(), stdout);
+        if (c.json)
+            std::fputs(check_json(v, r).c_str(), stdout);
     };
     try {
         v.open(c.path);
@@ -292,14 +304,17 @@ int run_check(const CheckArgs& c) {
     if (c.json) {
         std::fputs(check_json(v, r).c_str(), stdout);
     } else {
-        std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", c.path.c_str(),
-                    v.header.bits, v.header.version, v.experts.size(),
-                    v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer
-                        ? " (partial)" : "");
+        std::printf(
+            "%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", c.path.c_str(), v.header.bits,
+            v.header.version, v.experts.size(),
+            v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer
+                ? " (partial)"
+                : "");
         if (manifest)
             std::printf("manifest %s: size, %zu experts and their CRC-32C match\n",
                         manifest->path.c_str(), v.experts.size());
-        for (const Issue& w : v.warnings) std::printf("%s\n", finding_line(w).c_str());
+        for (const Issue& w : v.warnings)
+            std::printf("%s\n", finding_line(w).c_str());
     }
     return 0;
 }
@@ -308,8 +323,10 @@ int cmd_check(const std::vector<std::string>& args) {
     bool json = false;
     for (size_t k = 0; k < args.size(); ++k) {
         json = json || args[k] == "--json";
-        if (args[k] == "--manifest") ++k;
-        else if (g_vault.empty() && !args[k].empty() && args[k][0] != '-') g_vault = args[k];
+        if (args[k] == "--manifest")
+            ++k;
+        else if (g_vault.empty() && !args[k].empty() && args[k][0] != '-')
+            g_vault = args[k];
     }
     try {
         return run_check(parse_check(args));
@@ -318,13 +335,16 @@ int cmd_check(const std::vector<std::string>& args) {
     } catch (const UnreadableVault&) {
         throw;
     } catch (const UsageError& e) {
-        if (json) print_json_error(e.what(), 2);
+        if (json)
+            print_json_error(e.what(), 2);
         throw;
     } catch (const IoError& e) {
-        if (json) print_json_error(e.what(), 2);
+        if (json)
+            print_json_error(e.what(), 2);
         throw;
     } catch (const std::bad_alloc&) {
-        if (json) print_json_error("out of memory", 2);
+        if (json)
+            print_json_error("out of memory", 2);
         throw;
     }
 }
@@ -358,7 +378,8 @@ void read_expert(LoadedExpert& le) {
 }
 
 int cmd_forward(const std::vector<std::string>& args) {
-    if (args.size() != 5) throw UsageError("forward: VAULT LAYER EXPERT IN.f32 OUT.f32 expected");
+    if (args.size() != 5)
+        throw UsageError("forward: VAULT LAYER EXPERT IN.f32 OUT.f32 expected");
     LoadedExpert le;
     open_expert(le, args[0], args[1], args[2]);
     const Input in = open_input(args[3]);
@@ -378,7 +399,8 @@ int cmd_forward(const std::vector<std::string>& args) {
 }
 
 int cmd_dequant(const std::vector<std::string>& args) {
-    if (args.size() != 4) throw UsageError("dequant: VAULT LAYER EXPERT OUT_DIR expected");
+    if (args.size() != 4)
+        throw UsageError("dequant: VAULT LAYER EXPERT OUT_DIR expected");
     LoadedExpert le;
     open_expert(le, args[0], args[1], args[2]);
     const char* names[3] = {"gate.f32", "up.f32", "down.f32"};
@@ -400,7 +422,8 @@ int cmd_dequant(const std::vector<std::string>& args) {
         files.back()->write(w.data(), w.size() * sizeof(float));
         files.back()->finish();
     }
-    for (auto& f : files) f->rename_into_place();
+    for (auto& f : files)
+        f->rename_into_place();
     fsync_dir(args[3]);
     return 0;
 }
@@ -413,21 +436,25 @@ int cmd_bench(const std::vector<std::string>& args) {
     for (size_t k = 0; k < args.size(); ++k) {
         const std::string& a = args[k];
         auto next = [&]() -> const std::string& {
-            if (k + 1 >= args.size()) throw UsageError("bench: " + a + " needs a value");
+            if (k + 1 >= args.size())
+                throw UsageError("bench: " + a + " needs a value");
             return args[++k];
         };
         if (a == "--threads") {
             o.threads = parse_uint<unsigned>(next(), "--threads");
-            if (o.threads < 1 || o.threads > 256) throw UsageError("--threads: 1..256");
+            if (o.threads < 1 || o.threads > 256)
+                throw UsageError("--threads: 1..256");
         } else if (a == "--direct") {
             o.direct = true;
         } else if (a == "--pattern") {
             const std::string& p = next();
-            if (p != "seq" && p != "random") throw UsageError("--pattern: seq or random");
+            if (p != "seq" && p != "random")
+                throw UsageError("--pattern: seq or random");
             o.random = p == "random";
         } else if (a == "--topk") {
             o.topk = parse_uint<unsigned>(next(), "--topk");
-            if (o.topk < 1) throw UsageError("--topk: at least 1");
+            if (o.topk < 1)
+                throw UsageError("--topk: at least 1");
         } else if (a == "--seconds") {
             o.seconds = parse_seconds(next());
         } else if (a == "--seed") {
@@ -440,7 +467,8 @@ int cmd_bench(const std::vector<std::string>& args) {
             throw UsageError("bench: one VAULT expected");
         }
     }
-    if (path.empty()) throw UsageError("bench: VAULT missing");
+    if (path.empty())
+        throw UsageError("bench: VAULT missing");
     g_vault = path;
     Vault v;
     v.open(path);
@@ -451,7 +479,8 @@ int cmd_bench(const std::vector<std::string>& args) {
 // ---- hidden test helpers ------------------------------------------------------------------
 
 int cmd_fuzz(const std::vector<std::string>& args) {
-    if (args.size() < 3) throw UsageError("fuzz: SEED COUNT [--timeout S] [--save DIR] FILE...");
+    if (args.size() < 3)
+        throw UsageError("fuzz: SEED COUNT [--timeout S] [--save DIR] FILE...");
     FuzzOptions o;
     o.seed = parse_uint<uint64_t>(args[0], "SEED");
     o.count = parse_uint<uint64_t>(args[1], "COUNT");
@@ -466,20 +495,24 @@ int cmd_fuzz(const std::vector<std::string>& args) {
         else
             files.push_back(args[k]);
     }
-    if (files.empty()) throw UsageError("fuzz: no FILE");
+    if (files.empty())
+        throw UsageError("fuzz: no FILE");
     return run_fuzz(o, files);
 }
 
 int cmd_fp16_table(const std::vector<std::string>& args) {
-    if (args.size() != 1) throw UsageError("fp16-table: OUT expected");
+    if (args.size() != 1)
+        throw UsageError("fp16-table: OUT expected");
     std::vector<float> table(65536);
-    for (uint32_t h = 0; h < 65536; ++h) table[h] = fp16_to_f32(static_cast<uint16_t>(h));
+    for (uint32_t h = 0; h < 65536; ++h)
+        table[h] = fp16_to_f32(static_cast<uint16_t>(h));
     write_whole_file(args[0], table.data(), table.size() * sizeof(float));
     return 0;
 }
 
 int cmd_crc32c(const std::vector<std::string>& args) {
-    if (args.size() != 1) throw UsageError("crc32c: FILE expected");
+    if (args.size() != 1)
+        throw UsageError("crc32c: FILE expected");
     const auto data = read_whole_file(args[0], size_t{1} << 30);
     // Also in pieces of 1, 2, 3, ... bytes: odd starts and lengths, and the chaining.
     auto chunked = [&](auto fn) {
@@ -495,18 +528,23 @@ int cmd_crc32c(const std::vector<std::string>& args) {
     j.member("portable", crc32c_portable(0, data.data(), data.size()));
     j.member("portable_chunked", chunked(crc32c_portable));
     j.key("sse42");
-    if (sse) j.value(crc32c_sse42(0, data.data(), data.size()));
-    else j.null();
+    if (sse)
+        j.value(crc32c_sse42(0, data.data(), data.size()));
+    else
+        j.null();
     j.key("sse42_chunked");
-    if (sse) j.value(chunked(crc32c_sse42));
-    else j.null();
+    if (sse)
+        j.value(chunked(crc32c_sse42));
+    else
+        j.null();
     j.end_object();
     std::printf("%s\n", j.str().c_str());
     return 0;
 }
 
 int cmd_rules(const std::vector<std::string>& args) {
-    if (!args.empty()) throw UsageError("rules: no arguments expected");
+    if (!args.empty())
+        throw UsageError("rules: no arguments expected");
     JsonWriter j;
     j.begin_array();
     for (const Rule* r : rules::ALL) {
@@ -531,14 +569,22 @@ int main(int argc, char** argv) {
     const std::string cmd = args[0];
     args.erase(args.begin());
     try {
-        if (cmd == "check") return cmd_check(args);
-        if (cmd == "forward") return cmd_forward(args);
-        if (cmd == "dequant") return cmd_dequant(args);
-        if (cmd == "bench") return cmd_bench(args);
-        if (cmd == "fuzz") return cmd_fuzz(args);
-        if (cmd == "fp16-table") return cmd_fp16_table(args);
-        if (cmd == "crc32c") return cmd_crc32c(args);
-        if (cmd == "rules") return cmd_rules(args);
+        if (cmd == "check")
+            return cmd_check(args);
+        if (cmd == "forward")
+            return cmd_forward(args);
+        if (cmd == "dequant")
+            return cmd_dequant(args);
+        if (cmd == "bench")
+            return cmd_bench(args);
+        if (cmd == "fuzz")
+            return cmd_fuzz(args);
+        if (cmd == "fp16-table")
+            return cmd_fp16_table(args);
+        if (cmd == "crc32c")
+            return cmd_crc32c(args);
+        if (cmd == "rules")
+            return cmd_rules(args);
         if (cmd == "-h" || cmd == "--help" || cmd == "help") {
             std::fputs(USAGE, stdout);
             return 0;

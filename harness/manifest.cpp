@@ -35,9 +35,12 @@ Scalar read_scalar(JsonReader& r) {
     Scalar v;
     v.present = true;
     v.kind = r.peek();
-    if (v.kind == JsonReader::Kind::string) v.s = r.string();
-    else if (v.kind == JsonReader::Kind::number) v.n = r.number();
-    else r.skip();
+    if (v.kind == JsonReader::Kind::string)
+        v.s = r.string();
+    else if (v.kind == JsonReader::Kind::number)
+        v.n = r.number();
+    else
+        r.skip();
     return v;
 }
 
@@ -49,10 +52,13 @@ struct Problem {
 
 /// Why `v` is not an integer below 2^bits, or "" if it is one.
 std::string not_integer(const Scalar& v, int bits) {
-    if (!v.present) return "key missing";
+    if (!v.present)
+        return "key missing";
     const char* range = bits == 32 ? "not an integer in [0, 2^32)" : "not an integer in [0, 2^64)";
-    if (v.kind != JsonReader::Kind::number || !v.n.is_u64) return range;
-    if (bits == 32 && v.n.u > UINT32_MAX) return range;
+    if (v.kind != JsonReader::Kind::number || !v.n.is_u64)
+        return range;
+    if (bits == 32 && v.n.u > UINT32_MAX)
+        return range;
     return "";
 }
 
@@ -65,9 +71,12 @@ std::string quoted(const std::string& s) {
 }
 
 std::string not_string(const Scalar& v, const char* want, const char* name) {
-    if (!v.present) return "key missing";
-    if (v.kind != JsonReader::Kind::string) return "not a string";
-    if (v.s != want) return std::string(name) + " " + quoted(v.s) + " is not \"" + want + "\"";
+    if (!v.present)
+        return "key missing";
+    if (v.kind != JsonReader::Kind::string)
+        return "not a string";
+    if (v.s != want)
+        return std::string(name) + " " + quoted(v.s) + " is not \"" + want + "\"";
     return "";
 }
 
@@ -84,7 +93,8 @@ struct Walk {
 void walk_entry(JsonReader& r, size_t i, size_t keep, Walk& w) {
     const std::string at = "manifest/experts/" + std::to_string(i);
     if (r.peek() != JsonReader::Kind::object) {
-        if (!w.entry_problem) w.entry_problem = {at, "not an object"};
+        if (!w.entry_problem)
+            w.entry_problem = {at, "not an object"};
         r.skip();
         return;
     }
@@ -119,11 +129,15 @@ Walk walk(std::string_view text, size_t keep) {
             w.has_vault = true;
             w.vault_is_object = r.peek() == JsonReader::Kind::object;
             w.size = w.experts_count = Scalar{};
-            if (!w.vault_is_object) return r.skip();
+            if (!w.vault_is_object)
+                return r.skip();
             r.object([&](std::string k) {
-                if (k == "size") w.size = read_scalar(r);
-                else if (k == "experts") w.experts_count = read_scalar(r);
-                else r.skip();
+                if (k == "size")
+                    w.size = read_scalar(r);
+                else if (k == "experts")
+                    w.experts_count = read_scalar(r);
+                else
+                    r.skip();
             });
         } else if (key == "experts") {
             w.has_experts = true;
@@ -131,7 +145,8 @@ Walk walk(std::string_view text, size_t keep) {
             w.entry_problem = {};
             w.entries.clear();
             w.listed = 0;
-            if (!w.experts_is_array) return r.skip();
+            if (!w.experts_is_array)
+                return r.skip();
             r.array([&](size_t i) {
                 walk_entry(r, i, keep, w);
                 w.listed = i + 1;
@@ -145,14 +160,15 @@ Walk walk(std::string_view text, size_t keep) {
 
 }  // namespace
 
-std::string default_manifest_path(const std::string& vault) { return vault + ".manifest.json"; }
+std::string default_manifest_path(const std::string& vault) {
+    return vault + ".manifest.json";
+}
 
 std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, bool optional) {
     // expected = what the manifest says, actual = what the vault holds (as smoe/manifest.py)
     auto bad = [&](const Rule& rule, const std::string& field, uint64_t offset,
                    const std::string& why, JsonScalar expected = {}, JsonScalar actual = {}) {
-        return InvalidVault(
-            Issue{rule.code, field, offset, path + ": " + why, expected, actual});
+        return InvalidVault(Issue{rule.code, field, offset, path + ": " + why, expected, actual});
     };
     auto malformed = [&](const std::string& field, const std::string& why) {
         return bad(rules::MANIFEST_MALFORMED, field, 0, why);
@@ -161,7 +177,8 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
     try {
         in = open_input(path);
     } catch (const IoError& e) {
-        if (optional && e.err == ENOENT) return std::nullopt;
+        if (optional && e.err == ENOENT)
+            return std::nullopt;
         throw;
     }
     const uint64_t limit = BASE_LIMIT + PER_ENTRY_LIMIT * v.experts.size();
@@ -174,8 +191,8 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
     try {
         JsonReader(text, MAX_DEPTH).validate();
     } catch (const JsonSyntaxError& e) {
-        throw malformed("manifest", "not valid JSON at byte " + std::to_string(e.pos) + ": " +
-                                        e.what());
+        throw malformed("manifest",
+                        "not valid JSON at byte " + std::to_string(e.pos) + ": " + e.what());
     }
     if (JsonReader(text, MAX_DEPTH).peek() != JsonReader::Kind::object)
         throw malformed("manifest", "not a JSON object");
@@ -185,15 +202,20 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
         throw malformed("manifest/schema", why);
     if (auto why = not_string(w.checksum, CHECKSUM, "checksum"); !why.empty())
         throw malformed("manifest/checksum", why);
-    if (!w.has_vault) throw malformed("manifest/vault", "key missing");
-    if (!w.vault_is_object) throw malformed("manifest/vault", "not an object");
+    if (!w.has_vault)
+        throw malformed("manifest/vault", "key missing");
+    if (!w.vault_is_object)
+        throw malformed("manifest/vault", "not an object");
     if (auto why = not_integer(w.size, 64); !why.empty())
         throw malformed("manifest/vault/size", why);
     if (auto why = not_integer(w.experts_count, 64); !why.empty())
         throw malformed("manifest/vault/experts", why);
-    if (!w.has_experts) throw malformed("manifest/experts", "key missing");
-    if (!w.experts_is_array) throw malformed("manifest/experts", "not an array");
-    if (w.entry_problem) throw malformed(w.entry_problem.field, w.entry_problem.message);
+    if (!w.has_experts)
+        throw malformed("manifest/experts", "key missing");
+    if (!w.experts_is_array)
+        throw malformed("manifest/experts", "not an array");
+    if (w.entry_problem)
+        throw malformed(w.entry_problem.field, w.entry_problem.message);
 
     // The manifest belongs to this vault (offsets as smoe/manifest.py reports them) ...
     char msg[256];
@@ -227,11 +249,10 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
                 std::snprintf(msg, sizeof msg,
                               "table entry %zu (layer %u, expert %u) has %s %llu, the manifest "
                               "says %llu",
-                              i, x.layer_id, x.expert_id, keys[k], ull(table[k]),
-                              ull(listed[k]));
+                              i, x.layer_id, x.expert_id, keys[k], ull(table[k]), ull(listed[k]));
                 throw bad(rules::MANIFEST_EXPERT,
-                          "manifest/experts/" + std::to_string(i) + "/" + keys[k],
-                          x.byte_offset, msg, listed[k], table[k]);
+                          "manifest/experts/" + std::to_string(i) + "/" + keys[k], x.byte_offset,
+                          msg, listed[k], table[k]);
             }
     }
     Manifest m;
@@ -260,9 +281,8 @@ void check_blob_crc(const Vault& v, const Manifest& m, size_t i, std::vector<uin
                       "0x%08x",
                       x.layer_id, x.expert_id, crc, m.entries[i].crc32c);
         throw InvalidVault(Issue{rules::MANIFEST_CHECKSUM.code,
-                                 "manifest/experts/" + std::to_string(i) + "/crc32c",
-                                 x.byte_offset, m.path + ": " + msg,
-                                 static_cast<uint64_t>(m.entries[i].crc32c),
+                                 "manifest/experts/" + std::to_string(i) + "/crc32c", x.byte_offset,
+                                 m.path + ": " + msg, static_cast<uint64_t>(m.entries[i].crc32c),
                                  static_cast<uint64_t>(crc)});
     }
 }

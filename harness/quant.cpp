@@ -57,8 +57,10 @@ typedef int32_t v8i_unaligned __attribute__((vector_size(32), aligned(1), may_al
 
 /// Codes per 32-bit word and weights per 32-byte block (8 words): a block is one group
 /// for Q4 and two groups for Q2.
-template <uint32_t BITS> constexpr uint32_t WORD_CODES = 32 / BITS;
-template <uint32_t BITS> constexpr uint32_t BLOCK_WEIGHTS = 8 * WORD_CODES<BITS>;
+template <uint32_t BITS>
+constexpr uint32_t WORD_CODES = 32 / BITS;
+template <uint32_t BITS>
+constexpr uint32_t BLOCK_WEIGHTS = 8 * WORD_CODES<BITS>;
 constexpr uint32_t BLOCK_BYTES = 32;
 
 /// y = W x for a matrix whose rows are whole 32-byte blocks (cols % 64 == 0 for Q4,
@@ -109,7 +111,8 @@ template <uint32_t BITS>
         }
         const v8f acc = acc0 + acc1;
         float total = 0;
-        for (int k = 0; k < 8; ++k) total += acc[k];
+        for (int k = 0; k < 8; ++k)
+            total += acc[k];
         y[r] = total / C;
     }
 }
@@ -120,7 +123,8 @@ void permute_input(const float* x, uint32_t cols, float* xp) {
     constexpr uint32_t CODES = WORD_CODES<BITS>, W = BLOCK_WEIGHTS<BITS>;
     for (uint32_t b0 = 0; b0 < cols; b0 += W)
         for (uint32_t t = 0; t < CODES; ++t)
-            for (uint32_t k = 0; k < 8; ++k) xp[b0 + t * 8 + k] = x[b0 + k * CODES + t];
+            for (uint32_t k = 0; k < 8; ++k)
+                xp[b0 + t * 8 + k] = x[b0 + k * CODES + t];
 }
 
 /// Dot product with eight-lane vector accumulators (the compiler will not reorder a
@@ -134,15 +138,19 @@ void permute_input(const float* x, uint32_t cols, float* xp) {
     }
     const v8f acc = acc0 + acc1;
     float total = 0;
-    for (int j = 0; j < 8; ++j) total += acc[j];
-    for (; k < n; ++k) total += a[k] * b[k];
+    for (int j = 0; j < 8; ++j)
+        total += acc[j];
+    for (; k < n; ++k)
+        total += a[k] * b[k];
     return total;
 }
 
-void matvec_q4(const uint8_t* p, const uint8_t* s, uint32_t r, uint32_t c, const float* xp, float* y) {
+void matvec_q4(const uint8_t* p, const uint8_t* s, uint32_t r, uint32_t c, const float* xp,
+               float* y) {
     matvec_blocks<BITS_Q4>(p, s, r, c, xp, y);
 }
-void matvec_q2(const uint8_t* p, const uint8_t* s, uint32_t r, uint32_t c, const float* xp, float* y) {
+void matvec_q2(const uint8_t* p, const uint8_t* s, uint32_t r, uint32_t c, const float* xp,
+               float* y) {
     matvec_blocks<BITS_Q2>(p, s, r, c, xp, y);
 }
 using MatvecFn = void (*)(const uint8_t*, const uint8_t*, uint32_t, uint32_t, const float*, float*);
@@ -162,12 +170,15 @@ bool have_avx2() {
     return yes;
 }
 #else
-bool have_avx2() { return false; }
+bool have_avx2() {
+    return false;
+}
 #endif
 
 MatvecFn pick_matvec(uint32_t bits) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (have_avx2()) return bits == BITS_Q4 ? matvec_q4_avx2 : matvec_q2_avx2;
+    if (have_avx2())
+        return bits == BITS_Q4 ? matvec_q4_avx2 : matvec_q2_avx2;
 #endif
     return bits == BITS_Q4 ? matvec_q4 : matvec_q2;
 }
@@ -195,7 +206,9 @@ void matvec_scalar(const QTensor& q, const float* x, float* y) {
     }
 }
 
-float silu(float z) { return z / (1.0f + std::exp(-z)); }
+float silu(float z) {
+    return z / (1.0f + std::exp(-z));
+}
 
 }  // namespace
 
@@ -239,7 +252,8 @@ void ExpertKernel::forward(const QTensor t[3], const float* x, float* y) {
     u_.resize(ffn);
     matvec(t[0], x, h_.data());
     matvec(t[1], x, u_.data());
-    for (uint32_t k = 0; k < ffn; ++k) h_[k] = silu(h_[k]) * u_[k];
+    for (uint32_t k = 0; k < ffn; ++k)
+        h_[k] = silu(h_[k]) * u_[k];
     matvec(t[2], h_.data(), y);
 }
 
@@ -254,10 +268,13 @@ void forward_scalar_reference(const QTensor t[3], const float* x, float* y) {
     };
     mv(t[0], x, h.data());
     mv(t[1], x, u.data());
-    for (uint32_t k = 0; k < ffn; ++k) h[k] = silu(h[k]) * u[k];
+    for (uint32_t k = 0; k < ffn; ++k)
+        h[k] = silu(h[k]) * u[k];
     mv(t[2], h.data(), y);
 }
 
-const char* simd_path() { return have_avx2() ? "avx2" : "generic"; }
+const char* simd_path() {
+    return have_avx2() ? "avx2" : "generic";
+}
 
 }  // namespace smoe::harness

@@ -4,6 +4,9 @@
 #include "io.hpp"
 #include "json.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -12,10 +15,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <numeric>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace smoe::harness {
 
@@ -57,7 +57,7 @@ std::string path(const Where& w) {
 /// The finding of `rule` at `w` (its severity is the rule's).
 Issue finding(const Rule& rule, const Where& w, JsonScalar expected, JsonScalar actual,
               std::string message) {
-    return Issue{rule.code, path(w),          w.offset,     std::move(message),
+    return Issue{rule.code,           path(w),           w.offset,     std::move(message),
                  std::move(expected), std::move(actual), rule.severity};
 }
 
@@ -79,9 +79,9 @@ std::string vformat(const char* fmt, va_list ap) {
 }
 
 /// Records a warning (a rule whose severity is not error).
-[[gnu::format(printf, 6, 7)]] void warn(std::vector<Issue>& out, const Rule& rule,
-                                        const Where& w, JsonScalar expected, JsonScalar actual,
-                                        const char* fmt, ...) {
+[[gnu::format(printf, 6, 7)]] void warn(std::vector<Issue>& out, const Rule& rule, const Where& w,
+                                        JsonScalar expected, JsonScalar actual, const char* fmt,
+                                        ...) {
     va_list ap;
     va_start(ap, fmt);
     std::string msg = vformat(fmt, ap);
@@ -90,14 +90,17 @@ std::string vformat(const char* fmt, va_list ap) {
 }
 
 /// "prefix N" (for expected values that are bounds, as the Python verifier words them).
-std::string bound(const char* prefix, long long v) { return prefix + std::to_string(v); }
+std::string bound(const char* prefix, long long v) {
+    return prefix + std::to_string(v);
+}
 
 /// Bytes as lower-case hex, separated by `sep` (Python's bytes.hex(sep)).
 std::string hex(const uint8_t* p, size_t n, const char* sep = "") {
     static const char* digits = "0123456789abcdef";
     std::string out;
     for (size_t k = 0; k < n; ++k) {
-        if (k > 0) out += sep;
+        if (k > 0)
+            out += sep;
         out += digits[p[k] >> 4];
         out += digits[p[k] & 15];
     }
@@ -115,16 +118,28 @@ double spec_decimal(float v) {
 }
 
 // Field locations, from the generated structs' offsetof (never hand-written).
-#define HDR_AT(f) Where{offsetof(SmoeHeader, f), "header", 0, -1, #f}
-#define ARCH_AT(f) Where{header.reserved_ext + offsetof(SmoeArchBlock, f), "arch", 0, -1, #f}
-#define ENTRY_AT(i, f) Where{entry_offset(i) + offsetof(ExpertEntry, f), nullptr, (i), -1, #f}
-#define DESC_AT(i, t, f) \
-    Where{descriptor_offset(n, i, t) + offsetof(TensorDescriptor, f), nullptr, (i), int(t), #f}
+#define HDR_AT(f)                                    \
+    Where {                                          \
+        offsetof(SmoeHeader, f), "header", 0, -1, #f \
+    }
+#define ARCH_AT(f)                                                          \
+    Where {                                                                 \
+        header.reserved_ext + offsetof(SmoeArchBlock, f), "arch", 0, -1, #f \
+    }
+#define ENTRY_AT(i, f)                                                   \
+    Where {                                                              \
+        entry_offset(i) + offsetof(ExpertEntry, f), nullptr, (i), -1, #f \
+    }
+#define DESC_AT(i, t, f)                                                                     \
+    Where {                                                                                  \
+        descriptor_offset(n, i, t) + offsetof(TensorDescriptor, f), nullptr, (i), int(t), #f \
+    }
 
 /// Index of the first non-zero byte of p[0..len), or len.
 size_t first_nonzero(const uint8_t* p, size_t len) {
     for (size_t k = 0; k < len; ++k)
-        if (p[k] != 0) return k;
+        if (p[k] != 0)
+            return k;
     return len;
 }
 
@@ -132,14 +147,16 @@ size_t first_nonzero(const uint8_t* p, size_t len) {
 /// (strict: no overlong forms, no surrogates, at most U+10FFFF), or len.
 size_t first_invalid_utf8(const uint8_t* p, size_t len) {
     for (size_t k = 0, n; k < len; k += n)
-        if ((n = utf8_sequence(p + k, len - k)) == 0) return k;
+        if ((n = utf8_sequence(p + k, len - k)) == 0)
+            return k;
     return len;
 }
 
 }  // namespace
 
 Vault::~Vault() {
-    if (fd >= 0) ::close(fd);
+    if (fd >= 0)
+        ::close(fd);
 }
 
 void Vault::open(const std::string& path) {
@@ -151,8 +168,10 @@ void Vault::open_fd(int f, const std::string& path) {
     fd = f;
     name = path;
     struct stat st {};
-    if (::fstat(fd, &st) != 0) throw IoError(name + ": cannot stat: " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw IoError(name + ": not a regular file");
+    if (::fstat(fd, &st) != 0)
+        throw IoError(name + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        throw IoError(name + ": not a regular file");
     id = FileId{st.st_dev, st.st_ino};
     size = static_cast<uint64_t>(st.st_size);
     if (size < HEADER_SIZE)  // unreadable (exit 2), reported like a broken rule
@@ -163,7 +182,8 @@ void Vault::open_fd(int f, const std::string& path) {
                         HEADER_SIZE, size});
     pread_full(fd, &header, sizeof header, 0, name);
     check_header();
-    if (header.version >= VERSION_WITH_ARCH) check_arch();
+    if (header.version >= VERSION_WITH_ARCH)
+        check_arch();
     check_table();
     check_overlap();
     std::stable_sort(warnings.begin(), warnings.end(), [](const Issue& a, const Issue& b) {
@@ -248,8 +268,8 @@ void Vault::check_arch() {
         fail(rules::ARCH_MAGIC, ARCH_AT(magic), hex(ARCH_MAGIC, sizeof ARCH_MAGIC, " "),
              hex(a.magic, sizeof a.magic, " "), "arch block magic is not \"SARC\"");
     if (a.block_version != ARCH_BLOCK_VERSION)
-        fail(rules::ARCH_BLOCK_VERSION, ARCH_AT(block_version), ARCH_BLOCK_VERSION,
-             a.block_version, "block_version %u is not %u", a.block_version, ARCH_BLOCK_VERSION);
+        fail(rules::ARCH_BLOCK_VERSION, ARCH_AT(block_version), ARCH_BLOCK_VERSION, a.block_version,
+             "block_version %u is not %u", a.block_version, ARCH_BLOCK_VERSION);
     if (a.block_size != ARCH_BLOCK_SIZE)
         fail(rules::ARCH_BLOCK_SIZE, ARCH_AT(block_size), ARCH_BLOCK_SIZE, a.block_size,
              "block_size %u is not %u", a.block_size, ARCH_BLOCK_SIZE);
@@ -280,8 +300,8 @@ void Vault::check_arch() {
     const auto* mt = reinterpret_cast<const uint8_t*>(a.model_type);
     const size_t len = std::find(mt, mt + MODEL_TYPE_SIZE, 0) - mt;
     if (size_t k = first_invalid_utf8(mt, len); k < len)
-        fail(rules::ARCH_MODEL_TYPE, ARCH_AT(model_type).plus(k), "UTF-8",
-             hex(mt, MODEL_TYPE_SIZE), "model_type is not valid UTF-8 (byte %zu)", k);
+        fail(rules::ARCH_MODEL_TYPE, ARCH_AT(model_type).plus(k), "UTF-8", hex(mt, MODEL_TYPE_SIZE),
+             "model_type is not valid UTF-8 (byte %zu)", k);
     if (size_t k = first_nonzero(mt + len, MODEL_TYPE_SIZE - len); len + k < MODEL_TYPE_SIZE)
         fail(rules::ARCH_MODEL_TYPE, ARCH_AT(model_type).plus(len + k), 0u, mt[len + k],
              "model_type has a non-zero byte after its NUL terminator");
@@ -296,7 +316,8 @@ void Vault::check_arch() {
     if (!std::isfinite(eps))
         warn(warnings, rules::ARCH_RMS_NORM_EPS, ARCH_AT(rms_norm_eps), "finite", eps,
              "rms_norm_eps is not finite");
-    else if (std::fabs(eps - REFERENCE_RMS_NORM_EPS) > RMS_NORM_EPS_TOLERANCE * REFERENCE_RMS_NORM_EPS)
+    else if (std::fabs(eps - REFERENCE_RMS_NORM_EPS) >
+             RMS_NORM_EPS_TOLERANCE * REFERENCE_RMS_NORM_EPS)
         warn(warnings, rules::ARCH_RMS_NORM_EPS, ARCH_AT(rms_norm_eps),
              spec_decimal(REFERENCE_RMS_NORM_EPS), eps,
              "rms_norm_eps %g differs from the kernels' %g by more than %g%%",
@@ -361,8 +382,7 @@ void Vault::check_table() {
                  "blob at %llu starts at or after the end of the file (%llu bytes)",
                  ull(x.byte_offset), ull(size));
         if (x.raw_size == 0)
-            fail(rules::ENTRY_RAW_SIZE, ENTRY_AT(i, raw_size), ">= 1", x.raw_size,
-                 "raw_size is 0");
+            fail(rules::ENTRY_RAW_SIZE, ENTRY_AT(i, raw_size), ">= 1", x.raw_size, "raw_size is 0");
         const uint64_t room = size - x.byte_offset;
         if (x.raw_size > room)
             fail(rules::ENTRY_BLOB_BOUNDS, ENTRY_AT(i, raw_size), room, x.raw_size,
@@ -378,9 +398,8 @@ void Vault::check_table() {
                  "padded blob of %llu bytes at %llu runs past the end of the file (%llu bytes)",
                  ull(x.padded_size), ull(x.byte_offset), ull(size));
         if (e.group_size != header.group_size)
-            fail(rules::ENTRY_GROUP_SIZE, ENTRY_AT(i, group_size), header.group_size,
-                 e.group_size, "group_size %u is not header.group_size %u", e.group_size,
-                 header.group_size);
+            fail(rules::ENTRY_GROUP_SIZE, ENTRY_AT(i, group_size), header.group_size, e.group_size,
+                 "group_size %u is not header.group_size %u", e.group_size, header.group_size);
 
         // Its three descriptors: slices inside [0, raw_size), sizes from the shape (D2).
         const uint64_t raw = x.raw_size;
@@ -394,14 +413,15 @@ void Vault::check_table() {
             if (d.ndim != TENSOR_NDIM)
                 fail(rules::DESCRIPTOR_NDIM, DESC_AT(i, t, ndim), TENSOR_NDIM, d.ndim,
                      "ndim %u is not %u", d.ndim, TENSOR_NDIM);
-            if (size_t k = first_nonzero(d.reserved_0, sizeof d.reserved_0); k < sizeof d.reserved_0)
+            if (size_t k = first_nonzero(d.reserved_0, sizeof d.reserved_0);
+                k < sizeof d.reserved_0)
                 fail(rules::DESCRIPTOR_RESERVED, DESC_AT(i, t, reserved_0).plus(k), {}, {},
                      "reserved_0 is not zero");
             if (d.rows < 1)
                 fail(rules::DESCRIPTOR_ROWS, DESC_AT(i, t, rows), ">= 1", d.rows, "rows is 0");
             if (d.cols < 1)
                 fail(rules::DESCRIPTOR_COLS, DESC_AT(i, t, cols), ">= 1", d.cols, "cols is 0");
-            const uint64_t w = uint64_t{d.rows} * d.cols;  // < 2^64
+            const uint64_t w = uint64_t{d.rows} * d.cols;                         // < 2^64
             const uint64_t psize = packed_size(w, bits), ssize = scales_size(w);  // no overflow
             if (psize > raw)  // the most columns that fit, by division (no overflow)
                 fail(rules::DESCRIPTOR_COLS, DESC_AT(i, t, cols), raw * 8 / bits / d.rows, d.cols,
@@ -430,8 +450,8 @@ void Vault::check_table() {
                 fail(rules::DESCRIPTOR_SLICE_BOUNDS, DESC_AT(i, t, scales_offset), {},
                      d.scales_offset, "scales [%llu, +%llu) run past raw_size %llu",
                      ull(d.scales_offset), ull(d.scales_size), ull(raw));
-            x.tensors[t] = Tensor{d.rows, d.cols, d.packed_offset, d.packed_size,
-                                  d.scales_offset, d.scales_size};
+            x.tensors[t] = Tensor{d.rows,        d.cols,          d.packed_offset,
+                                  d.packed_size, d.scales_offset, d.scales_size};
             groups += num_groups(w);
         }
         if (e.num_groups != groups)
@@ -465,8 +485,7 @@ void Vault::check_table() {
         const Tensor &g = x.tensors[0], &u = x.tensors[1], &dn = x.tensors[2];
         const bool up_ok = u.rows == g.rows && u.cols == g.cols;
         if (!up_ok || dn.rows != g.cols || dn.cols != g.rows)
-            fail(rules::DESCRIPTOR_SHAPE, up_ok ? DESC_AT(i, 2, rows) : DESC_AT(i, 1, rows), {},
-                 {},
+            fail(rules::DESCRIPTOR_SHAPE, up_ok ? DESC_AT(i, 2, rows) : DESC_AT(i, 1, rows), {}, {},
                  "shapes gate %ux%u, up %ux%u, down %ux%u: up must equal gate and down its "
                  "transpose",
                  g.rows, g.cols, u.rows, u.cols, dn.rows, dn.cols);
@@ -498,13 +517,16 @@ void Vault::check_table() {
         size_t differ = 0;
         const Expert* first = nullptr;
         for (const Expert& x : experts)
-            if (x.tensors[0].rows != moe && ++differ == 1) first = &x;
+            if (x.tensors[0].rows != moe && ++differ == 1)
+                first = &x;
         if (first != nullptr)
-            warn(warnings, rules::ARCH_MOE_FFN_DIM, Where{header.reserved_ext +
-                 offsetof(SmoeArchBlock, moe_ffn_dim), "arch", 0, -1, "moe_ffn_dim"},
+            warn(warnings, rules::ARCH_MOE_FFN_DIM,
+                 Where{header.reserved_ext + offsetof(SmoeArchBlock, moe_ffn_dim), "arch", 0, -1,
+                       "moe_ffn_dim"},
                  first->tensors[0].rows, moe,
                  "moe_ffn_dim %u disagrees with the experts' gate_proj rows %u (%zu experts); "
-                 "shapes win", moe, first->tensors[0].rows, differ);
+                 "shapes win",
+                 moe, first->tensors[0].rows, differ);
     }
 }
 
@@ -524,13 +546,14 @@ void Vault::check_overlap() {
         if (k > 0 && x.byte_offset < end) {
             const uint32_t prev = order[k - 1];
             fail(rules::TABLE_OVERLAP, ENTRY_AT(i, byte_offset), {}, {},
-                 "blob at %llu overlaps the blob of experts[%u] [%llu, %llu)",
-                 ull(x.byte_offset), prev, ull(experts[prev].byte_offset), ull(end));
+                 "blob at %llu overlaps the blob of experts[%u] [%llu, %llu)", ull(x.byte_offset),
+                 prev, ull(experts[prev].byte_offset), ull(end));
         }
         if (k == 0 && x.byte_offset != end)
             warn(warnings, rules::TABLE_GAP, ENTRY_AT(i, byte_offset), end, x.byte_offset,
                  "the first blob does not start at data_offset");
-        if (k > 0 && x.byte_offset > end) gaps.push_back(i);
+        if (k > 0 && x.byte_offset > end)
+            gaps.push_back(i);
         gap_bytes += x.byte_offset - end;
         end = x.byte_offset + x.padded_size;  // <= size
     }
@@ -557,7 +580,8 @@ void Vault::deep_check(const BlobHook& after_blob) const {
         std::max<uint64_t>(2, std::min<uint64_t>(size, 1 << 20) & ~uint64_t{1}));
     for (size_t i = 0; i < experts.size(); ++i) {
         check_blob(i, scratch);
-        if (after_blob) after_blob(i, scratch);
+        if (after_blob)
+            after_blob(i, scratch);
     }
 }
 
@@ -578,7 +602,8 @@ void Vault::check_blob(size_t i, std::vector<uint8_t>& scratch) const {
         // Scales are finite fp16, read in chunks (a chunk is a whole number of scales).
         const uint64_t base = x.byte_offset + d.scales_offset;
         for (uint64_t done = 0; done < d.scales_size;) {
-            const size_t len = static_cast<size_t>(std::min<uint64_t>(scratch.size(), d.scales_size - done));
+            const size_t len =
+                static_cast<size_t>(std::min<uint64_t>(scratch.size(), d.scales_size - done));
             pread_full(fd, scratch.data(), len, base + done, name);
             for (size_t k = 0; k + 1 < len; k += 2) {
                 const uint16_t h = static_cast<uint16_t>(scratch[k] | (scratch[k + 1] << 8));

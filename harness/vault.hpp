@@ -45,8 +45,8 @@ struct InvalidVault : std::exception {
 /// MESSAGE".
 struct UnreadableVault : IoError {
     UnreadableVault(const std::string& name, Issue i)
-        : IoError(name + ": " + i.code + " at offset " + std::to_string(i.offset) + " (" +
-                  i.field + "): " + i.message),
+        : IoError(name + ": " + i.code + " at offset " + std::to_string(i.offset) + " (" + i.field +
+                  "): " + i.message),
           issue(std::move(i)) {}
     Issue issue;
 };

@@ -56,19 +56,28 @@ from smoe.safetensors_io import (
 )
 
 PER_EXPERT = re.compile(
-    r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+    r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
+)
 MIXTRAL = re.compile(
-    r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w3|w2)\.weight$")
-FUSED = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
-                   r"(gate_up_proj|down_proj)$")
-FUSED_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
-                        r"(gate_up_proj_bias|down_proj_bias)$")
-EXPERT_BIAS = re.compile(r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
-                         r"\w+\.bias$")
+    r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w3|w2)\.weight$"
+)
+FUSED = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+    r"(gate_up_proj|down_proj)$"
+)
+FUSED_BIAS = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+    r"(gate_up_proj_bias|down_proj_bias)$"
+)
+EXPERT_BIAS = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"\w+\.bias$"
+)
 LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
 MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
 ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+
 
 @dataclass(frozen=True)
 class ExpertRef:
@@ -108,9 +117,12 @@ class ExpertRef:
 
     def parts(self) -> tuple[TensorInfo, ...]:
         """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape."""
-        return tuple(TensorInfo(info.name, path, info.dtype, shape, offset, n)
-                     for (info, _, _), (path, offset, n), shape
-                     in zip(self.sources, self.ranges(), self.shapes))
+        return tuple(
+            TensorInfo(info.name, path, info.dtype, shape, offset, n)
+            for (info, _, _), (path, offset, n), shape in zip(
+                self.sources, self.ranges(), self.shapes
+            )
+        )
 
     def load(self) -> list[tuple[np.ndarray, str | None]]:
         """The three matrices as (array, src_dtype): fresh arrays, each filled by positioned
@@ -155,8 +167,9 @@ class ExpertReader:
             self._bufs[slot] = np.empty(nbytes, np.uint8)
         return self._bufs[slot]
 
-    def read(self, ref: ExpertRef, slot: int = 0
-             ) -> tuple[list[tuple[np.ndarray, str | None]], tuple[int, ...]]:
+    def read(
+        self, ref: ExpertRef, slot: int = 0
+    ) -> tuple[list[tuple[np.ndarray, str | None]], tuple[int, ...]]:
         """(matrices as :meth:`ExpertRef.load` gives them, CRC-32C of each one's stored
         bytes). The arrays are views of buffer ``slot``, valid until the next read into it.
         The matrices are read in file order."""
@@ -170,8 +183,10 @@ class ExpertReader:
         for i in sorted(range(len(parts)), key=lambda k: (str(parts[k].path), parts[k].offset)):
             part = parts[i]
             crcs[i] = self._fill(part.path, part.offset, buf[places[i] : places[i] + part.nbytes])
-        mats = [(buf[at : at + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape),
-                 _src_dtype(p)) for p, at in zip(parts, places)]
+        mats = [
+            (buf[at : at + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape), _src_dtype(p))
+            for p, at in zip(parts, places)
+        ]
         return mats, tuple(crcs)
 
     def crcs(self, ref: ExpertRef, slot: int = 0) -> tuple[int, ...]:
@@ -223,14 +238,18 @@ def _weight_map(index_path: Path) -> dict[str, str]:
     index = read_json(index_path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
-        raise SmoeError(f"{index_path}: no weight_map (expected a JSON object of tensor name "
-                        "-> shard file name)")
+        raise SmoeError(
+            f"{index_path}: no weight_map (expected a JSON object of tensor name "
+            "-> shard file name)"
+        )
     if not weight_map:
         raise SmoeError(f"{index_path}: weight_map is empty")
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise SmoeError(f"{index_path}: tensor {name!r} maps to {json.dumps(shard)[:60]}, "
-                            "expected a shard file name (a string)")
+            raise SmoeError(
+                f"{index_path}: tensor {name!r} maps to {json.dumps(shard)[:60]}, "
+                "expected a shard file name (a string)"
+            )
     return weight_map
 
 
@@ -255,9 +274,11 @@ def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
         except UnicodeEncodeError:
             reason = "is not valid Unicode"
     if reason:
-        raise SmoeError(f"{index_path}: tensor {tensor!r} maps to shard {shard!r}, which "
-                        f"{reason}; refused: shards must be relative paths inside the "
-                        "checkpoint folder")
+        raise SmoeError(
+            f"{index_path}: tensor {tensor!r} maps to shard {shard!r}, which "
+            f"{reason}; refused: shards must be relative paths inside the "
+            "checkpoint folder"
+        )
     return rel
 
 
@@ -280,8 +301,10 @@ class Checkpoint:
             raise SmoeError(f"{root}: not a checkpoint directory")
         cfg_path = root / "config.json"
         if not os.path.lexists(cfg_path):  # a FIFO or a dangling link is refused, not "absent"
-            raise SmoeError(f"{root}: no config.json (a HuggingFace checkpoint directory needs "
-                            "config.json and *.safetensors)")
+            raise SmoeError(
+                f"{root}: no config.json (a HuggingFace checkpoint directory needs "
+                "config.json and *.safetensors)"
+            )
         config = load_config(cfg_path)
         tensors = cls._index(root)
         where = str(cfg_path)
@@ -294,8 +317,10 @@ class Checkpoint:
         index_path = root / "model.safetensors.index.json"
         places: dict[str, Path] | None = None  # tensor -> shard, from the index
         if os.path.lexists(index_path):  # a FIFO or a dangling link is refused, not skipped
-            places = {name: root.joinpath(*_shard_name(index_path, name, shard).parts)
-                      for name, shard in _weight_map(index_path).items()}
+            places = {
+                name: root.joinpath(*_shard_name(index_path, name, shard).parts)
+                for name, shard in _weight_map(index_path).items()
+            }
             first_user: dict[Path, str] = {}
             for name, shard in places.items():
                 first_user.setdefault(shard, name)
@@ -303,40 +328,49 @@ class Checkpoint:
                 try:
                     os.stat(shard)
                 except FileNotFoundError:
-                    raise SmoeError(f"{index_path}: tensor {name!r} is in shard "
-                                    f"{str(shard.relative_to(root))!r}, which does not "
-                                    "exist") from None
+                    raise SmoeError(
+                        f"{index_path}: tensor {name!r} is in shard "
+                        f"{str(shard.relative_to(root))!r}, which does not "
+                        "exist"
+                    ) from None
                 except OSError:
                     pass  # read_header names the error
             shards = sorted(first_user)
         else:
-            shards = sorted(p for p in root.glob("*.safetensors")
-                            if not p.name.endswith(".scout.safetensors"))
+            shards = sorted(
+                p for p in root.glob("*.safetensors") if not p.name.endswith(".scout.safetensors")
+            )
         if not shards:
             raise SmoeError(f"{root}: no *.safetensors files")
         tensors: dict[str, TensorInfo] = {}
         for shard in shards:
             for name, info in read_header(shard).items():
                 if name in tensors:
-                    raise SmoeError(f"{root}: tensor {name!r} is in both "
-                                    f"{tensors[name].path.name} and {shard.name}")
+                    raise SmoeError(
+                        f"{root}: tensor {name!r} is in both "
+                        f"{tensors[name].path.name} and {shard.name}"
+                    )
                 tensors[name] = info
         for name, shard in (places or {}).items():
             if name not in tensors or tensors[name].path != shard:
-                raise SmoeError(f"{index_path}: tensor {name!r} is not in "
-                                f"{str(shard.relative_to(root))!r}")
+                raise SmoeError(
+                    f"{index_path}: tensor {name!r} is not in {str(shard.relative_to(root))!r}"
+                )
         return tensors
 
     @staticmethod
-    def _experts(root: Path, tensors: dict[str, TensorInfo]
-                 ) -> tuple[dict[tuple[int, int], ExpertRef], set[str]]:
+    def _experts(
+        root: Path, tensors: dict[str, TensorInfo]
+    ) -> tuple[dict[tuple[int, int], ExpertRef], set[str]]:
         parts: dict[tuple[int, int], dict[int, TensorInfo]] = {}
         fused: dict[int, dict[str, TensorInfo]] = {}
         names: set[str] = set()
         for name, info in tensors.items():
             if EXPERT_BIAS.match(name) or FUSED_BIAS.match(name):
-                raise SmoeError(f"{root}: expert bias {name!r} refused: only bias-free "
-                                "SiLU-gated (SwiGLU) experts can be represented")
+                raise SmoeError(
+                    f"{root}: expert bias {name!r} refused: only bias-free "
+                    "SiLU-gated (SwiGLU) experts can be represented"
+                )
             m = PER_EXPERT.match(name) or MIXTRAL.match(name)
             if m:
                 role = ROLES.get(m.group(3), MIXTRAL_ROLES.get(m.group(3)))
@@ -351,47 +385,68 @@ class Checkpoint:
         for key, roles in parts.items():
             missing = [n for n, r in ROLES.items() if r not in roles]
             if missing:
-                raise SmoeError(f"{root}: layer {key[0]} expert {key[1]} has no "
-                                f"{' or '.join(missing)} tensor")
+                raise SmoeError(
+                    f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
+                )
             for info in roles.values():
                 if len(info.shape) != 2:
-                    raise SmoeError(f"{root}: {info.name} has shape {list(info.shape)}, "
-                                    "expected 2-D")
-            experts[key] = ExpertRef(key[0], key[1],
-                                     tuple((roles[r], None, None) for r in range(3)))
+                    raise SmoeError(
+                        f"{root}: {info.name} has shape {list(info.shape)}, expected 2-D"
+                    )
+            experts[key] = ExpertRef(
+                key[0], key[1], tuple((roles[r], None, None) for r in range(3))
+            )
         for layer, pair in fused.items():
             if set(pair) != {"gate_up_proj", "down_proj"}:
                 missing = {"gate_up_proj", "down_proj"} - set(pair)
-                raise SmoeError(f"{root}: layer {layer} has no fused experts "
-                                f"{' or '.join(sorted(missing))} tensor")
+                raise SmoeError(
+                    f"{root}: layer {layer} has no fused experts "
+                    f"{' or '.join(sorted(missing))} tensor"
+                )
             gu, down = pair["gate_up_proj"], pair["down_proj"]
-            if len(gu.shape) != 3 or len(down.shape) != 3 or gu.shape[0] != down.shape[0] \
-                    or gu.shape[1] % 2 or gu.shape[1] // 2 != down.shape[2] \
-                    or gu.shape[2] != down.shape[1]:
-                raise SmoeError(f"{root}: layer {layer} fused experts have inconsistent shapes "
-                                f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
-                                "(expected [E, 2I, H] and [E, H, I])")
+            if (
+                len(gu.shape) != 3
+                or len(down.shape) != 3
+                or gu.shape[0] != down.shape[0]
+                or gu.shape[1] % 2
+                or gu.shape[1] // 2 != down.shape[2]
+                or gu.shape[2] != down.shape[1]
+            ):
+                raise SmoeError(
+                    f"{root}: layer {layer} fused experts have inconsistent shapes "
+                    f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
+                    "(expected [E, 2I, H] and [E, H, I])"
+                )
             inter = gu.shape[1] // 2
             for e in range(gu.shape[0]):
                 if (layer, e) in experts:
-                    raise SmoeError(f"{root}: layer {layer} expert {e} is stored both fused "
-                                    "and per expert")
-                experts[(layer, e)] = ExpertRef(layer, e, (
-                    (gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)),
-                    (down, e, None)))
+                    raise SmoeError(
+                        f"{root}: layer {layer} expert {e} is stored both fused and per expert"
+                    )
+                experts[(layer, e)] = ExpertRef(
+                    layer,
+                    e,
+                    ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
+                )
         if not experts:
-            raise SmoeError(f"{root}: no routed expert tensors found (looked for "
-                            "mlp.experts.{E}.*_proj.weight, block_sparse_moe.experts.{E}.w1/w2/w3"
-                            ".weight and fused mlp.experts.gate_up_proj/down_proj)")
+            raise SmoeError(
+                f"{root}: no routed expert tensors found (looked for "
+                "mlp.experts.{E}.*_proj.weight, block_sparse_moe.experts.{E}.w1/w2/w3"
+                ".weight and fused mlp.experts.gate_up_proj/down_proj)"
+            )
         for key, ref in experts.items():
             gate, up, down = ref.shapes
             if up != gate or down != (gate[1], gate[0]):
-                raise SmoeError(f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
-                                f"shapes gate {list(gate)}, up {list(up)}, down {list(down)}")
+                raise SmoeError(
+                    f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
+                    f"shapes gate {list(gate)}, up {list(up)}, down {list(down)}"
+                )
             for info, _, _ in ref.sources:
                 if info.dtype not in FLOAT_DTYPES:
-                    raise SmoeError(f"{root}: {info.name} is {info.dtype}; expert weights must be "
-                                    "BF16, F16 or F32")
+                    raise SmoeError(
+                        f"{root}: {info.name} is {info.dtype}; expert weights must be "
+                        "BF16, F16 or F32"
+                    )
         return dict(sorted(experts.items())), names
 
     # ---- facts -----------------------------------------------------------------------------
@@ -419,18 +474,21 @@ class Checkpoint:
         if line not in self.warnings:
             self.warnings.append(line)
 
-    def _warn_if(self, what: str, config_value: object, shape_value: object,
-                 why: str = "") -> None:
+    def _warn_if(self, what: str, config_value: object, shape_value: object, why: str = "") -> None:
         if config_value is not None and config_value != shape_value:
-            self._warn(f"{what}: config.json says {config_value!r}, the tensors say "
-                       f"{shape_value!r}{why}; using the tensors")
+            self._warn(
+                f"{what}: config.json says {config_value!r}, the tensors say "
+                f"{shape_value!r}{why}; using the tensors"
+            )
 
     def _embedding(self) -> tuple[int, int]:
         """(vocab_size, d_model): the embedding's shape."""
         emb = self._shape("model.embed_tokens.weight")
         if emb is None or len(emb) != 2:
-            raise SmoeError(f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
-                            "vocab_size come from it")
+            raise SmoeError(
+                f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
+                "vocab_size come from it"
+            )
         return emb[0], emb[1]
 
     def _check_hidden_size(self, d_model: int) -> None:
@@ -439,13 +497,21 @@ class Checkpoint:
         cfg, where = self.config, self.where
         hidden = get_int(cfg, where, "hidden_size")
         heads = get_int(cfg, where, "num_attention_heads")
-        if hidden is not None and hidden != d_model and heads and not is_mla(cfg, where) \
-                and get_int(cfg, where, "head_dim") is None and hidden // heads != d_model // heads:
-            raise SmoeError(f"{self.root}: hidden_size: config.json says {hidden}, "
-                            f"model.embed_tokens.weight has {d_model} columns; refused: "
-                            "config.json has no head_dim, and hidden_size / num_attention_heads "
-                            f"would be {hidden // heads} by the config, {d_model // heads} by the "
-                            "tensors")
+        if (
+            hidden is not None
+            and hidden != d_model
+            and heads
+            and not is_mla(cfg, where)
+            and get_int(cfg, where, "head_dim") is None
+            and hidden // heads != d_model // heads
+        ):
+            raise SmoeError(
+                f"{self.root}: hidden_size: config.json says {hidden}, "
+                f"model.embed_tokens.weight has {d_model} columns; refused: "
+                "config.json has no head_dim, and hidden_size / num_attention_heads "
+                f"would be {hidden // heads} by the config, {d_model // heads} by the "
+                "tensors"
+            )
         self._warn_if("hidden_size", hidden, d_model)
 
     def model_info(self) -> ModelInfo:
@@ -453,12 +519,18 @@ class Checkpoint:
         vocab, d_model = self._embedding()
         self._check_hidden_size(d_model)
         widths = {lay: len(self.layer_experts(lay)) for lay in self.moe_layers}
-        n_experts = get_int(self.config, self.where, "num_experts", "num_local_experts",
-                            "n_routed_experts")
+        n_experts = get_int(
+            self.config, self.where, "num_experts", "num_local_experts", "n_routed_experts"
+        )
         width = max(widths.values())
         self._warn_if("num_experts", n_experts, width)
-        return ModelInfo(num_moe_layers=len(widths), max_experts_per_layer=width,
-                         d_model=d_model, vocab_size=vocab, ffn_dim=self.ffn_dim())
+        return ModelInfo(
+            num_moe_layers=len(widths),
+            max_experts_per_layer=width,
+            d_model=d_model,
+            vocab_size=vocab,
+            ffn_dim=self.ffn_dim(),
+        )
 
     def dense_ffn_dim(self) -> int:
         shape = self._shape("model.layers.0.mlp.gate_proj.weight")
@@ -466,8 +538,10 @@ class Checkpoint:
 
     def shared_expert_ffn_dim(self) -> int:
         for lay in self.moe_layers:
-            for name in (f"model.layers.{lay}.mlp.shared_expert.gate_proj.weight",
-                         f"model.layers.{lay}.mlp.shared_experts.gate_proj.weight"):
+            for name in (
+                f"model.layers.{lay}.mlp.shared_expert.gate_proj.weight",
+                f"model.layers.{lay}.mlp.shared_experts.gate_proj.weight",
+            ):
                 shape = self._shape(name)
                 if shape:
                     return int(shape[0])
@@ -475,8 +549,12 @@ class Checkpoint:
 
     def ffn_dim(self) -> int:
         """D5: dense layer-0 rows, else shared expert rows, else config intermediate_size."""
-        return (self.dense_ffn_dim() or self.shared_expert_ffn_dim()
-                or get_int(self.config, self.where, "intermediate_size") or 0)
+        return (
+            self.dense_ffn_dim()
+            or self.shared_expert_ffn_dim()
+            or get_int(self.config, self.where, "intermediate_size")
+            or 0
+        )
 
     def has_qk_norm(self) -> bool:
         return any(n.endswith(".self_attn.q_norm.weight") for n in self.tensors)
@@ -497,8 +575,10 @@ class Checkpoint:
         arch = self._attention(self._layers(arch))
         width = max(len(self.layer_experts(lay)) for lay in self.moe_layers)
         if arch.moe_top_k > width:
-            raise SmoeError(f"{self.where}: num_experts_per_tok is {arch.moe_top_k}, but the "
-                            f"tensors have at most {width} experts per layer")
+            raise SmoeError(
+                f"{self.where}: num_experts_per_tok is {arch.moe_top_k}, but the "
+                f"tensors have at most {width} experts per layer"
+            )
         return arch
 
     def _layers(self, arch: ArchInfo) -> ArchInfo:
@@ -508,23 +588,34 @@ class Checkpoint:
         count = max(present) + 1
         said = get_int(self.config, self.where, "num_hidden_layers")
         if said is not None and said > count:
-            raise SmoeError(f"{self.root}: num_hidden_layers: config.json says {said}, but the "
-                            f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
-                            "refused")
+            raise SmoeError(
+                f"{self.root}: num_hidden_layers: config.json says {said}, but the "
+                f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
+                "refused"
+            )
         gaps = sorted(set(range(count)) - present)
         if gaps:
-            raise SmoeError(f"{self.root}: the tensors have model.layers.{count - 1} but no "
-                            f"tensor of model.layers.{gaps[0]}; refused")
+            raise SmoeError(
+                f"{self.root}: the tensors have model.layers.{count - 1} but no "
+                f"tensor of model.layers.{gaps[0]}; refused"
+            )
         mtp = get_int(self.config, self.where, "num_nextn_predict_layers", minimum=0) or 0
         if said is not None and mtp and said + mtp == count:
-            extra = (f"model.layers.{said} is a multi-token-prediction layer" if mtp == 1 else
-                     f"model.layers.{said}..{count - 1} are multi-token-prediction layers")
-            self._warn(f"num_hidden_layers: config.json says {said}; the tensors' {extra} "
-                       f"(num_nextn_predict_layers {mtp}), kept beyond num_hidden_layers")
+            extra = (
+                f"model.layers.{said} is a multi-token-prediction layer"
+                if mtp == 1
+                else f"model.layers.{said}..{count - 1} are multi-token-prediction layers"
+            )
+            self._warn(
+                f"num_hidden_layers: config.json says {said}; the tensors' {extra} "
+                f"(num_nextn_predict_layers {mtp}), kept beyond num_hidden_layers"
+            )
             return arch
         if said is None:
-            self._warn(f"num_hidden_layers: config.json has none, the tensors say {count}; "
-                       "using the tensors")
+            self._warn(
+                f"num_hidden_layers: config.json has none, the tensors say {count}; "
+                "using the tensors"
+            )
         self._warn_if("num_hidden_layers", said, count)
         return replace(arch, num_hidden_layers=count)
 
@@ -539,10 +630,12 @@ class Checkpoint:
             layer, role = int(m.group(1)), m.group(2)
             first = seen.setdefault(role, (layer, info.shape))
             if first[1] != info.shape:
-                raise SmoeError(f"{self.root}: {name} has shape {list(info.shape)}, but "
-                                f"model.layers.{first[0]}.self_attn.{role}.weight has "
-                                f"{list(first[1])}; per-layer attention shapes are not "
-                                "representable")
+                raise SmoeError(
+                    f"{self.root}: {name} has shape {list(info.shape)}, but "
+                    f"model.layers.{first[0]}.self_attn.{role}.weight has "
+                    f"{list(first[1])}; per-layer attention shapes are not "
+                    "representable"
+                )
         return seen
 
     def _attention(self, arch: ArchInfo) -> ArchInfo:
@@ -562,24 +655,36 @@ class Checkpoint:
         norm = shapes.get("q_norm")  # a per-head q_norm [head_dim] says head_dim outright
         witness = norm[1][0] if norm and len(norm[1]) == 1 and norm[1][0] != rows_q else None
         fits = []
-        if rows_q % heads == 0 and rows_k in (None, kv * (rows_q // heads)) \
-                and witness in (None, rows_q // heads):
+        if (
+            rows_q % heads == 0
+            and rows_k in (None, kv * (rows_q // heads))
+            and witness in (None, rows_q // heads)
+        ):
             fits.append(replace(arch, head_dim=rows_q // heads))
         if rows_q % hd == 0 and (rows_k is None or rows_k % hd == 0) and witness in (None, hd):
             h, k_heads = rows_q // hd, kv if rows_k is None else rows_k // hd
             if k_heads and h % k_heads == 0:
                 fits.append(replace(arch, num_heads=h, num_kv_heads=k_heads))
         seen = f"model.layers.{layer}.self_attn.q_proj.weight has {rows_q} rows" + (
-            "" if rows_k is None else f", k_proj.weight {rows_k}")
+            "" if rows_k is None else f", k_proj.weight {rows_k}"
+        )
         if len(fits) != 1:
-            reason = ("either head_dim or the head counts could be wrong" if fits else
-                      "no change of head_dim alone or of the head counts alone explains them")
-            raise SmoeError(f"{self.root}: {seen}, but config.json says num_attention_heads "
-                            f"{heads} × head_dim {hd} = {heads * hd} and num_key_value_heads {kv} "
-                            f"× head_dim {hd} = {kv * hd}; refused: {reason}")
+            reason = (
+                "either head_dim or the head counts could be wrong"
+                if fits
+                else "no change of head_dim alone or of the head counts alone explains them"
+            )
+            raise SmoeError(
+                f"{self.root}: {seen}, but config.json says num_attention_heads "
+                f"{heads} × head_dim {hd} = {heads * hd} and num_key_value_heads {kv} "
+                f"× head_dim {hd} = {kv * hd}; refused: {reason}"
+            )
         new = fits[0]
-        for attr, key in (("num_heads", "num_attention_heads"),
-                          ("num_kv_heads", "num_key_value_heads"), ("head_dim", "head_dim")):
+        for attr, key in (
+            ("num_heads", "num_attention_heads"),
+            ("num_kv_heads", "num_key_value_heads"),
+            ("head_dim", "head_dim"),
+        ):
             self._warn_if(key, getattr(arch, attr), getattr(new, attr), f" ({seen})")
         return new
 

@@ -361,8 +361,7 @@ def _show_summary(s: dict) -> None:
     im = s.get("imatrix")
     if im:
         data = ", ".join(im["datasets"]) or "an unnamed dataset"  # (text from the file)
-        t.add_row("imatrix", escape(_shown(f"{im['path']} ({im['chunk_count']} chunks of "
-                                           f"{data})")))
+        t.add_row("imatrix", escape(_shown(f"{im['path']} ({im['chunk_count']} chunks of {data})")))
     c.print(t)
     weighted = s.get("weighted_snr_db")
     q = _table(c, "quantisation SNR (dB)")
@@ -443,8 +442,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _export_hf(args)
     for flag in ("scout", "config", "dtype", "max_shard_size"):
         if getattr(args, flag) is not None:
-            return _fail(args, f"--{flag.replace('_', '-')} needs --hf (see smoe export "
-                         "--help)", 2)
+            return _fail(args, f"--{flag.replace('_', '-')} needs --hf (see smoe export --help)", 2)
     from smoe.export import export
 
     names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
@@ -465,10 +463,20 @@ def _export_hf(args: argparse.Namespace) -> int:
     from smoe.hf.export import MAX_SHARD_SIZE, export_hf
 
     if args.layer is not None or args.expert is not None:
-        return _fail(args, "--layer/--expert select experts of a float32 export; --hf writes "
-                     "the whole model (see smoe export --help)", 2)
-    result = export_hf(args.vault, args.out, scout=args.scout, config=args.config,
-                       dtype=args.dtype, max_shard_size=args.max_shard_size or MAX_SHARD_SIZE)
+        return _fail(
+            args,
+            "--layer/--expert select experts of a float32 export; --hf writes "
+            "the whole model (see smoe export --help)",
+            2,
+        )
+    result = export_hf(
+        args.vault,
+        args.out,
+        scout=args.scout,
+        config=args.config,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size or MAX_SHARD_SIZE,
+    )
     summary = result.summary()
     if args.json:
         _print_json(summary)
@@ -497,8 +505,15 @@ def _shard_size(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 5GB, 500MB, 1000000)")
     unit = (m.group(2) or "").upper()
-    scale = {"": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20,
-             "GIB": 2**30}[unit]
+    scale = {
+        "": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+    }[unit]
     value = int(m.group(1)) * scale
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1 byte")
@@ -520,8 +535,9 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         rows = int(vault.descriptors[0, 0]["rows"]) if len(vault) else 0
         arch, warnings = arch_from_config(load_config(args.config), str(args.config), rows)
     del vault
-    result = upgrade(args.vault, arch, force=args.force, out=args.out,
-                     inputs=[args.config or args.model])
+    result = upgrade(
+        args.vault, arch, force=args.force, out=args.out, inputs=[args.config or args.model]
+    )
     info = {
         "path": str(result.path),
         "mode": result.mode,
@@ -621,14 +637,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_spec)
 
     p = sub.add_parser("sculpt", help="convert a HuggingFace MoE checkpoint into a vault + scout")
-    p.add_argument("model_dir", metavar="model", help="checkpoint folder (config.json, "
-                   "*.safetensors) or HuggingFace model id ORG/NAME (needs smoe[hub]; an "
-                   "existing folder of that name wins)")
+    p.add_argument(
+        "model_dir",
+        metavar="model",
+        help="checkpoint folder (config.json, "
+        "*.safetensors) or HuggingFace model id ORG/NAME (needs smoe[hub]; an "
+        "existing folder of that name wins)",
+    )
     p.add_argument("out_dir", type=Path, help="where <stem>.smoe and <stem>.scout.safetensors go")
-    p.add_argument("--name", type=_output_stem, metavar="STEM", help="the outputs' stem "
-                   "(default: the model's name, NAME of ORG/NAME, or the folder's)")
-    p.add_argument("--revision", metavar="REV", help="with a model id: the branch, tag or "
-                   "commit to use (default: main)")
+    p.add_argument(
+        "--name",
+        type=_output_stem,
+        metavar="STEM",
+        help="the outputs' stem (default: the model's name, NAME of ORG/NAME, or the folder's)",
+    )
+    p.add_argument(
+        "--revision",
+        metavar="REV",
+        help="with a model id: the branch, tag or commit to use (default: main)",
+    )
     p.add_argument("--bits", type=int, choices=layout.SUPPORTED_BITS, default=layout.BITS_Q4)
     p.add_argument(
         "--format-version",
@@ -654,10 +681,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="optimal",
         help="how each group's scale is chosen (absmax = the reference Sculptor)",
     )
-    p.add_argument("--imatrix", type=Path, metavar="FILE", help="a llama.cpp importance "
-                   "matrix of this model (llama-imatrix's GGUF or legacy .dat; needs "
-                   "smoe[imatrix]): each group's scale minimises the error weighted by its "
-                   "input channels' mean squares, the error of the expert's output")
+    p.add_argument(
+        "--imatrix",
+        type=Path,
+        metavar="FILE",
+        help="a llama.cpp importance "
+        "matrix of this model (llama-imatrix's GGUF or legacy .dat; needs "
+        "smoe[imatrix]): each group's scale minimises the error weighted by its "
+        "input channels' mean squares, the error of the expert's output",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_sculpt)
 
@@ -675,24 +707,49 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dump", help="show a vault as a tree (same as smoe-dump)")
     _dump_args(p)
 
-    p = sub.add_parser("export", help="dequantise experts to float32 safetensors, or (--hf) "
-                       "a runnable HuggingFace checkpoint folder")
+    p = sub.add_parser(
+        "export",
+        help="dequantise experts to float32 safetensors, or (--hf) "
+        "a runnable HuggingFace checkpoint folder",
+    )
     p.add_argument("vault", type=Path)
-    p.add_argument("out", type=Path, help="output .safetensors file (with --hf: the checkpoint "
-                   "folder, new or empty)")
+    p.add_argument(
+        "out",
+        type=Path,
+        help="output .safetensors file (with --hf: the checkpoint folder, new or empty)",
+    )
     p.add_argument("--layer", type=int, help="only this layer")
     p.add_argument("--expert", type=int, help="only this expert id")
-    p.add_argument("--hf", action="store_true", help="write a whole checkpoint that "
-                   "transformers loads: scout tensors, dequantised experts, config.json")
-    p.add_argument("--scout", type=Path, help="with --hf: the scout (default: "
-                   "STEM.scout.safetensors beside the vault)")
-    p.add_argument("--config", type=Path, help="with --hf: the config.json to write (default: "
-                   "STEM.config.json beside the vault, else rebuilt from the arch block)")
-    p.add_argument("--dtype", choices=("bf16", "f16", "f32"), help="with --hf: the experts' "
-                   "dtype (default: the source's, else the scout's, else bf16)")
-    p.add_argument("--max-shard-size", type=_shard_size, metavar="SIZE", help="with --hf: "
-                   "bytes per shard (default 5GB); more than one shard adds "
-                   "model.safetensors.index.json")
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help="write a whole checkpoint that "
+        "transformers loads: scout tensors, dequantised experts, config.json",
+    )
+    p.add_argument(
+        "--scout",
+        type=Path,
+        help="with --hf: the scout (default: STEM.scout.safetensors beside the vault)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="with --hf: the config.json to write (default: "
+        "STEM.config.json beside the vault, else rebuilt from the arch block)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "f16", "f32"),
+        help="with --hf: the experts' dtype (default: the source's, else the scout's, else bf16)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=_shard_size,
+        metavar="SIZE",
+        help="with --hf: "
+        "bytes per shard (default 5GB); more than one shard adds "
+        "model.safetensors.index.json",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_export)
 
@@ -708,13 +765,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write an HTML page picturing a vault (map, fields, SNR)")
     p.add_argument("vault", type=Path)
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="HTML",
-                   help="the page to write (replaced atomically; never the vault or manifest)")
-    p.add_argument("--deep", action="store_true",
-                   help="also read every blob and check it against the manifest")
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        required=True,
+        metavar="HTML",
+        help="the page to write (replaced atomically; never the vault or manifest)",
+    )
+    p.add_argument(
+        "--deep", action="store_true", help="also read every blob and check it against the manifest"
+    )
     m = p.add_mutually_exclusive_group()
-    m.add_argument("--manifest", type=Path, metavar="PATH",
-                   help="the manifest to take SNR from (default: VAULT.manifest.json)")
+    m.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="PATH",
+        help="the manifest to take SNR from (default: VAULT.manifest.json)",
+    )
     m.add_argument("--no-manifest", action="store_true", help="show no SNR, check no manifest")
     p.add_argument("--json", action="store_true", help='print {"report": PATH, ...}')
     p.set_defaults(func=cmd_report)

@@ -19,8 +19,14 @@ from smoe.errors import SmoeError
 from smoe.records import ArchInfo
 
 # transformers' default of norm_topk_prob per model type when config.json has no key (D8)
-NORM_TOPK_DEFAULT = {"mixtral": True, "deepseek_v3": True, "qwen3_moe": False,
-                     "qwen2_moe": False, "olmoe": False, "deepseek_v2": False}
+NORM_TOPK_DEFAULT = {
+    "mixtral": True,
+    "deepseek_v3": True,
+    "qwen3_moe": False,
+    "qwen2_moe": False,
+    "olmoe": False,
+    "deepseek_v2": False,
+}
 QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
 MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
 
@@ -31,15 +37,20 @@ def _json(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _get(cfg: dict, where: str, keys: tuple[str, ...], test: Callable[[object], bool],
-         expected: str, prefix: str = "") -> object:
+def _get(
+    cfg: dict,
+    where: str,
+    keys: tuple[str, ...],
+    test: Callable[[object], bool],
+    expected: str,
+    prefix: str = "",
+) -> object:
     """The value of the first spelling present and not null (None if none), checked."""
     for key in keys:
         value = cfg.get(key)
         if value is not None:
             if not test(value):
-                raise SmoeError(f"{where}: {prefix}{key} is {_json(value)}, expected "
-                                f"{expected}")
+                raise SmoeError(f"{where}: {prefix}{key} is {_json(value)}, expected {expected}")
             return value
     return None
 
@@ -61,18 +72,24 @@ def _finite(v: object, positive: bool) -> bool:
     return math.isfinite(f) and (f > 0 if positive else f >= 0)
 
 
-def get_float(cfg: dict, where: str, *keys: str, positive: bool = True,
-              prefix: str = "") -> float | None:
+def get_float(
+    cfg: dict, where: str, *keys: str, positive: bool = True, prefix: str = ""
+) -> float | None:
     """A finite JSON number (integers allowed), > 0 (or >= 0 unless ``positive``)."""
-    value = _get(cfg, where, keys, lambda v: _finite(v, positive),
-                 f"a finite number {'>' if positive else '>='} 0", prefix)
+    value = _get(
+        cfg,
+        where,
+        keys,
+        lambda v: _finite(v, positive),
+        f"a finite number {'>' if positive else '>='} 0",
+        prefix,
+    )
     return None if value is None else float(value)
 
 
 def get_bool(cfg: dict, where: str, key: str) -> bool | None:
     """A JSON boolean: ``"false"`` or ``0`` is refused, not read as a flag."""
-    value = _get(cfg, where, (key,), lambda v: type(v) is bool,
-                 "a JSON boolean (true or false)")
+    value = _get(cfg, where, (key,), lambda v: type(v) is bool, "a JSON boolean (true or false)")
     return value if isinstance(value, bool) else None
 
 
@@ -84,8 +101,9 @@ def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
             value.encode("utf-8")
         except UnicodeEncodeError:
             key = next(k for k in keys if cfg.get(k) is not None)
-            raise SmoeError(f"{where}: {key} is {_json(value)}, which is not valid Unicode "
-                            "(a lone surrogate)") from None
+            raise SmoeError(
+                f"{where}: {key} is {_json(value)}, which is not valid Unicode (a lone surrogate)"
+            ) from None
     return value if isinstance(value, str) else default
 
 
@@ -118,24 +136,27 @@ def read_json(path: Path) -> object:
     try:
         size = os.fstat(fd).st_size
         if size > MAX_JSON:
-            raise SmoeError(f"{path}: {size} bytes is too large for a JSON file (over "
-                            f"{MAX_JSON >> 20} MiB)")
+            raise SmoeError(
+                f"{path}: {size} bytes is too large for a JSON file (over {MAX_JSON >> 20} MiB)"
+            )
         raw = fileio.pread_exact(fd, size, 0, path)
     finally:
         os.close(fd)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SmoeError(f"{path}: not valid UTF-8 at offset {e.start} (byte "
-                        f"0x{raw[e.start]:02x})") from None
+        raise SmoeError(
+            f"{path}: not valid UTF-8 at offset {e.start} (byte 0x{raw[e.start]:02x})"
+        ) from None
     try:
         return json.loads(text, object_pairs_hook=_unique)
     except _Duplicate as e:
         raise SmoeError(f"{path}: the key {e.key!r} appears twice in one object") from None
     except json.JSONDecodeError as e:
         at = len(text[: e.pos].encode("utf-8"))
-        raise SmoeError(f"{path}: not valid JSON at offset {at} "
-                        f"({e.msg.removesuffix(' at').lower()})") from None
+        raise SmoeError(
+            f"{path}: not valid JSON at offset {at} ({e.msg.removesuffix(' at').lower()})"
+        ) from None
     except RecursionError:
         raise SmoeError(f"{path}: JSON nested too deeply") from None
     except ValueError:  # an integer literal of more than 4300 digits
@@ -198,14 +219,17 @@ def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
         raise SmoeError(f"{where}: no num_attention_heads")
     kv = get_int(cfg, where, "num_key_value_heads") or heads
     if heads % kv:
-        raise SmoeError(f"{where}: num_attention_heads {heads} is not a multiple of "
-                        f"num_key_value_heads {kv}")
+        raise SmoeError(
+            f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
+        )
     if is_mla(cfg, where):
         # Ruling R3: MLA (DeepSeek) has no single head_dim; the block carries the q/k width.
         head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         if head_dim < 1:
-            raise SmoeError(f"{where}: qk_nope_head_dim + qk_rope_head_dim is 0, expected a "
-                            "positive q/k head width")
+            raise SmoeError(
+                f"{where}: qk_nope_head_dim + qk_rope_head_dim is 0, expected a "
+                "positive q/k head width"
+            )
         return heads, kv, head_dim
     head_dim = get_int(cfg, where, "head_dim")
     if head_dim is None:
@@ -214,15 +238,16 @@ def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
             raise SmoeError(f"{where}: no head_dim, and no hidden_size to derive it from")
         head_dim = hidden // heads
         if head_dim < 1:
-            raise SmoeError(f"{where}: head_dim = hidden_size {hidden} // num_attention_heads "
-                            f"{heads} is 0")
+            raise SmoeError(
+                f"{where}: head_dim = hidden_size {hidden} // num_attention_heads {heads} is 0"
+            )
     return heads, kv, head_dim
 
 
 SILU_ACTS = {"silu", "swish", "swiglu"}
 REFUSED_FAMILIES = {
     "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
-               "only bias-free SiLU-gated (SwiGLU) experts can be represented",
+    "only bias-free SiLU-gated (SwiGLU) experts can be represented",
 }
 
 
@@ -235,16 +260,20 @@ def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> Non
     subject = subject or where
     model_type = get_str(cfg, where, "model_type")
     if model_type in REFUSED_FAMILIES:
-        raise SmoeError(f"{subject}: model_type {model_type!r} refused: "
-                        f"{REFUSED_FAMILIES[model_type]}")
+        raise SmoeError(
+            f"{subject}: model_type {model_type!r} refused: {REFUSED_FAMILIES[model_type]}"
+        )
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
     if act not in SILU_ACTS:
-        raise SmoeError(f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
-                        "experts can be represented")
+        raise SmoeError(
+            f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
+            "experts can be represented"
+        )
 
 
-def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
-                     shapes: Structure | None = None) -> tuple[ArchInfo, list[str]]:
+def arch_from_config(
+    cfg: dict, where: str, moe_ffn_dim: int, shapes: Structure | None = None
+) -> tuple[ArchInfo, list[str]]:
     """The arch block from config values; ``shapes`` (from tensors) override structure.
 
     Returns the block and the warnings for every disagreement between config and shapes.
@@ -261,29 +290,40 @@ def arch_from_config(cfg: dict, where: str, moe_ffn_dim: int,
     if moe_cfg is None and model_type == "mixtral":
         moe_cfg = get_int(cfg, where, "intermediate_size")
     if moe_cfg is not None and moe_cfg != moe_ffn_dim:
-        warnings.append(f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
-                        f"{moe_ffn_dim}; using the tensors")
+        warnings.append(
+            f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
+            f"{moe_ffn_dim}; using the tensors"
+        )
     from_cfg = structure_from_config(cfg, where)
     facts = shapes or from_cfg
     if shapes is not None:
         for name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
             c, s = getattr(from_cfg, name), getattr(shapes, name)
-            cfg_has = name != "has_qk_norm" or "use_qk_norm" in cfg or \
-                model_type in QK_NORM_FAMILIES
+            cfg_has = (
+                name != "has_qk_norm" or "use_qk_norm" in cfg or model_type in QK_NORM_FAMILIES
+            )
             if cfg_has and c != s:
-                warnings.append(f"{name}: config.json says {c!r}, the tensors say {s!r}; "
-                                "using the tensors")
+                warnings.append(
+                    f"{name}: config.json says {c!r}, the tensors say {s!r}; using the tensors"
+                )
     norm_topk = get_bool(cfg, where, "norm_topk_prob")
     if norm_topk is None:
         norm_topk = NORM_TOPK_DEFAULT.get(model_type, False)
     eps = get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
     arch = ArchInfo(
-        rope_theta=theta, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-        moe_top_k=top_k, moe_ffn_dim=int(moe_ffn_dim),
+        rope_theta=theta,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        moe_top_k=top_k,
+        moe_ffn_dim=int(moe_ffn_dim),
         num_hidden_layers=get_int(cfg, where, "num_hidden_layers") or 0,
-        rms_norm_eps=1e-6 if eps is None else eps, model_type=model_type,
-        norm_topk_prob=norm_topk, has_qk_norm=facts.has_qk_norm,
-        has_dense_layer_0=facts.dense_ffn_dim > 0, dense_ffn_dim=facts.dense_ffn_dim,
+        rms_norm_eps=1e-6 if eps is None else eps,
+        model_type=model_type,
+        norm_topk_prob=norm_topk,
+        has_qk_norm=facts.has_qk_norm,
+        has_dense_layer_0=facts.dense_ffn_dim > 0,
+        dense_ffn_dim=facts.dense_ffn_dim,
         shared_expert_ffn_dim=facts.shared_expert_ffn_dim,
     )
     return arch, warnings

@@ -23,15 +23,17 @@ from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
 
-def collect_path(path: str | os.PathLike, deep: bool = False,
-                 manifest: str | os.PathLike | None = "auto") -> tuple[dict, Report]:
+def collect_path(
+    path: str | os.PathLike, deep: bool = False, manifest: str | os.PathLike | None = "auto"
+) -> tuple[dict, Report]:
     """Open ``path`` (``fileio.NotRegular`` if it is not a regular file) and :func:`collect`."""
     with FileView.open(path) as view:
         return collect(Path(path), view, deep=deep, manifest=manifest)
 
 
-def collect(path: Path, data: Data, deep: bool = False,
-            manifest: str | os.PathLike | None = "auto") -> tuple[dict, Report]:
+def collect(
+    path: Path, data: Data, deep: bool = False, manifest: str | os.PathLike | None = "auto"
+) -> tuple[dict, Report]:
     """The dump as plain data: keys file, header, arch, experts, findings (each as
     docs/JSON.md says).
 
@@ -39,8 +41,13 @@ def collect(path: Path, data: Data, deep: bool = False,
     """
     report = verify_file(data, path, deep=deep, manifest=manifest)
     geo = report.geometry
-    out: dict = {"file": {"path": str(path), "size": len(data)}, "header": None, "arch": None,
-                 "experts": [], "findings": [f.to_dict() for f in report.findings]}
+    out: dict = {
+        "file": {"path": str(path), "size": len(data)},
+        "header": None,
+        "arch": None,
+        "experts": [],
+        "findings": [f.to_dict() for f in report.findings],
+    }
     if len(data) >= layout.HEADER_SIZE and geo is not None:
         out["header"] = plain(header_view(data))
         total = int(out["header"]["total_experts"])
@@ -88,9 +95,11 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
     h = dump["header"]
     root = Tree(f"[bold]{_safe(f['path'])}[/]  {f['size']:,} bytes")
     if h is not None:
-        root.label += (f"  v{h['version']}  Q{h['bits']}  group {h['group_size']}  "
-                       f"data_offset {h['data_offset']:#x}  {f.get('vault_type', '?')} vault, "
-                       f"{h['total_experts']} experts")
+        root.label += (
+            f"  v{h['version']}  Q{h['bits']}  group {h['group_size']}  "
+            f"data_offset {h['data_offset']:#x}  {f.get('vault_type', '?')} vault, "
+            f"{h['total_experts']} experts"
+        )
         ht = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         for col in ("offset", "field", "value"):
             ht.add_column(col, justify="right" if col == "offset" else "left")
@@ -120,8 +129,9 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
         _render_table(root, dump, experts, layer)
     fnode = root.add(f"[bold]findings[/] ({len(dump['findings'])})")
     for fi in dump["findings"]:
-        line = (f"{fi['severity']}: {fi['code']} at {fi['offset']:#x} ({fi['field']}): "
-                f"{fi['message']}")
+        line = (
+            f"{fi['severity']}: {fi['code']} at {fi['offset']:#x} ({fi['field']}): {fi['message']}"
+        )
         if fi["expected"] is not None or fi["actual"] is not None:
             line += f" [expected {fi['expected_text']}, got {fi['actual_text']}]"
         fnode.add(f"[{_severity_style(fi)}]{_safe(line)}[/]", highlight=False)
@@ -132,31 +142,36 @@ def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> N
     by_layer: dict[int, list[dict]] = {}
     for e in dump["experts"]:
         by_layer.setdefault(e["layer_id"], []).append(e)
-    node = root.add(f"[bold]expert table[/] ({len(dump['experts'])} entries, "
-                    f"{len(by_layer)} layers)")
+    node = root.add(
+        f"[bold]expert table[/] ({len(dump['experts'])} entries, {len(by_layer)} layers)"
+    )
     for lay, entries in by_layer.items():
         if layer is not None and lay != layer:
             continue
         ids = [e["expert_id"] for e in entries]
         shapes = entries[0]["tensors"]
-        dims = " ".join(f"{TENSOR_NAMES[t]} {d['rows']}x{d['cols']}" for t, d in
-                        enumerate(shapes))
+        dims = " ".join(f"{TENSOR_NAMES[t]} {d['rows']}x{d['cols']}" for t, d in enumerate(shapes))
         last = entries[-1]
         span = f"{entries[0]['byte_offset']:#x}..{last['byte_offset'] + last['padded_size']:#x}"
-        ln = node.add(f"layer {lay}: {len(entries)} experts (ids {_ranges(ids)}), {dims}, "
-                      f"blobs {span}")
+        ln = node.add(
+            f"layer {lay}: {len(entries)} experts (ids {_ranges(ids)}), {dims}, blobs {span}"
+        )
         if not (experts or layer is not None):
             continue
         for e in entries:
-            en = ln.add(f"expert {e['expert_id']}: blob at {e['byte_offset']:#x}, "
-                        f"raw {e['raw_size']:,} B, padded {e['padded_size']:,} B, "
-                        f"{e['num_groups']} groups")
+            en = ln.add(
+                f"expert {e['expert_id']}: blob at {e['byte_offset']:#x}, "
+                f"raw {e['raw_size']:,} B, padded {e['padded_size']:,} B, "
+                f"{e['num_groups']} groups"
+            )
             for t, d in enumerate(e["tensors"]):
                 p0 = e["byte_offset"] + d["packed_offset"]
                 s0 = e["byte_offset"] + d["scales_offset"]
-                en.add(f"{TENSOR_NAMES[t]} [{d['rows']}, {d['cols']}]  packed "
-                       f"+{d['packed_offset']} ({p0:#x}) {d['packed_size']:,} B  scales "
-                       f"+{d['scales_offset']} ({s0:#x}) {d['scales_size']:,} B")
+                en.add(
+                    f"{TENSOR_NAMES[t]} [{d['rows']}, {d['cols']}]  packed "
+                    f"+{d['packed_offset']} ({p0:#x}) {d['packed_size']:,} B  scales "
+                    f"+{d['scales_offset']} ({s0:#x}) {d['scales_size']:,} B"
+                )
     if not experts and layer is None:
         node.add("[dim](--experts to list every expert, --layer L for one layer)[/]")
 

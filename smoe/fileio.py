@@ -42,8 +42,9 @@ def current_umask() -> int:
 
 
 # ---- writing ------------------------------------------------------------------------------
-def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int,
-               path: str | os.PathLike) -> None:
+def pwrite_all(
+    fd: int, data: bytes | bytearray | memoryview, offset: int, path: str | os.PathLike
+) -> None:
     """Write all of ``data`` at ``offset``; short writes continue, errors raise SmoeError."""
     view = memoryview(data).cast("B")
     done = 0
@@ -53,11 +54,15 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int,
         except InterruptedError:
             continue
         except OSError as e:
-            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes at offset "
-                            f"{offset + done}: {_why(e)}") from None
+            raise SmoeError(
+                f"{path}: cannot write {len(view) - done} bytes at offset "
+                f"{offset + done}: {_why(e)}"
+            ) from None
         if n <= 0:
-            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes at offset "
-                            f"{offset + done}: the write made no progress")
+            raise SmoeError(
+                f"{path}: cannot write {len(view) - done} bytes at offset "
+                f"{offset + done}: the write made no progress"
+            )
         done += n
 
 
@@ -153,8 +158,9 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
         fd = os.open(path, flags, 0o666 & ~current_umask())
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise SmoeError(f"{path}: is a symlink, not a file smoe made; refused, not "
-                            "followed and not deleted") from None
+            raise SmoeError(
+                f"{path}: is a symlink, not a file smoe made; refused, not followed and not deleted"
+            ) from None
         raise SmoeError(f"{path}: cannot open: {_why(e)}") from None
     try:
         st = os.fstat(fd)
@@ -166,8 +172,9 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
         elif hasattr(os, "geteuid") and st.st_uid != os.geteuid():
             foreign = f"belongs to user {st.st_uid}"
         if foreign:
-            raise SmoeError(f"{path}: {foreign}, not a file smoe made; refused, not followed "
-                            "and not deleted")
+            raise SmoeError(
+                f"{path}: {foreign}, not a file smoe made; refused, not followed and not deleted"
+            )
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -193,8 +200,9 @@ def same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def refuse_same_file(out: str | os.PathLike, inputs: Iterable[str | os.PathLike],
-                     what: str = "output") -> None:
+def refuse_same_file(
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike], what: str = "output"
+) -> None:
     """Refuse an output that is (through symlinks or hard links) one of the inputs."""
     try:
         st_out = os.stat(out)
@@ -206,8 +214,9 @@ def refuse_same_file(out: str | os.PathLike, inputs: Iterable[str | os.PathLike]
         except OSError:
             continue
         if same_file(st_out, st_in):
-            raise SmoeError(f"{out}: the {what} is the input {src} itself; refusing to "
-                            "overwrite an input")
+            raise SmoeError(
+                f"{out}: the {what} is the input {src} itself; refusing to overwrite an input"
+            )
 
 
 def open_input(path: str | os.PathLike) -> int:
@@ -239,9 +248,13 @@ def require_regular(path: str | os.PathLike) -> os.stat_result:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
         if test(mode):
             return name
     return "not a file"
@@ -257,18 +270,21 @@ def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
         except InterruptedError:
             continue
         except OSError as e:
-            raise SmoeError(f"{path}: cannot read {n} bytes at offset {offset}: "
-                            f"{_why(e)}") from None
+            raise SmoeError(
+                f"{path}: cannot read {n} bytes at offset {offset}: {_why(e)}"
+            ) from None
         if not chunk:
-            raise SmoeError(f"{path}: file shrank while reading: {n} bytes at offset {offset}, "
-                            f"got {got}")
+            raise SmoeError(
+                f"{path}: file shrank while reading: {n} bytes at offset {offset}, got {got}"
+            )
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
-def preadv_exact(fd: int, buf: memoryview | bytearray, offset: int,
-                 path: str | os.PathLike) -> None:
+def preadv_exact(
+    fd: int, buf: memoryview | bytearray, offset: int, path: str | os.PathLike
+) -> None:
     """Fill ``buf`` from ``offset`` (one copy, no intermediate bytes)."""
     view = memoryview(buf).cast("B")
     got = 0
@@ -278,11 +294,14 @@ def preadv_exact(fd: int, buf: memoryview | bytearray, offset: int,
         except InterruptedError:
             continue
         except OSError as e:
-            raise SmoeError(f"{path}: cannot read {len(view)} bytes at offset {offset}: "
-                            f"{_why(e)}") from None
+            raise SmoeError(
+                f"{path}: cannot read {len(view)} bytes at offset {offset}: {_why(e)}"
+            ) from None
         if n == 0:
-            raise SmoeError(f"{path}: file shrank while reading: {len(view)} bytes at offset "
-                            f"{offset}, got {got}")
+            raise SmoeError(
+                f"{path}: file shrank while reading: {len(view)} bytes at offset "
+                f"{offset}, got {got}"
+            )
         got += n
 
 
@@ -314,8 +333,10 @@ class Lock:
                     pass
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise SmoeError(f"{self.target}: another smoe process{holder} is writing "
-                                    f"it; wait for it to finish (lock {self.path.name})") from None
+                    raise SmoeError(
+                        f"{self.target}: another smoe process{holder} is writing "
+                        f"it; wait for it to finish (lock {self.path.name})"
+                    ) from None
                 raise SmoeError(f"{self.path}: cannot lock: {_why(e)}") from None
             try:
                 current = os.lstat(self.path)

@@ -66,12 +66,21 @@ class Finding:
     def __post_init__(self) -> None:
         rule = RULES.get(self.code)
         if rule is None or rule.severity != self.severity:
-            raise ValueError(f"finding {self.severity} {self.code}: not a rule of the spec's "
-                             "registry (smoe_gen.layout.Rule)")
+            raise ValueError(
+                f"finding {self.severity} {self.code}: not a rule of the spec's "
+                "registry (smoe_gen.layout.Rule)"
+            )
 
     @classmethod
-    def of(cls, rule: Rule, offset: int, path: str, message: str, expected: Value = None,
-           actual: Value = None) -> Finding:
+    def of(
+        cls,
+        rule: Rule,
+        offset: int,
+        path: str,
+        message: str,
+        expected: Value = None,
+        actual: Value = None,
+    ) -> Finding:
         """A finding of ``rule`` (its code and severity)."""
         return cls(rule.severity, rule.code, offset, path, message, expected, actual)
 
@@ -86,15 +95,23 @@ class Finding:
         >>> Finding.of(Rule.HEADER_SIZE, 0, "header", "short", 64, 30).to_dict()["actual_text"]
         '0x1e (30)'
         """
-        return {"code": self.code, "severity": self.severity, "offset": self.offset,
-                "field": self.path, "message": self.message,
-                "expected": json_value(self.expected), "actual": json_value(self.actual),
-                "expected_text": display(self.expected), "actual_text": display(self.actual)}
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "offset": self.offset,
+            "field": self.path,
+            "message": self.message,
+            "expected": json_value(self.expected),
+            "actual": json_value(self.actual),
+            "expected_text": display(self.expected),
+            "actual_text": display(self.actual),
+        }
 
     def line(self) -> str:
         """One line for terminals and error messages."""
-        text = (f"{self.severity}: {self.code} at offset {self.offset:#x} ({self.path}): "
-                f"{self.message}")
+        text = (
+            f"{self.severity}: {self.code} at offset {self.offset:#x} ({self.path}): {self.message}"
+        )
         if self.expected is not None or self.actual is not None:
             text += f" [expected {display(self.expected)}, got {display(self.actual)}]"
         return text
@@ -110,9 +127,16 @@ def document(vault: str, size: int, deep: bool, findings: Iterable[Finding]) -> 
     """
     items = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))  # stable
     errors = sum(f.severity == "error" for f in items)
-    return {"schema": SCHEMA, "vault": vault, "size": size, "valid": errors == 0, "deep": deep,
-            "errors": errors, "warnings": sum(f.severity == "warning" for f in items),
-            "findings": [f.to_dict() for f in items]}
+    return {
+        "schema": SCHEMA,
+        "vault": vault,
+        "size": size,
+        "valid": errors == 0,
+        "deep": deep,
+        "errors": errors,
+        "warnings": sum(f.severity == "warning" for f in items),
+        "findings": [f.to_dict() for f in items],
+    }
 
 
 def error_document(message: str, exit_code: int) -> dict[str, Any]:

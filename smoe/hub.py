@@ -43,8 +43,13 @@ def is_repo_id(text: str) -> bool:
     >>> is_repo_id("Qwen/Qwen3-30B-A3B"), is_repo_id("./ckpt"), is_repo_id("a/b/c")
     (True, False, False)
     """
-    return (_REPO_ID.fullmatch(text) is not None and "--" not in text and ".." not in text
-            and not text.endswith(".git") and len(text) <= 96)
+    return (
+        _REPO_ID.fullmatch(text) is not None
+        and "--" not in text
+        and ".." not in text
+        and not text.endswith(".git")
+        and len(text) <= 96
+    )
 
 
 def stem_of(model_dir: str | os.PathLike[str]) -> str:
@@ -70,8 +75,10 @@ def check_stem(name: str) -> str:
     'qwen3-q4'
     """
     if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
-        raise SmoeError(f"output name {name!r}: not a file name stem (it must be non-empty, "
-                        "not '.' or '..', without '/')")
+        raise SmoeError(
+            f"output name {name!r}: not a file name stem (it must be non-empty, "
+            "not '.' or '..', without '/')"
+        )
     return name
 
 
@@ -100,8 +107,10 @@ def resolve(model: str | os.PathLike[str], revision: str | None = None) -> tuple
     text = os.fspath(model)
     if os.path.lexists(text):
         if revision is not None:
-            raise SmoeError(f"{text}: --revision {revision!r} applies to a model id (ORG/NAME), "
-                            "not to a local folder")
+            raise SmoeError(
+                f"{text}: --revision {revision!r} applies to a model id (ORG/NAME), "
+                "not to a local folder"
+            )
         return Path(text), stem_of(text)
     if not is_repo_id(text):
         return Path(text), stem_of(text)
@@ -115,8 +124,9 @@ def _hub() -> ModuleType:
         import huggingface_hub.constants
         import huggingface_hub.utils
     except ImportError:
-        raise SmoeError("a HuggingFace model id needs huggingface_hub: "
-                        "pip install 'smoe[hub]'") from None
+        raise SmoeError(
+            "a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
+        ) from None
     return huggingface_hub
 
 
@@ -134,10 +144,15 @@ def _from_hub(repo_id: str, revision: str | None) -> Path:
         return cached
     if _offline(hf):
         where = f"the HuggingFace cache ({hf.constants.HF_HUB_CACHE})"
-        state = (f"is not in {where}" if cached is None
-                 else f"is only partly in {where}: no {missing[0]}")
-        raise SmoeError(f"{what}: no such folder, and the model {state}, while the network "
-                        "is off (HF_HUB_OFFLINE)")
+        state = (
+            f"is not in {where}"
+            if cached is None
+            else f"is only partly in {where}: no {missing[0]}"
+        )
+        raise SmoeError(
+            f"{what}: no such folder, and the model {state}, while the network "
+            "is off (HF_HUB_OFFLINE)"
+        )
     return _download(hf, repo_id, revision, what)
 
 
@@ -145,8 +160,11 @@ def _cached(hf: ModuleType, repo_id: str, revision: str | None) -> tuple[Path | 
     """The cached snapshot folder of ``revision`` (its ref's commit) or None, and what it
     lacks (:func:`missing_files`); no network access."""
     try:
-        folder = Path(hf.snapshot_download(repo_id, revision=revision, local_files_only=True,
-                                           allow_patterns=[CONFIG, INDEX]))
+        folder = Path(
+            hf.snapshot_download(
+                repo_id, revision=revision, local_files_only=True, allow_patterns=[CONFIG, INDEX]
+            )
+        )
     except hf.utils.LocalEntryNotFoundError as e:
         partial = getattr(e, "snapshot_path", None)  # IncompleteSnapshotError (hub >= 1.x):
         if not partial:  # its tree listing names a config or index that is not cached
@@ -183,35 +201,50 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
     errors = hf.utils
     try:
         with _progress_bars(hf):
-            folder = Path(hf.snapshot_download(repo_id, revision=revision,
-                                               allow_patterns=[CONFIG, INDEX]))
+            folder = Path(
+                hf.snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG, INDEX])
+            )
             if (folder / INDEX).is_file():
                 shards, ignore = [_literal(s) for s in index_shards(folder / INDEX)], None
             else:
                 shards, ignore = [WEIGHTS], ["*/*"]
-            folder = Path(hf.snapshot_download(repo_id, revision=folder.name,
-                                               allow_patterns=[CONFIG, INDEX, *shards],
-                                               ignore_patterns=ignore))
+            folder = Path(
+                hf.snapshot_download(
+                    repo_id,
+                    revision=folder.name,
+                    allow_patterns=[CONFIG, INDEX, *shards],
+                    ignore_patterns=ignore,
+                )
+            )
     except errors.GatedRepoError:
-        raise SmoeError(f"{what}: a gated model; accept its terms on huggingface.co and log "
-                        "in (hf auth login)") from None
+        raise SmoeError(
+            f"{what}: a gated model; accept its terms on huggingface.co and log in (hf auth login)"
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise SmoeError(f"{what}: no such folder, and no such model on the HuggingFace Hub "
-                        "(or it is private: log in with hf auth login)") from None
+        raise SmoeError(
+            f"{what}: no such folder, and no such model on the HuggingFace Hub "
+            "(or it is private: log in with hf auth login)"
+        ) from None
     except errors.RevisionNotFoundError:
-        raise SmoeError(f"{what}: the model has no revision {revision!r} on the HuggingFace "
-                        "Hub") from None
+        raise SmoeError(
+            f"{what}: the model has no revision {revision!r} on the HuggingFace Hub"
+        ) from None
     except errors.LocalEntryNotFoundError as e:  # the Hub unreachable, the files not cached
-        raise SmoeError(f"{what}: no such folder, the model is not in the HuggingFace cache "
-                        f"({hf.constants.HF_HUB_CACHE}), and the HuggingFace Hub cannot be "
-                        f"reached: {_first_line(e.__cause__ or e)}") from None
+        raise SmoeError(
+            f"{what}: no such folder, the model is not in the HuggingFace cache "
+            f"({hf.constants.HF_HUB_CACHE}), and the HuggingFace Hub cannot be "
+            f"reached: {_first_line(e.__cause__ or e)}"
+        ) from None
     except errors.HfHubHTTPError as e:
-        raise SmoeError(f"{what}: cannot download from the HuggingFace Hub: "
-                        f"{_first_line(e)}") from None
+        raise SmoeError(
+            f"{what}: cannot download from the HuggingFace Hub: {_first_line(e)}"
+        ) from None
     missing = missing_files(folder)
     if CONFIG in missing or WEIGHTS in missing:
-        raise SmoeError(f"{what}: the model on the HuggingFace Hub has no top-level "
-                        f"{missing[0]}; not a transformers checkpoint in safetensors")
+        raise SmoeError(
+            f"{what}: the model on the HuggingFace Hub has no top-level "
+            f"{missing[0]}; not a transformers checkpoint in safetensors"
+        )
     return folder
 
 

@@ -52,8 +52,12 @@ def _finite(v: float | None) -> float | None:
 def tool_info(command: str, options: dict[str, Any]) -> dict[str, Any]:
     from smoe import __version__
 
-    return {"name": "smoe", "version": __version__, "command": command,
-            "options": dict(sorted(options.items()))}
+    return {
+        "name": "smoe",
+        "version": __version__,
+        "command": command,
+        "options": dict(sorted(options.items())),
+    }
 
 
 class ManifestBuilder:
@@ -64,34 +68,42 @@ class ManifestBuilder:
         self.source = source
         self.experts: dict[tuple[int, int], dict[str, Any]] = {}
 
-    def add(self, layer: int, expert: int, crc: int,
-            tensors: list[dict[str, Any]] | None = None) -> None:
+    def add(
+        self, layer: int, expert: int, crc: int, tensors: list[dict[str, Any]] | None = None
+    ) -> None:
         """Record one blob's CRC-32C (offsets come from the plan at :meth:`encode`)."""
         entry: dict[str, Any] = {"crc32c": int(crc)}
         if tensors is not None:
             entry["tensors"] = [{**t, "snr_db": _finite(t.get("snr_db"))} for t in tensors]
         self.experts[(int(layer), int(expert))] = entry
 
-    def document(self, name: str, size: int, bits: int,
-                 slots: Iterable[tuple[int, int, int, int]]) -> dict[str, Any]:
+    def document(
+        self, name: str, size: int, bits: int, slots: Iterable[tuple[int, int, int, int]]
+    ) -> dict[str, Any]:
         """The manifest for a vault whose table is ``slots`` = (layer, expert, offset, raw)."""
         rows = []
         for layer, expert, offset, raw in slots:
             entry = self.experts.get((layer, expert))
             if entry is None:
-                raise SmoeError(f"manifest: no checksum recorded for layer {layer} "
-                                f"expert {expert}")
-            rows.append({"layer": layer, "expert": expert, "offset": offset, "raw_size": raw,
-                         **entry})
-        return {"schema": SCHEMA, "checksum": CHECKSUM,
-                "vault": {"name": name, "size": size, "experts": len(rows), "bits": bits},
-                "tool": self.tool, "source": self.source, "experts": rows}
+                raise SmoeError(f"manifest: no checksum recorded for layer {layer} expert {expert}")
+            rows.append(
+                {"layer": layer, "expert": expert, "offset": offset, "raw_size": raw, **entry}
+            )
+        return {
+            "schema": SCHEMA,
+            "checksum": CHECKSUM,
+            "vault": {"name": name, "size": size, "experts": len(rows), "bits": bits},
+            "tool": self.tool,
+            "source": self.source,
+            "experts": rows,
+        }
 
 
 def encode(doc: dict[str, Any]) -> bytes:
     """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline."""
-    return (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
-            + "\n").encode("ascii")
+    return (
+        json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n"
+    ).encode("ascii")
 
 
 # ---- reading and checking ---------------------------------------------------------------
@@ -134,8 +146,11 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
     try:
         size = os.fstat(fd).st_size
         if size > limit:
-            raise _malformed("manifest", f"{path} is {size} bytes, more than the {limit} bytes "
-                             f"allowed for {entries} experts")
+            raise _malformed(
+                "manifest",
+                f"{path} is {size} bytes, more than the {limit} bytes "
+                f"allowed for {entries} experts",
+            )
         raw = fileio.pread_exact(fd, size, 0, path)
     finally:
         os.close(fd)
@@ -161,8 +176,13 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise _malformed(f"manifest/experts/{i}", "not an object")
-        for key, top in (("layer", U32), ("expert", U32), ("offset", U64), ("raw_size", U64),
-                         ("crc32c", U32)):
+        for key, top in (
+            ("layer", U32),
+            ("expert", U32),
+            ("offset", U64),
+            ("raw_size", U64),
+            ("crc32c", U32),
+        ):
             _uint(row.get(key), f"manifest/experts/{i}/{key}", top)
     return doc
 
@@ -173,8 +193,12 @@ def _uint(v: Any, where: str, top: int) -> int:
     return v
 
 
-def check(doc: dict[str, Any], size: int, table: np.ndarray,
-          read: Callable[[int, int], bytes | np.ndarray]) -> list[Finding]:
+def check(
+    doc: dict[str, Any],
+    size: int,
+    table: np.ndarray,
+    read: Callable[[int, int], bytes | np.ndarray],
+) -> list[Finding]:
     """Findings of a vault (its ``size``, its table, a blob reader) against a loaded manifest.
 
     ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank).
@@ -183,33 +207,66 @@ def check(doc: dict[str, Any], size: int, table: np.ndarray,
     vault = doc["vault"]
     for key, actual in (("size", size), ("experts", len(table))):
         if vault[key] != actual:
-            out.append(Finding.of(Rule.MANIFEST_VAULT, 0, f"manifest/vault/{key}",
-                                  f"the manifest describes a vault with {key} {vault[key]}, "
-                                  f"this one has {actual} (it belongs to another file)",
-                                  vault[key], actual))
+            out.append(
+                Finding.of(
+                    Rule.MANIFEST_VAULT,
+                    0,
+                    f"manifest/vault/{key}",
+                    f"the manifest describes a vault with {key} {vault[key]}, "
+                    f"this one has {actual} (it belongs to another file)",
+                    vault[key],
+                    actual,
+                )
+            )
     if out:
         return out
     rows = doc["experts"]
     if len(rows) != len(table):
-        return [Finding.of(Rule.MANIFEST_EXPERT, 0, "manifest/experts",
-                           f"the manifest lists {len(rows)} experts, the table has {len(table)}",
-                           len(rows), len(table))]
+        return [
+            Finding.of(
+                Rule.MANIFEST_EXPERT,
+                0,
+                "manifest/experts",
+                f"the manifest lists {len(rows)} experts, the table has {len(table)}",
+                len(rows),
+                len(table),
+            )
+        ]
     for i, row in enumerate(rows):
         e = table[i]
         layer, expert = int(e["layer_id"]), int(e["expert_id"])
         off, raw = int(e["byte_offset"]), int(e["raw_size"])
-        for key, actual in (("layer", layer), ("expert", expert), ("offset", off),
-                            ("raw_size", raw)):
+        for key, actual in (
+            ("layer", layer),
+            ("expert", expert),
+            ("offset", off),
+            ("raw_size", raw),
+        ):
             if row[key] != actual:
-                return [Finding.of(Rule.MANIFEST_EXPERT, off, f"manifest/experts/{i}/{key}",
-                                   f"table entry {i} (layer {layer} expert {expert}) has {key} "
-                                   f"{actual}, the manifest says {row[key]}", row[key], actual)]
+                return [
+                    Finding.of(
+                        Rule.MANIFEST_EXPERT,
+                        off,
+                        f"manifest/experts/{i}/{key}",
+                        f"table entry {i} (layer {layer} expert {expert}) has {key} "
+                        f"{actual}, the manifest says {row[key]}",
+                        row[key],
+                        actual,
+                    )
+                ]
         crc = 0
         for at in range(off, off + raw, CHUNK):
             crc = checksum(read(at, min(CHUNK, off + raw - at)), crc)
         if crc != row["crc32c"]:
-            out.append(Finding.of(Rule.MANIFEST_CHECKSUM, off, f"manifest/experts/{i}/crc32c",
-                                  f"layer {layer} expert {expert}: the blob's CRC-32C differs "
-                                  "from the manifest (the blob was changed or damaged)",
-                                  row["crc32c"], crc))
+            out.append(
+                Finding.of(
+                    Rule.MANIFEST_CHECKSUM,
+                    off,
+                    f"manifest/experts/{i}/crc32c",
+                    f"layer {layer} expert {expert}: the blob's CRC-32C differs "
+                    "from the manifest (the blob was changed or damaged)",
+                    row["crc32c"],
+                    crc,
+                )
+            )
     return out

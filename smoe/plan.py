@@ -76,8 +76,9 @@ class Plan:
         return {e.key: i for i, e in enumerate(self.experts)}
 
 
-def blob_layout(shapes: tuple[Shape, Shape, Shape],
-                bits: int) -> tuple[tuple[TensorSlot, ...], int]:
+def blob_layout(
+    shapes: tuple[Shape, Shape, Shape], bits: int
+) -> tuple[tuple[TensorSlot, ...], int]:
     """Tensor slots of one blob (D3: packed then scales, gate, up, down) and its raw size."""
     pos = 0
     slots = []
@@ -90,8 +91,9 @@ def blob_layout(shapes: tuple[Shape, Shape, Shape],
     return tuple(slots), pos
 
 
-def make_plan(experts: dict[tuple[int, int], tuple[Shape, Shape, Shape]], bits: int,
-              version: int) -> Plan:
+def make_plan(
+    experts: dict[tuple[int, int], tuple[Shape, Shape, Shape]], bits: int, version: int
+) -> Plan:
     """Plan a vault holding ``experts`` ((layer, expert) -> shapes), in table order."""
     n = len(experts)
     reserved_ext = layout.writer_reserved_ext(n) if version >= layout.VERSION_WITH_ARCH else 0
@@ -103,5 +105,13 @@ def make_plan(experts: dict[tuple[int, int], tuple[Shape, Shape, Shape]], bits: 
         padded = layout.round_up(raw, layout.PAGE_SIZE)
         slots.append(ExpertSlot(key[0], key[1], offset, raw, padded, tensors))  # type: ignore[arg-type]
         offset += padded
-    return Plan(bits, version, layout.descriptors_offset(n), layout.descriptors_end(n),
-                reserved_ext, data_offset, offset, tuple(slots))
+    return Plan(
+        bits,
+        version,
+        layout.descriptors_offset(n),
+        layout.descriptors_end(n),
+        reserved_ext,
+        data_offset,
+        offset,
+        tuple(slots),
+    )

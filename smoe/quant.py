@@ -143,8 +143,10 @@ floors keep ~3 dB (Q4) and ~1.3 dB (Q2) below the worst healthy case. ``absmax``
 lose more, at Q2 much more (1.4 dB on the outlier case), and are warned about there.
 """
 
-_OK_BITS = {"clip": int(np.float32(np.finfo(np.float32).max).view(np.int32)),
-            "raise": int(np.float32(FP16_MAX).view(np.int32))}
+_OK_BITS = {
+    "clip": int(np.float32(np.finfo(np.float32).max).view(np.int32)),
+    "raise": int(np.float32(FP16_MAX).view(np.int32)),
+}
 """Per ``overflow`` mode, the largest acceptable ``|w|`` as a float32 bit pattern: a
 larger pattern in a group's absmax is non-finite (both modes) or above 65504 ("raise")."""
 
@@ -176,16 +178,30 @@ class UnrepresentableWeights(SmoeError, ValueError):
     workers run in other processes). :meth:`within` adds where it happened.
     """
 
-    def __init__(self, message: str, *, count: int = 0, groups: int = 0,
-                 position: tuple[int, ...] = (), value: float = 0.0, bits: int = 0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        count: int = 0,
+        groups: int = 0,
+        position: tuple[int, ...] = (),
+        value: float = 0.0,
+        bits: int = 0,
+    ) -> None:
         super().__init__(message)
         self.count, self.groups, self.position = count, groups, position
         self.value, self.bits = value, bits
 
     def within(self, where: str) -> UnrepresentableWeights:
         """The same error with ``where: `` (e.g. ``layer 3 expert 5 down_proj``) prepended."""
-        return type(self)(f"{where}: {self}", count=self.count, groups=self.groups,
-                          position=self.position, value=self.value, bits=self.bits)
+        return type(self)(
+            f"{where}: {self}",
+            count=self.count,
+            groups=self.groups,
+            position=self.position,
+            value=self.value,
+            bits=self.bits,
+        )
 
 
 class NonFiniteWeights(UnrepresentableWeights):
@@ -202,8 +218,9 @@ def _where(position: tuple[int, ...]) -> str:
     return f"index {position[0]}" if len(position) == 1 else f"index {position}"
 
 
-def _refuse(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int, overflow: str,
-            chunk: int) -> UnrepresentableWeights:
+def _refuse(
+    src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int, overflow: str, chunk: int
+) -> UnrepresentableWeights:
     """The failure path: rescan the whole input, count exactly, build the error."""
     n = int(np.prod(shape, dtype=np.int64))
     buf = np.empty(chunk, np.float32)
@@ -233,10 +250,19 @@ def _refuse(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int, overf
     if bad:
         pos = tuple(int(i) for i in np.unravel_index(first, shape))
         value = float(_read_chunk(src, kind, first, first + 1, buf)[0])
-        msg = (f"1 weight is inf or nan ({value}) at {_where(pos)}" if bad == 1 else
-               f"{bad} weights are inf or nan, the first ({value}) at {_where(pos)}")
-        return NonFiniteWeights(f"{msg}; the format stores finite values only", count=bad,
-                                groups=0, position=pos, value=value, bits=bits)
+        msg = (
+            f"1 weight is inf or nan ({value}) at {_where(pos)}"
+            if bad == 1
+            else f"{bad} weights are inf or nan, the first ({value}) at {_where(pos)}"
+        )
+        return NonFiniteWeights(
+            f"{msg}; the format stores finite values only",
+            count=bad,
+            groups=0,
+            position=pos,
+            value=value,
+            bits=bits,
+        )
     pos = tuple(int(i) for i in np.unravel_index(max(top, 0), shape))
     need = "1 group needs" if groups == 1 else f"{groups} groups need"
     have = "1 weight has" if over == 1 else f"{over} weights have"
@@ -244,7 +270,12 @@ def _refuse(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int, overf
         f"{need} a scale above 65504 (the largest float16): {have} |w| > 65504, up to "
         f"{np.float32(top_abs)!s} at {_where(pos)}; the largest magnitude Q{bits} can hold "
         "is 65504 (top level 1.0 x scale 65504)",
-        count=over, groups=groups, position=pos, value=top_abs, bits=bits)
+        count=over,
+        groups=groups,
+        position=pos,
+        value=top_abs,
+        bits=bits,
+    )
 
 
 # ---------------------------------------------------------------------------- sizes
@@ -340,7 +371,8 @@ def _f16_round(s: np.ndarray) -> np.ndarray:
     tiny = x < _F16_MIN_NORMAL  # fp16 subnormals: a fixed step of 2**-24
     if tiny.any():
         x[tiny] = np.rint(np.asarray(s, np.float32)[tiny] * np.float32(2.0**24)) * np.float32(
-            2.0**-24)
+            2.0**-24
+        )
     return x
 
 
@@ -368,8 +400,9 @@ def _absmax(g: np.ndarray, work: np.ndarray) -> np.ndarray:
     return bits.max(axis=1).view(np.float32)
 
 
-def _scales_candidates(g: np.ndarray, absmax: np.ndarray, bits: int, work: np.ndarray,
-                       aux: np.ndarray) -> np.ndarray:
+def _scales_candidates(
+    g: np.ndarray, absmax: np.ndarray, bits: int, work: np.ndarray, aux: np.ndarray
+) -> np.ndarray:
     """Per-group fp16 scales for ``optimal`` Q4 (see module docstring).
 
     With ``s0`` the fp16 absmax scale and ``f0`` the first factor, works on
@@ -410,8 +443,8 @@ def _scales_candidates(g: np.ndarray, absmax: np.ndarray, bits: int, work: np.nd
         cands[i] = s0 * np.float32(factor)
         cands[nf + i] = svt[i] / svv[i] * base  # least-squares scale for these codes
         cands[2 * nf + i] = s0
-    svt[nf:2 * nf] = svt[2 * nf:] = svt[:nf]
-    svv[nf:2 * nf] = svv[2 * nf:] = svv[:nf]
+    svt[nf : 2 * nf] = svt[2 * nf :] = svt[:nf]
+    svv[nf : 2 * nf] = svv[2 * nf :] = svv[:nf]
     cands = _f16_round(cands)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = cands / base
@@ -434,8 +467,9 @@ _TILE = 128
 """Groups per block when transposing (keeps the strided copy in cache)."""
 
 
-def _scales_q2_optimal(g: np.ndarray, work: np.ndarray, aux: np.ndarray,
-                       limit: int) -> np.ndarray | None:
+def _scales_q2_optimal(
+    g: np.ndarray, work: np.ndarray, aux: np.ndarray, limit: int
+) -> np.ndarray | None:
     """Per-group fp16 scales for Q2 ``optimal``: the least-squares optimum, or ``None`` if
     a magnitude's bit pattern exceeds ``limit`` (see ``_OK_BITS``).
 
@@ -511,8 +545,9 @@ def _bf16_round(x: np.ndarray) -> np.ndarray:
     return u.view(np.float32)
 
 
-def _prepare_importance(importance: np.ndarray | None,
-                        shape: tuple[int, ...]) -> tuple[np.ndarray, float] | None:
+def _prepare_importance(
+    importance: np.ndarray | None, shape: tuple[int, ...]
+) -> tuple[np.ndarray, float] | None:
     """Per-column importance as the encoders use it: divided by its maximum and rounded to
     bfloat16 precision (float32 values in ``[0, 1]``), and that maximum; ``None`` when it is
     uniform (all equal, also all zero, before or after rounding): the plain encoder runs."""
@@ -521,8 +556,9 @@ def _prepare_importance(importance: np.ndarray | None,
     imp = np.asarray(importance)
     cols = shape[-1] if shape else 1
     if imp.shape != (cols,):
-        raise ValueError(f"importance must hold one value per column ({cols},), got shape "
-                         f"{imp.shape}")
+        raise ValueError(
+            f"importance must hold one value per column ({cols},), got shape {imp.shape}"
+        )
     if imp.dtype.kind not in "fiu":
         raise TypeError(f"importance must be real numbers, got {imp.dtype}")
     imp = imp.astype(np.float64)
@@ -568,8 +604,9 @@ class _ImportanceRuns:
         return self.buf[:n]
 
 
-def _scales_q4_weighted(g: np.ndarray, h: np.ndarray, absmax: np.ndarray, bits: int,
-                        work: np.ndarray, aux: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _scales_q4_weighted(
+    g: np.ndarray, h: np.ndarray, absmax: np.ndarray, bits: int, work: np.ndarray, aux: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-group fp16 scales for ``optimal`` Q4 with importance ``h`` (shaped like ``g``),
     and each group's ``sum(h v t)`` of the first rung (0: no weight with importance is
     non-zero).
@@ -612,8 +649,8 @@ def _scales_q4_weighted(g: np.ndarray, h: np.ndarray, absmax: np.ndarray, bits: 
         cands[i] = s0 * np.float32(factor)
         cands[nf + i] = svt[i] / svv[i] * base
         cands[2 * nf + i] = s0
-    svt[nf:2 * nf] = svt[2 * nf:] = svt[:nf]
-    svv[nf:2 * nf] = svv[2 * nf:] = svv[:nf]
+    svt[nf : 2 * nf] = svt[2 * nf :] = svt[:nf]
+    svv[nf : 2 * nf] = svv[2 * nf :] = svv[:nf]
     cands = _f16_round(cands)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = cands / base
@@ -623,8 +660,9 @@ def _scales_q4_weighted(g: np.ndarray, h: np.ndarray, absmax: np.ndarray, bits: 
     return np.where(pick <= FP16_MAX, pick, cands[0]), svt[0]
 
 
-def _scales_q2_weighted(g: np.ndarray, h: np.ndarray,
-                        limit: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _scales_q2_weighted(
+    g: np.ndarray, h: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Per-group fp16 scales for Q2 ``optimal`` with importance ``h``: the exact weighted
     least-squares optimum; and each group's ``sum(h |w|)`` (0: no weight with importance
     is non-zero). ``None`` if a magnitude's bit pattern exceeds ``limit``.
@@ -681,8 +719,9 @@ def _scales_q2_weighted(g: np.ndarray, h: np.ndarray,
     return _f16_round(s), total
 
 
-def _plain_scales(g: np.ndarray, bits: int, scale: str, work: np.ndarray, aux: np.ndarray,
-                  limit: int) -> np.ndarray | None:
+def _plain_scales(
+    g: np.ndarray, bits: int, scale: str, work: np.ndarray, aux: np.ndarray, limit: int
+) -> np.ndarray | None:
     """Scales of the groups of ``g`` without importance (see :func:`_encode_groups`)."""
     if scale == "optimal" and 1 << (bits - 1) == 2:  # two magnitude levels: Q2
         return _scales_q2_optimal(g, work, aux, limit)
@@ -694,8 +733,9 @@ def _plain_scales(g: np.ndarray, bits: int, scale: str, work: np.ndarray, aux: n
     return _scales_candidates(g, absmax, bits, work, aux)
 
 
-def _weighted_scales(g: np.ndarray, h: np.ndarray, bits: int, work: np.ndarray,
-                     aux: np.ndarray, limit: int) -> np.ndarray | None:
+def _weighted_scales(
+    g: np.ndarray, h: np.ndarray, bits: int, work: np.ndarray, aux: np.ndarray, limit: int
+) -> np.ndarray | None:
     """``optimal`` scales with importance ``h``. A group whose weights with importance are
     all zero (also: whose importance is all zero) has the same weighted error at every
     scale: it gets the plain scale instead."""
@@ -712,13 +752,21 @@ def _weighted_scales(g: np.ndarray, h: np.ndarray, bits: int, work: np.ndarray,
     plain = signal == 0
     if plain.any():
         sub = np.ascontiguousarray(g[plain])
-        s[plain] = _plain_scales(sub, bits, "optimal", np.empty_like(sub), np.empty_like(sub),
-                                 limit)
+        s[plain] = _plain_scales(
+            sub, bits, "optimal", np.empty_like(sub), np.empty_like(sub), limit
+        )
     return s
 
 
-def _encode_groups(g: np.ndarray, bits: int, scale: str, work: np.ndarray,
-                   aux: np.ndarray, limit: int, h: np.ndarray | None = None) -> np.ndarray | None:
+def _encode_groups(
+    g: np.ndarray,
+    bits: int,
+    scale: str,
+    work: np.ndarray,
+    aux: np.ndarray,
+    limit: int,
+    h: np.ndarray | None = None,
+) -> np.ndarray | None:
     """Choose fp16 scales for the groups (rows) of ``g``; leave ``codes - 2**(bits-1)`` in
     ``work`` and return the scales as float32. ``work``, ``aux``: scratch shaped like ``g``;
     ``h``: importance shaped like ``g`` (only ``optimal`` uses it), or None.
@@ -802,17 +850,28 @@ def encode_into(
     chunk = min(chunk_weights, num_groups(n) * GROUP_SIZE)
     runs = None if prepared is None else _ImportanceRuns(*prepared, chunk)
     fast = fast_kernels(bits, scale, n, kernel)
-    if fast is not None and _encode_fast(fast, src, kind, weights.shape, bits, scale, packed,
-                                         scales, stats, overflow, chunk, runs):
+    if fast is not None and _encode_fast(
+        fast, src, kind, weights.shape, bits, scale, packed, scales, stats, overflow, chunk, runs
+    ):
         return
-    _encode_reference(src, kind, weights.shape, bits, scale, packed, scales, stats, overflow,
-                      chunk, runs)
+    _encode_reference(
+        src, kind, weights.shape, bits, scale, packed, scales, stats, overflow, chunk, runs
+    )
 
 
-def _encode_reference(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: int,
-                      scale: str, packed: np.ndarray, scales: np.ndarray,
-                      stats: QuantStats | None, overflow: str, chunk: int,
-                      runs: _ImportanceRuns | None = None) -> None:
+def _encode_reference(
+    src: np.ndarray,
+    kind: str,
+    shape: tuple[int, ...],
+    bits: int,
+    scale: str,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    stats: QuantStats | None,
+    overflow: str,
+    chunk: int,
+    runs: _ImportanceRuns | None = None,
+) -> None:
     """The numpy encoder: :func:`encode_into` on validated, flattened arguments."""
     n = src.size
     limit = _OK_BITS[overflow]
@@ -837,8 +896,12 @@ def _encode_reference(src: np.ndarray, kind: str, shape: tuple[int, ...], bits: 
             if stats is not None:  # code - c = work + 0.5, so w_hat = (work + 0.5) * s / c
                 err = aux[: hi - lo].reshape(g.shape)
                 np.add(f, np.float32(0.5), out=err)
-                err *= (scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)]
-                        .astype(np.float32) / np.float32(level_center(bits)))[:, None]
+                err *= (
+                    scales[g0 + lo // GROUP_SIZE : g0 + lo // GROUP_SIZE + len(s)].astype(
+                        np.float32
+                    )
+                    / np.float32(level_center(bits))
+                )[:, None]
                 np.subtract(g, err, out=err)
                 stats.add(g, err, h, runs.top if runs is not None else 1.0)
             nbytes = -(-(hi - lo) * bits // 8)
@@ -853,8 +916,9 @@ _FAST: dict[str, ModuleType | bool | None] = {}
 the Q4 kernel assumes ("q4")."""
 
 
-def fast_kernels(bits: int, scale: str, n: int = FAST_MIN_WEIGHTS,
-                 kernel: Kernel | None = None) -> ModuleType | None:
+def fast_kernels(
+    bits: int, scale: str, n: int = FAST_MIN_WEIGHTS, kernel: Kernel | None = None
+) -> ModuleType | None:
     """The compiled encoder (:mod:`smoe.quant_kernels`) if it should encode ``n`` weights at
     ``bits`` / ``scale`` with ``kernel`` (default: ``$SMOE_KERNEL`` or ``auto``), else None.
     """
@@ -891,15 +955,31 @@ def prepare_fast(bits: int, scale: ScaleMode = "optimal", *, importance: bool = 
         return False
     for src in (np.zeros(GROUP_SIZE * 2, np.uint16), np.zeros(GROUP_SIZE * 2 + 1, np.float32)):
         for imp in (None, np.arange(src.size, dtype=np.float32)) if importance else (None,):
-            encode(src, bits, scale, src_dtype="bf16" if src.dtype == np.uint16 else None,
-                   kernel="fast", importance=imp)
+            encode(
+                src,
+                bits,
+                scale,
+                src_dtype="bf16" if src.dtype == np.uint16 else None,
+                kernel="fast",
+                importance=imp,
+            )
     return True
 
 
-def _encode_fast(qk: ModuleType, src: np.ndarray, kind: str, shape: tuple[int, ...],
-                 bits: int, scale: str, packed: np.ndarray, scales: np.ndarray,
-                 stats: QuantStats | None, overflow: str, chunk: int,
-                 runs: _ImportanceRuns | None = None) -> bool:
+def _encode_fast(
+    qk: ModuleType,
+    src: np.ndarray,
+    kind: str,
+    shape: tuple[int, ...],
+    bits: int,
+    scale: str,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    stats: QuantStats | None,
+    overflow: str,
+    chunk: int,
+    runs: _ImportanceRuns | None = None,
+) -> bool:
     """:func:`encode_into` with the compiled kernels; False (nothing counted in ``stats``)
     when a Q2 optimum exceeds 65504, which only the reference encoder clips."""
     n = src.size
@@ -922,10 +1002,18 @@ def _encode_fast(qk: ModuleType, src: np.ndarray, kind: str, shape: tuple[int, .
         g0, groups = start // GROUP_SIZE, num_groups(stop - start)
         p0 = start * bits // 8
         out = packed[p0 : p0 + packed_size(stop - start, bits)]
-        status = qk.encode_chunk(words, not words_of_bf16, tail, bits, scale == "optimal",
-                                 _OK_BITS[overflow], out, chunk_scales[:groups], sums,
-                                 None if runs is None else (runs.h, start % runs.cols,
-                                                            runs.run(start + full, stop)))
+        status = qk.encode_chunk(
+            words,
+            not words_of_bf16,
+            tail,
+            bits,
+            scale == "optimal",
+            _OK_BITS[overflow],
+            out,
+            chunk_scales[:groups],
+            sums,
+            None if runs is None else (runs.h, start % runs.cols, runs.run(start + full, stop)),
+        )
         if status == qk.REFUSED:
             raise _refuse(src, kind, shape, bits, overflow, chunk) from None
         if status == qk.NEEDS_REFERENCE:
@@ -985,9 +1073,18 @@ def encode(
     n = np.asarray(weights).size
     packed = np.empty(packed_size(n, bits), np.uint8)
     scales = np.empty(num_groups(n), np.dtype("<f2"))
-    encode_into(weights, bits, packed, scales, scale, src_dtype=src_dtype,
-                chunk_weights=chunk_weights, overflow=overflow, kernel=kernel,
-                importance=importance)
+    encode_into(
+        weights,
+        bits,
+        packed,
+        scales,
+        scale,
+        src_dtype=src_dtype,
+        chunk_weights=chunk_weights,
+        overflow=overflow,
+        kernel=kernel,
+        importance=importance,
+    )
     return packed, scales
 
 
@@ -1048,8 +1145,11 @@ def decode(
         g0 = start // GROUP_SIZE
         full = (stop - start) // GROUP_SIZE * GROUP_SIZE
         s = sc[g0 : g0 + num_groups(stop - start)].astype(np.float32)
-        np.multiply(levels[:full].reshape(-1, GROUP_SIZE), s[: full // GROUP_SIZE, None],
-                    out=flat[start : start + full].reshape(-1, GROUP_SIZE))
+        np.multiply(
+            levels[:full].reshape(-1, GROUP_SIZE),
+            s[: full // GROUP_SIZE, None],
+            out=flat[start : start + full].reshape(-1, GROUP_SIZE),
+        )
         if full < stop - start:
             np.multiply(levels[full:], s[-1], out=flat[start + full : stop])
     return out
@@ -1121,8 +1221,9 @@ class QuantStats:
             self.wsums[0] += float(sums[4]) * unit
             self.wsums[1] += float(sums[5]) * unit
 
-    def add(self, w: np.ndarray, err: np.ndarray, h: np.ndarray | None = None,
-            unit: float = 1.0) -> None:
+    def add(
+        self, w: np.ndarray, err: np.ndarray, h: np.ndarray | None = None, unit: float = 1.0
+    ) -> None:
         x, e = w.reshape(-1), err.reshape(-1)
         self.n += x.size
         with np.errstate(over="ignore", invalid="ignore"):

@@ -303,15 +303,25 @@ def _q4_sums_source() -> str:
     as its accumulators do; the ``v v`` sums (of quarter-integers) are exact anyhow."""
     lines = ["def _q4_sums(y, inv4, out):", f"    for q in range({_W}):", "        inv = inv4[q]"]
     for i, m in enumerate(_einsum_rows()):
-        lines += [f"        t = y[{m * _W} + q] * inv",
-                  "        va = min(max(np.floor(t), _F32(-8)), _F32(7)) + _F32(0.5)",
-                  "        vb = min(max(np.floor(t * _Q4_REL_INV), _F32(-8)), _F32(7)) + _F32(0.5)"]
+        lines += [
+            f"        t = y[{m * _W} + q] * inv",
+            "        va = min(max(np.floor(t), _F32(-8)), _F32(7)) + _F32(0.5)",
+            "        vb = min(max(np.floor(t * _Q4_REL_INV), _F32(-8)), _F32(7)) + _F32(0.5)",
+        ]
         if i == 0:
-            lines += ["        a = va * t + _F32(0)", "        b = vb * t + _F32(0)",
-                      "        c = va * va", "        d = vb * vb"]
+            lines += [
+                "        a = va * t + _F32(0)",
+                "        b = vb * t + _F32(0)",
+                "        c = va * va",
+                "        d = vb * vb",
+            ]
         else:
-            lines += ["        a = va * t + a", "        b = vb * t + b",
-                      "        c = c + va * va", "        d = d + vb * vb"]
+            lines += [
+                "        a = va * t + a",
+                "        b = vb * t + b",
+                "        c = c + va * va",
+                "        d = d + vb * vb",
+            ]
     lines += [f"        out[{k * _W} + q] = {v}" for k, v in enumerate("abcd")]
     return "\n".join(lines) + "\n"
 
@@ -324,14 +334,20 @@ def _codes_source(weighted: bool = False) -> str:
     ``weighted``: ``_codes_rows_w(y, hy, ...)``, also ``sum(h w^2), sum(h err^2)`` with the
     importance tile ``hy``."""
     name, extra = ("_codes_rows_w", "hy, ") if weighted else ("_codes_rows", "")
-    lines = [f"def {name}(y, {extra}inv4, scl4, half, lo, hi, codes, sums):",
-             f"    for q in range({_W}):", "        inv = inv4[q]", "        scl = scl4[q]"]
+    lines = [
+        f"def {name}(y, {extra}inv4, scl4, half, lo, hi, codes, sums):",
+        f"    for q in range({_W}):",
+        "        inv = inv4[q]",
+        "        scl = scl4[q]",
+    ]
     out = "abcdpr" if weighted else "abcd"
     for m in range(_ROWS):
-        lines += [f"        x = y[{m * _W} + q]",
-                  "        f = min(max(np.floor(x * inv), lo), hi)",
-                  f"        codes[{m * _W} + q] = np.uint8(np.int32(f) + half)",
-                  "        e = x - (f + _F32(0.5)) * scl"]
+        lines += [
+            f"        x = y[{m * _W} + q]",
+            "        f = min(max(np.floor(x * inv), lo), hi)",
+            f"        codes[{m * _W} + q] = np.uint8(np.int32(f) + half)",
+            "        e = x - (f + _F32(0.5)) * scl",
+        ]
         if weighted:
             lines.append(f"        h = hy[{m * _W} + q]")
         if m == 0:
@@ -339,8 +355,12 @@ def _codes_source(weighted: bool = False) -> str:
             if weighted:
                 lines += ["        p = h * x * x", "        r = h * e * e"]
         else:
-            lines += ["        a = a + x", "        b = b + x * x", "        c = c + e",
-                      "        d = d + e * e"]
+            lines += [
+                "        a = a + x",
+                "        b = b + x * x",
+                "        c = c + e",
+                "        d = d + e * e",
+            ]
             if weighted:
                 lines += ["        p = p + h * x * x", "        r = r + h * e * e"]
     lines += [f"        sums[{k * _W} + q] = {v}" for k, v in enumerate(out)]
@@ -352,19 +372,27 @@ def _q4w_sums_source() -> str:
     (quant._scales_q4_weighted), ``sum(v_i u)`` with ``u = h t`` into ``out[2 i * _W + q]``
     and ``sum((v_i v_i) h)`` into ``out[(2 i + 1) * _W + q]``, both in numpy's einsum order
     from +0 (``t = w * inv4[q]``, ``h`` the importance tile ``hy``)."""
-    lines = ["def _q4w_sums(y, hy, inv4, out):", f"    for q in range({_W}):",
-             "        inv = inv4[q]"]
+    lines = [
+        "def _q4w_sums(y, hy, inv4, out):",
+        f"    for q in range({_W}):",
+        "        inv = inv4[q]",
+    ]
     for n, m in enumerate(_einsum_rows()):
-        lines += [f"        t = y[{m * _W} + q] * inv", f"        h = hy[{m * _W} + q]",
-                  "        u = h * t"]
+        lines += [
+            f"        t = y[{m * _W} + q] * inv",
+            f"        h = hy[{m * _W} + q]",
+            "        u = h * t",
+        ]
         for i in range(_NF):
             x = "t" if i == 0 else f"t * _F32({float(_Q4W_K[i])!r})"
             lines.append(f"        v = min(max(np.floor({x}), _F32(-8)), _F32(7)) + _F32(0.5)")
             a, c = ("_F32(0)", "_F32(0)") if n == 0 else (f"a{i}", f"c{i}")
             lines += [f"        a{i} = v * u + {a}", f"        c{i} = v * v * h + {c}"]
     for i in range(_NF):
-        lines += [f"        out[{2 * i * _W} + q] = a{i}",
-                  f"        out[{(2 * i + 1) * _W} + q] = c{i}"]
+        lines += [
+            f"        out[{2 * i * _W} + q] = a{i}",
+            f"        out[{(2 * i + 1) * _W} + q] = c{i}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -395,8 +423,11 @@ def _q2_optima_source() -> str:
     lines += [f"        p{j} = p{j - 1} + _as_f32({names[j]})" for j in range(1, n)]
     lines.append(f"        b0, t0 = _first(p{n - 1}, _F32({float(r[0])!r}), {mask})")
     lines.append("        s0 = b0")
-    lines += [f"        t{k}, s{k} = _split(p{k - 1}, b0, _F32({float(r[k])!r}), {mask}, {k}, "
-              f"t{k - 1}, s{k - 1})" for k in range(1, n + 1)]
+    lines += [
+        f"        t{k}, s{k} = _split(p{k - 1}, b0, _F32({float(r[k])!r}), {mask}, {k}, "
+        f"t{k - 1}, s{k - 1})"
+        for k in range(1, n + 1)
+    ]
     lines.append(f"        out[g] = _q2_scale(s{n}, t{n} & {~mask}, {n})")
     return "\n".join(lines) + "\n"
 
@@ -406,12 +437,13 @@ def _q4w_pick_lines(indent: str, out: str) -> list[str]:
     ``absmax``, ``svt0..``, ``svv0..`` into ``out``: per rung its own scale, its
     least-squares scale and the absmax scale ``s0`` (np.fmin.reduce skips NaN scores; ties
     take the smallest scale; a pick above 65504 becomes the first rung's scale)."""
-    lines = ["s0 = _f16_round(absmax)", f"base = s0 * _F32({float(_Q4W_F[0])!r})",
-             "r0 = s0 / base"]
+    lines = ["s0 = _f16_round(absmax)", f"base = s0 * _F32({float(_Q4W_F[0])!r})", "r0 = s0 / base"]
     cands = []
     for i in range(_NF):
-        lines += [f"c{i} = _f16_round(s0 * _F32({float(_Q4W_F[i])!r}))",
-                  f"l{i} = _f16_round(svt{i} / svv{i} * base)"]
+        lines += [
+            f"c{i} = _f16_round(s0 * _F32({float(_Q4W_F[i])!r}))",
+            f"l{i} = _f16_round(svt{i} / svv{i} * base)",
+        ]
         for c in (f"c{i}", f"l{i}"):
             lines += [f"r = {c} / base", f"e{c} = r * (r * svv{i} - _F32(2) * svt{i})"]
             cands.append((c, f"e{c}"))
@@ -431,18 +463,28 @@ def _q4w_choose_source() -> str:
     scale from the lane sums of :func:`_q4w_sums` (combined as numpy's einsum does) into
     ``scales[g]``; ``plain[g]``: whether the group's weighted signal is 0. Returns whether
     any is."""
-    lines = ["def _q4w_choose(wsums, amax, scales, plain):", "    any_plain = False",
-             f"    for g in range({TILE}):", f"        k = {_LANES} * g"]
+    lines = [
+        "def _q4w_choose(wsums, amax, scales, plain):",
+        "    any_plain = False",
+        f"    for g in range({TILE}):",
+        f"        k = {_LANES} * g",
+    ]
     for i in range(_NF):
         for name, row in ((f"svt{i}", 2 * i), (f"svv{i}", 2 * i + 1)):
             o = row * _W
-            lines.append(f"        {name} = _F32(0) + ((wsums[{o} + k] + wsums[{o + 1} + k]) + "
-                         f"(wsums[{o + 2} + k] + wsums[{o + 3} + k]))")
+            lines.append(
+                f"        {name} = _F32(0) + ((wsums[{o} + k] + wsums[{o + 1} + k]) + "
+                f"(wsums[{o + 2} + k] + wsums[{o + 3} + k]))"
+            )
     lines.append("        absmax = np.uint32(amax[g]).view(np.float32)")
     lines += _q4w_pick_lines(" " * 8, "scales[g]")
-    lines += [f"    for g in range({TILE}):", f"        k = {_LANES} * g",
-              "        plain[g] = ((wsums[k] + wsums[k + 1]) + (wsums[k + 2] + wsums[k + 3])) "
-              "== _F32(0)", "        any_plain |= plain[g]", "    return any_plain"]
+    lines += [
+        f"    for g in range({TILE}):",
+        f"        k = {_LANES} * g",
+        "        plain[g] = ((wsums[k] + wsums[k + 1]) + (wsums[k + 2] + wsums[k + 3])) == _F32(0)",
+        "        any_plain |= plain[g]",
+        "    return any_plain",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -480,8 +522,11 @@ def _q2w_optima_source(wide: bool) -> str:
     for j in range(n):
         m, lane = divmod(j, _LANES)
         at = f"{m * _W + lane} + {_LANES} * g"
-        key = (f"(np.uint64(yu[{at}] & _MAG) << np.uint64(32)) | np.uint64(hu[{at}])" if wide
-               else f"np.uint32((yu[{at}] & _MAG) | (hu[{at}] >> np.uint32(16)))")
+        key = (
+            f"(np.uint64(yu[{at}] & _MAG) << np.uint64(32)) | np.uint64(hu[{at}])"
+            if wide
+            else f"np.uint32((yu[{at}] & _MAG) | (hu[{at}] >> np.uint32(16)))"
+        )
         lines.append(f"        {fresh(j)} = {key}")
     cx = "_cx64" if wide else "_cx"
     for i, j in _sort_network(n):
@@ -490,17 +535,27 @@ def _q2w_optima_source(wide: bool) -> str:
     for j in range(n):
         v = names[j]
         if wide:
-            lines += [f"        a = _as_f32(np.uint32({v} >> np.uint64(32)))",
-                      f"        h = _as_f32(np.uint32({v} & np.uint64(0xFFFFFFFF)))"]
+            lines += [
+                f"        a = _as_f32(np.uint32({v} >> np.uint64(32)))",
+                f"        h = _as_f32(np.uint32({v} & np.uint64(0xFFFFFFFF)))",
+            ]
         else:
-            lines += [f"        a = _as_f32({v} & np.uint32(0xFFFF0000))",
-                      f"        h = _as_f32(np.uint32({v} << np.uint32(16)))"]
-        lines += ([f"        p{j} = h * a", f"        q{j} = h"] if j == 0 else
-                  [f"        p{j} = p{j - 1} + h * a", f"        q{j} = q{j - 1} + h"])
+            lines += [
+                f"        a = _as_f32({v} & np.uint32(0xFFFF0000))",
+                f"        h = _as_f32(np.uint32({v} << np.uint32(16)))",
+            ]
+        lines += (
+            [f"        p{j} = h * a", f"        q{j} = h"]
+            if j == 0
+            else [f"        p{j} = p{j - 1} + h * a", f"        q{j} = q{j - 1} + h"]
+        )
     lines.append(f"        b0, d0, t0 = _wfirst(p{n - 1}, q{n - 1}, {mask})")
     lines.append("        s0 = b0\n        e0 = d0")
-    lines += [f"        t{k}, s{k}, e{k} = _wsplit(p{k - 1}, q{k - 1}, b0, d0, {mask}, {k}, "
-              f"t{k - 1}, s{k - 1}, e{k - 1})" for k in range(1, n + 1)]
+    lines += [
+        f"        t{k}, s{k}, e{k} = _wsplit(p{k - 1}, q{k - 1}, b0, d0, {mask}, {k}, "
+        f"t{k - 1}, s{k - 1}, e{k - 1})"
+        for k in range(1, n + 1)
+    ]
     lines.append(f"        out[g] = 3.0 * np.float64(s{n}) / np.float64(e{n})")
     lines.append(f"        total[g] = p{n - 1}")
     return "\n".join(lines) + "\n"
@@ -546,7 +601,8 @@ def _load_f32(src64, g0, t, yu, mx):
         for m in range(_ROWS):
             for h in range(2):
                 y64[m * 2 * TILE + 2 * g + h] = (
-                    src64[(g0 + g) * 2 * _ROWS + 2 * m + h] if g < t else np.uint64(0))
+                    src64[(g0 + g) * 2 * _ROWS + 2 * m + h] if g < t else np.uint64(0)
+                )
     for q in range(_W):
         mx[q] = 0
     for m in range(_ROWS):
@@ -674,8 +730,7 @@ def _q2w_optima(yu, hu, narrow, plain, optima, total, plain_optima):
 
 
 @_jit()
-def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed, scales,
-            acc, hy):
+def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed, scales, acc, hy):
     """Codes, packed bytes, scales and stats of a tile whose scales ``sc`` are chosen
     (also the importance-weighted stats from the importance tile ``hy``, unless None)."""
     c = _F32(((1 << bits) - 1) / 2)
@@ -700,13 +755,15 @@ def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed
             for m in range(_ROWS):
                 w = words[m * TILE + g]
                 out16[g * _ROWS + m] = np.uint16(
-                    (w & 0xF) | ((w >> 4) & 0xF0) | ((w >> 8) & 0xF00) | ((w >> 12) & 0xF000))
+                    (w & 0xF) | ((w >> 4) & 0xF0) | ((w >> 8) & 0xF00) | ((w >> 12) & 0xF000)
+                )
     else:
         for g in range(TILE):
             for m in range(_ROWS):
                 w = words[m * TILE + g]
                 out[g * _ROWS + m] = np.uint8(
-                    (w & 0x3) | ((w >> 6) & 0xC) | ((w >> 12) & 0x30) | ((w >> 18) & 0xC0))
+                    (w & 0x3) | ((w >> 6) & 0xC) | ((w >> 12) & 0x30) | ((w >> 18) & 0xC0)
+                )
     step = GROUP_SIZE * bits // 8  # a multiple of 8: copy words (alignment does not matter)
     dst = packed[g0 * step : (g0 + t) * step].view(np.uint64)
     src = out[: t * step].view(np.uint64)
@@ -847,7 +904,8 @@ def _q2w_group(w, h, rtab):
     keys = np.empty(n, np.uint64)
     for j in range(n):  # insertion sort of the keys |w| << 32 | h
         u = (np.uint64(np.float32(w[j]).view(np.uint32) & _MAG) << np.uint64(32)) | np.uint64(
-            np.float32(h[j]).view(np.uint32))
+            np.float32(h[j]).view(np.uint32)
+        )
         i = j
         while i > 0 and keys[i - 1] > u:
             keys[i] = keys[i - 1]
@@ -868,8 +926,9 @@ def _q2w_group(w, h, rtab):
     best_b = b0
     best_d = d0
     for k in range(1, n + 1):
-        best_tag, best_b, best_d = _wsplit(p[k - 1], q[k - 1], b0, d0, mask, k, best_tag,
-                                           best_b, best_d)
+        best_tag, best_b, best_d = _wsplit(
+            p[k - 1], q[k - 1], b0, d0, mask, k, best_tag, best_b, best_d
+        )
     s = 3.0 * np.float64(best_b) / np.float64(best_d)
     return _f16_round(_F32(s)) if s <= 65504.0 else _F32(-1)
 
@@ -912,11 +971,18 @@ def _scratch(bits):
     """A chunk's working memory (about 70 KiB): tile bits, lane and group maxima, group
     scales, per-lane factors, codes, lane sums (float32 per tile, float64 per chunk),
     load words, packed bytes."""
-    return (np.empty(_ROWS * _W, np.uint32), np.empty(_W, np.uint32), np.empty(TILE, np.uint32),
-            np.empty(TILE, np.float32), np.empty((2, _W), np.float32),
-            np.empty(_ROWS * _W, np.uint8), np.empty(6 * _W, np.float32),
-            np.zeros(6 * _W, np.float64), np.empty(_ROWS * TILE, np.uint64),
-            np.empty(TILE * GROUP_SIZE * bits // 8, np.uint8))
+    return (
+        np.empty(_ROWS * _W, np.uint32),
+        np.empty(_W, np.uint32),
+        np.empty(TILE, np.uint32),
+        np.empty(TILE, np.float32),
+        np.empty((2, _W), np.float32),
+        np.empty(_ROWS * _W, np.uint8),
+        np.empty(6 * _W, np.float32),
+        np.zeros(6 * _W, np.float64),
+        np.empty(_ROWS * TILE, np.uint64),
+        np.empty(TILE * GROUP_SIZE * bits // 8, np.uint8),
+    )
 
 
 @_jit()
@@ -940,12 +1006,44 @@ def _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scal
         for g in range(TILE):
             sc[g] = _f16_round(np.uint32(amax[g]).view(np.float32))
         if hcols is None:
-            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, None)
+            _finish(
+                y,
+                top,
+                sc,
+                bits,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                None,
+            )
         else:
             _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
-            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, hu.view(np.float32))
+            _finish(
+                y,
+                top,
+                sc,
+                bits,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                hu.view(np.float32),
+            )
     if tail.size:
         mx1 = _tail_max(tail, limit)
         if mx1 < 0:
@@ -974,13 +1072,45 @@ def _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc):
             return REFUSED
         if hcols is None:
             _q4_scales(y, amax, sc, rows[0], sums, plain)
-            _finish(y, top, sc, 4, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, None)
+            _finish(
+                y,
+                top,
+                sc,
+                4,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                None,
+            )
         else:
             _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
             _q4w_scales(y, hu.view(np.float32), amax, plain, sc, rows[0], sums, wsums)
-            _finish(y, top, sc, 4, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, hu.view(np.float32))
+            _finish(
+                y,
+                top,
+                sc,
+                4,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                hu.view(np.float32),
+            )
     if tail.size:
         mx1 = _tail_max(tail, limit)
         if mx1 < 0:
@@ -1017,18 +1147,49 @@ def _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, r
             _q2_optima(yu, optima)
         else:
             _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
-            _q2w_optima(yu, hu, not f32 or _bf16_exact(yu), plain, optima, total,
-                        plain_optima)
+            _q2w_optima(yu, hu, not f32 or _bf16_exact(yu), plain, optima, total, plain_optima)
         for g in range(TILE):  # (padding groups are zeros: scale 0)
             if not optima[g] <= 65504.0:
                 return NEEDS_REFERENCE
             sc[g] = _f16_round(_F32(optima[g]))
         if hcols is None:
-            _finish(y, top, sc, 2, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, None)
+            _finish(
+                y,
+                top,
+                sc,
+                2,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                None,
+            )
         else:
-            _finish(y, top, sc, 2, g0, t, rows[0], rows[1], codes, sums, lanes, out, packed,
-                    scales, acc, hu.view(np.float32))
+            _finish(
+                y,
+                top,
+                sc,
+                2,
+                g0,
+                t,
+                rows[0],
+                rows[1],
+                codes,
+                sums,
+                lanes,
+                out,
+                packed,
+                scales,
+                acc,
+                hu.view(np.float32),
+            )
     if tail.size:
         if _tail_max(tail, limit) < 0:
             return REFUSED
@@ -1044,9 +1205,18 @@ def _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, r
     return OK
 
 
-def encode_chunk(src64: np.ndarray, f32: bool, tail: np.ndarray, bits: int, optimal: bool,
-                 limit: int, packed: np.ndarray, scales: np.ndarray, acc: np.ndarray,
-                 importance: tuple[np.ndarray, int, np.ndarray] | None = None) -> int:
+def encode_chunk(
+    src64: np.ndarray,
+    f32: bool,
+    tail: np.ndarray,
+    bits: int,
+    optimal: bool,
+    limit: int,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    acc: np.ndarray,
+    importance: tuple[np.ndarray, int, np.ndarray] | None = None,
+) -> int:
     """Encode whole groups ``src64`` (the weights' bytes as uint64: float32 if ``f32``,
     else bfloat16) followed by ``tail`` (float32, fewer than 64 weights: the tensor's
     last group) into ``packed`` (uint8, exactly their bytes) and ``scales`` (float32, one
@@ -1060,8 +1230,7 @@ def encode_chunk(src64: np.ndarray, f32: bool, tail: np.ndarray, bits: int, opti
     if importance is not None:
         hcols, c0, htail = importance
     if not optimal:
-        return _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales,
-                              acc)
+        return _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales, acc)
     if bits == 4:
         return _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc)
     return _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, _RTAB)
@@ -1073,8 +1242,9 @@ def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:
     for n in (GROUP_SIZE, 1, 3, 17, 20, 33, 47, GROUP_SIZE - 1):
         v = (np.floor(rng.normal(0, 3, (trials, n))) + 0.5).astype(np.float32)
         t = rng.normal(0, 3, (trials, n)).astype(np.float32)
-        if not np.array_equal(np.einsum("ij,ij->i", v, t).view(np.int32),
-                              _einsum_like(v, t).view(np.int32)):
+        if not np.array_equal(
+            np.einsum("ij,ij->i", v, t).view(np.int32), _einsum_like(v, t).view(np.int32)
+        ):
             return False
     return True
 

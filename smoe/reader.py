@@ -56,8 +56,9 @@ class VaultError(SmoeError):
     """
 
     def __init__(self, path: Path, finding: Finding) -> None:
-        super().__init__(f"{path}: {finding.code} at offset {finding.offset} ({finding.path}): "
-                         f"{finding.message}")
+        super().__init__(
+            f"{path}: {finding.code} at offset {finding.offset} ({finding.path}): {finding.message}"
+        )
         self.finding = finding
 
 
@@ -84,8 +85,10 @@ def _float_dtype(dtype: DTypeLike) -> np.dtype:
         try:  # "bfloat16" & co. are known to numpy once ml_dtypes is imported
             importlib.import_module("ml_dtypes")
         except ImportError:
-            raise TypeError(f"cannot dequantize to {dtype!r}: {dtype} needs the ml_dtypes "
-                            "package (pip install ml-dtypes)") from None
+            raise TypeError(
+                f"cannot dequantize to {dtype!r}: {dtype} needs the ml_dtypes "
+                "package (pip install ml-dtypes)"
+            ) from None
         try:
             dt = np.dtype(dtype)
         except TypeError:
@@ -149,8 +152,10 @@ class TensorView:
     def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
         """``np.asarray(tensor)``: the dequantised array (always new: ``copy=False`` raises)."""
         if copy is False:
-            raise ValueError(f"{self.name}: a quantised tensor has no float array to view; "
-                             "decoding always makes one (use copy=None or copy=True)")
+            raise ValueError(
+                f"{self.name}: a quantised tensor has no float array to view; "
+                "decoding always makes one (use copy=None or copy=True)"
+            )
         return self.dequantize(np.float32 if dtype is None else dtype)
 
     def __repr__(self) -> str:
@@ -180,8 +185,10 @@ class ExpertView:
         for t in self.tensors:
             if t.name == name:
                 return t
-        raise KeyError(f"no tensor {name!r} in expert (layer {self.layer_id}, expert "
-                       f"{self.expert_id}); it has {', '.join(self.keys())}")
+        raise KeyError(
+            f"no tensor {name!r} in expert (layer {self.layer_id}, expert "
+            f"{self.expert_id}); it has {', '.join(self.keys())}"
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
@@ -209,8 +216,10 @@ class ExpertView:
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{t.name} {t.rows}x{t.cols}" for t in self.tensors)
-        return (f"ExpertView(layer {self.layer_id}, expert {self.expert_id}: {shapes}, "
-                f"Q{self.tensors[0].bits})")
+        return (
+            f"ExpertView(layer {self.layer_id}, expert {self.expert_id}: {shapes}, "
+            f"Q{self.tensors[0].bits})"
+        )
 
 
 class Vault:
@@ -230,19 +239,29 @@ class Vault:
     KeyError: 'fixtures/q4_v2.smoe: no expert (layer 1, expert 9)'
     """
 
-    def __init__(self, path: Path, data: Data, geo: Geometry, report: Report,
-                 header: np.void, table: np.ndarray, descriptors: np.ndarray) -> None:
+    def __init__(
+        self,
+        path: Path,
+        data: Data,
+        geo: Geometry,
+        report: Report,
+        header: np.void,
+        table: np.ndarray,
+        descriptors: np.ndarray,
+    ) -> None:
         self.path = path
         self.data = data  # FileView (or an array): data[a:b] reads, len(data) = file size
         self.geometry = geo
         self.report = report  # findings of the checks run at open (warnings, info)
         self.header = header
         self.arch: np.void | None = (
-            arch_view(data, geo) if geo.version >= layout.VERSION_WITH_ARCH else None)
+            arch_view(data, geo) if geo.version >= layout.VERSION_WITH_ARCH else None
+        )
         self.table, self.descriptors = table, descriptors
         self._checked: set[int] = set()
-        self._keys = ((self.table["layer_id"].astype(np.uint64) << np.uint64(32))
-                      | self.table["expert_id"].astype(np.uint64))
+        self._keys = (self.table["layer_id"].astype(np.uint64) << np.uint64(32)) | self.table[
+            "expert_id"
+        ].astype(np.uint64)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Vault:
@@ -275,9 +294,17 @@ class Vault:
         path = Path(path)
         report = Report(size=len(data))
         if len(data) < layout.HEADER_SIZE:
-            raise VaultError(path, Finding.of(Rule.HEADER_SIZE, 0, "header",
-                                              f"file of {len(data)} bytes is shorter than the "
-                                              "64-byte header", layout.HEADER_SIZE, len(data)))
+            raise VaultError(
+                path,
+                Finding.of(
+                    Rule.HEADER_SIZE,
+                    0,
+                    "header",
+                    f"file of {len(data)} bytes is shorter than the 64-byte header",
+                    layout.HEADER_SIZE,
+                    len(data),
+                ),
+            )
         geo = check_header(data, report)
         if geo is not None and geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
             check_arch(data, geo, report)
@@ -323,8 +350,10 @@ class Vault:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Vault({str(self.path)!r}, v{self.geometry.version}, Q{self.bits}, "
-                f"{len(self)} experts in {len(self.layers())} layers)")
+        return (
+            f"Vault({str(self.path)!r}, v{self.geometry.version}, Q{self.bits}, "
+            f"{len(self)} experts in {len(self.layers())} layers)"
+        )
 
     # ---- lookup ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -400,8 +429,7 @@ class Vault:
     def __getitem__(self, key: tuple[SupportsIndex, SupportsIndex]) -> ExpertView:
         """``vault[layer, expert]``: the same as :meth:`expert`."""
         if not isinstance(key, tuple) or len(key) != 2:
-            raise TypeError(f"a vault is indexed by (layer, expert), e.g. vault[0, 1]; "
-                            f"got {key!r}")
+            raise TypeError(f"a vault is indexed by (layer, expert), e.g. vault[0, 1]; got {key!r}")
         return self.expert(*key)
 
     def expert(self, layer: SupportsIndex, expert: SupportsIndex) -> ExpertView:
@@ -415,8 +443,16 @@ class Vault:
         i = self.index(layer, expert)
         if i not in self._checked:
             report = Report(size=len(self.data))
-            check_descriptors(self.table, self.descriptors, self.geometry, report, self.header,
-                              self.arch, i, i + 1)
+            check_descriptors(
+                self.table,
+                self.descriptors,
+                self.geometry,
+                report,
+                self.header,
+                self.arch,
+                i,
+                i + 1,
+            )
             if report.errors:
                 raise VaultError(self.path, report.errors[0])
             self._checked.add(i)
@@ -431,9 +467,14 @@ class Vault:
         def tensor(t: int) -> TensorView:
             p0, s0 = int(starts[t]) - lo, int(starts[3 + t]) - lo
             return TensorView(
-                TENSOR_NAMES[t], int(d[t]["rows"]), int(d[t]["cols"]), self.bits,
+                TENSOR_NAMES[t],
+                int(d[t]["rows"]),
+                int(d[t]["cols"]),
+                self.bits,
                 blob[p0 : p0 + int(d[t]["packed_size"])],
-                blob[s0 : s0 + int(d[t]["scales_size"])].view("<f2"))
+                blob[s0 : s0 + int(d[t]["scales_size"])].view("<f2"),
+            )
 
-        return ExpertView(int(e["layer_id"]), int(e["expert_id"]), i,
-                          (tensor(0), tensor(1), tensor(2)))
+        return ExpertView(
+            int(e["layer_id"]), int(e["expert_id"]), i, (tensor(0), tensor(1), tensor(2))
+        )

@@ -59,23 +59,37 @@ class ArchInfo:
 
     @property
     def flags(self) -> int:
-        return ((layout.FLAG_NORM_TOPK_PROB if self.norm_topk_prob else 0)
-                | (layout.FLAG_HAS_QK_NORM if self.has_qk_norm else 0)
-                | (layout.FLAG_HAS_DENSE_LAYER_0 if self.has_dense_layer_0 else 0))
+        return (
+            (layout.FLAG_NORM_TOPK_PROB if self.norm_topk_prob else 0)
+            | (layout.FLAG_HAS_QK_NORM if self.has_qk_norm else 0)
+            | (layout.FLAG_HAS_DENSE_LAYER_0 if self.has_dense_layer_0 else 0)
+        )
 
     def check(self) -> None:
         """Refuse values the engine refuses (D6), naming the field."""
-        for name in ("num_heads", "num_kv_heads", "head_dim", "moe_top_k", "moe_ffn_dim",
-                     "num_hidden_layers", "dense_ffn_dim", "shared_expert_ffn_dim", "activation"):
+        for name in (
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "moe_top_k",
+            "moe_ffn_dim",
+            "num_hidden_layers",
+            "dense_ffn_dim",
+            "shared_expert_ffn_dim",
+            "activation",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value <= U32_MAX:
                 raise SmoeError(f"arch.{name}: {value!r} is not a uint32")
         if self.activation != layout.Activation.SILU:
-            raise SmoeError(f"arch.activation: {self.activation} is not 0 (SiLU), the only "
-                            "activation the kernels implement")
+            raise SmoeError(
+                f"arch.activation: {self.activation} is not 0 (SiLU), the only "
+                "activation the kernels implement"
+            )
         if not 1 <= self.moe_top_k <= layout.MAX_MOE_TOP_K:
-            raise SmoeError(f"arch.moe_top_k: {self.moe_top_k} is outside "
-                            f"1..{layout.MAX_MOE_TOP_K}")
+            raise SmoeError(
+                f"arch.moe_top_k: {self.moe_top_k} is outside 1..{layout.MAX_MOE_TOP_K}"
+            )
         if not 1 <= self.head_dim <= layout.MAX_HEAD_DIM:
             raise SmoeError(f"arch.head_dim: {self.head_dim} is outside 1..{layout.MAX_HEAD_DIM}")
         if self.num_heads < 1:
@@ -83,8 +97,10 @@ class ArchInfo:
         if self.num_kv_heads < 1:
             raise SmoeError("arch.num_kv_heads: must be at least 1, got 0")
         if self.num_heads % self.num_kv_heads:
-            raise SmoeError(f"arch.num_heads: {self.num_heads} is not divisible by "
-                            f"num_kv_heads {self.num_kv_heads}")
+            raise SmoeError(
+                f"arch.num_heads: {self.num_heads} is not divisible by "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
         for name in ("rope_theta", "rms_norm_eps"):
             value = float(getattr(self, name))
             if not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
@@ -128,9 +144,19 @@ def arch_record(arch: ArchInfo) -> np.ndarray:
     a["block_version"] = layout.ARCH_BLOCK_VERSION
     a["block_size"] = layout.ARCH_BLOCK_SIZE
     a["flags"] = arch.flags
-    for name in ("rope_theta", "num_heads", "num_kv_heads", "head_dim", "moe_top_k",
-                 "moe_ffn_dim", "dense_ffn_dim", "shared_expert_ffn_dim", "activation",
-                 "num_hidden_layers", "rms_norm_eps"):
+    for name in (
+        "rope_theta",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "moe_top_k",
+        "moe_ffn_dim",
+        "dense_ffn_dim",
+        "shared_expert_ffn_dim",
+        "activation",
+        "num_hidden_layers",
+        "rms_norm_eps",
+    ):
         a[name] = getattr(arch, name)
     a["model_type"] = arch.model_type_bytes()
     return a
@@ -168,8 +194,9 @@ def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes
     if plan.version >= layout.VERSION_WITH_ARCH:
         if arch is None:
             raise SmoeError(f"a v{plan.version} vault needs an arch block")
-        out[plan.reserved_ext : plan.reserved_ext + layout.ARCH_BLOCK_SIZE] = (
-            arch_record(arch).tobytes())
+        out[plan.reserved_ext : plan.reserved_ext + layout.ARCH_BLOCK_SIZE] = arch_record(
+            arch
+        ).tobytes()
     return bytes(out)
 
 

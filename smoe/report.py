@@ -48,10 +48,25 @@ MAX_COLS = 1024  # expert columns of the heat map at most
 COLOUR_BINS = 32  # heat-map colours (one SVG path each)
 HIST_BINS = 40
 
-VIRIDIS = ("#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779",
-           "#6ece58", "#fde725")
-REGION_COLOURS = {"header": "#1e293b", "table": "#2563eb", "descriptors": "#0ea5e9",
-                  "arch": "#9333ea", "align": "#cbd5e1", "gap": "#e2e8f0"}
+VIRIDIS = (
+    "#440154",
+    "#482878",
+    "#3e4989",
+    "#31688e",
+    "#26828e",
+    "#1f9e89",
+    "#35b779",
+    "#6ece58",
+    "#fde725",
+)
+REGION_COLOURS = {
+    "header": "#1e293b",
+    "table": "#2563eb",
+    "descriptors": "#0ea5e9",
+    "arch": "#9333ea",
+    "align": "#cbd5e1",
+    "gap": "#e2e8f0",
+}
 BELOW_FLOOR = "#e11d48"  # cells and bars under the bit width's SNR floor
 EXACT = "#f5d0fe"  # every tensor all-zero or exactly representable: no finite SNR
 UNRECORDED = "#94a3b8"  # the manifest has no SNR for the expert
@@ -94,16 +109,27 @@ class ReportResult:
         >>> doc["report"] == out, doc["vault"], doc["manifest"]
         (True, 'fixtures/q4_v2.smoe', None)
         """
-        return {"schema": 1, "report": str(self.path), "vault": str(self.vault),
-                "bytes": self.bytes,
-                "experts": self.experts, "layers": self.layers,
-                "manifest": None if self.manifest is None else str(self.manifest),
-                "snr": self.snr, "ok": self.ok, "errors": self.errors,
-                "warnings": self.warnings}
+        return {
+            "schema": 1,
+            "report": str(self.path),
+            "vault": str(self.vault),
+            "bytes": self.bytes,
+            "experts": self.experts,
+            "layers": self.layers,
+            "manifest": None if self.manifest is None else str(self.manifest),
+            "snr": self.snr,
+            "ok": self.ok,
+            "errors": self.errors,
+            "warnings": self.warnings,
+        }
 
 
-def write_report(vault: str | os.PathLike, out: str | os.PathLike, deep: bool = False,
-                 manifest: str | os.PathLike | None = "auto") -> ReportResult:
+def write_report(
+    vault: str | os.PathLike,
+    out: str | os.PathLike,
+    deep: bool = False,
+    manifest: str | os.PathLike | None = "auto",
+) -> ReportResult:
     """Write the report page of ``vault`` to ``out`` atomically.
 
     ``manifest``: "auto" (the sidecar ``VAULT.manifest.json`` when it exists), a path, or
@@ -133,12 +159,18 @@ def write_report(vault: str | os.PathLike, out: str | os.PathLike, deep: bool = 
         f.pwrite(html, 0)
         f.commit()
     return ReportResult(
-        path=out, vault=vault, bytes=len(html), experts=context["experts"],
+        path=out,
+        vault=vault,
+        bytes=len(html),
+        experts=context["experts"],
         layers=context["layer_count"],
-        manifest=side if context["snr"] is not None else None, snr=context["snr"] is not None,
-        ok=report.ok, errors=len(report.errors),
+        manifest=side if context["snr"] is not None else None,
+        snr=context["snr"] is not None,
+        ok=report.ok,
+        errors=len(report.errors),
         warnings=sum(f.severity == "warning" for f in report.findings),
-        unreadable=any(f.code == "header.size" for f in report.errors))
+        unreadable=any(f.code == "header.size" for f in report.errors),
+    )
 
 
 def manifest_for(vault: Path, manifest: str | os.PathLike | None) -> Path | None:
@@ -176,16 +208,21 @@ def render(context: dict[str, Any]) -> str:
 def _template() -> Any:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("smoe", "templates"),
-                             autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("smoe", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(num=_num, human=human, hexa=lambda v: f"{int(v):#x}")
     return env.get_template(TEMPLATE)
 
 
 # ---- what the page shows ---------------------------------------------------------------
-def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: Path | None,
-            deep: bool) -> dict[str, Any]:
+def collect(
+    view: FileView | np.ndarray, path: Path, report: Report, manifest: Path | None, deep: bool
+) -> dict[str, Any]:
     """Everything the template draws, as plain data (coordinates already computed).
 
     ``report`` is the verifier's report of the same ``view``; ``manifest`` the file to take
@@ -205,11 +242,24 @@ def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: P
     from smoe import __version__
 
     ctx: dict[str, Any] = {
-        "name": _text(path.name), "path": _text(os.fsdecode(path)), "size": size,
-        "version": __version__, "deep": deep, "header": None, "arch": None, "summary": [],
-        "findings": [_finding(f) for f in report.findings], "experts": 0, "layer_count": 0,
-        "maps": None, "regions": [], "layers": [], "layers_hidden": 0, "snr": None,
-        "snr_note": "", "verdict": _verdict(report, deep),
+        "name": _text(path.name),
+        "path": _text(os.fsdecode(path)),
+        "size": size,
+        "version": __version__,
+        "deep": deep,
+        "header": None,
+        "arch": None,
+        "summary": [],
+        "findings": [_finding(f) for f in report.findings],
+        "experts": 0,
+        "layer_count": 0,
+        "maps": None,
+        "regions": [],
+        "layers": [],
+        "layers_hidden": 0,
+        "snr": None,
+        "snr_note": "",
+        "verdict": _verdict(report, deep),
     }
     if size < layout.HEADER_SIZE:
         ctx["snr_note"] = "The file is shorter than a header; there is nothing to picture."
@@ -217,9 +267,14 @@ def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: P
     h = header_view(view)
     ctx["header"] = _fields(h, layout.HEADER_DTYPE, "header", 0)
     bits = int(h["bits"])
-    ctx["summary"] = [("format", f"v{int(h['version'])} · SMOE-Q{bits}",
-                       f"group {int(h['group_size'])}, {human(layout.PAGE_SIZE, 0)} pages"),
-                      ("file size", human(size), f"{_num(size)} bytes")]
+    ctx["summary"] = [
+        (
+            "format",
+            f"v{int(h['version'])} · SMOE-Q{bits}",
+            f"group {int(h['group_size'])}, {human(layout.PAGE_SIZE, 0)} pages",
+        ),
+        ("file size", human(size), f"{_num(size)} bytes"),
+    ]
     if geo is None:
         ctx["snr_note"] = "The header cannot be trusted (see the findings), so nothing is drawn."
         return ctx
@@ -235,8 +290,11 @@ def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: P
     ctx["experts"] = geo.total
     ctx["layer_count"] = distinct = len(np.unique(blobs["layer"]))
     width = int(h["num_moe_layers"]) * int(h["max_experts_per_layer"])
-    kind = (f"full: {int(h['num_moe_layers'])} × {int(h['max_experts_per_layer'])}"
-            if geo.total >= width else f"partial: {_num(geo.total)} of {_num(width)}")
+    kind = (
+        f"full: {int(h['num_moe_layers'])} × {int(h['max_experts_per_layer'])}"
+        if geo.total >= width
+        else f"partial: {_num(geo.total)} of {_num(width)}"
+    )
     padded, raw = int(blobs["padded"].sum()), int(blobs["raw"].sum())
     model = f"d_model {int(h['d_model'])}"
     if arch is not None:
@@ -245,9 +303,13 @@ def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: P
         ("experts", _num(geo.total), kind),
         ("layers", f"{distinct} of {int(h['num_moe_layers'])}", "MoE layers in this file"),
         ("model", _text(_model_type(arch)) if arch is not None else "unknown (v1)", model),
-        ("expert blobs", human(padded),
-         f"data {human(raw)}, padding {100 * (padded - raw) / padded:.1f} %" if padded else
-         "none"),
+        (
+            "expert blobs",
+            human(padded),
+            f"data {human(raw)}, padding {100 * (padded - raw) / padded:.1f} %"
+            if padded
+            else "none",
+        ),
     ]
     regions = _regions(geo, blobs, size)
     ctx["regions"] = [r for r in regions if r["kind"] != "blobs"]
@@ -263,15 +325,22 @@ def collect(view: FileView | np.ndarray, path: Path, report: Report, manifest: P
 
 
 def _verdict(report: Report, deep: bool) -> dict[str, Any]:
-    counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning",
-                                                                         "info")}
+    counts = {
+        s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")
+    }
     return {"ok": report.ok, **counts, "deep": deep}
 
 
 def _finding(f: Finding) -> dict[str, Any]:
-    return {"severity": f.severity, "code": f.code, "offset": f.offset, "path": _text(f.path),
-            "message": _text(f.message), "expected": _value(f.expected),
-            "actual": _value(f.actual)}
+    return {
+        "severity": f.severity,
+        "code": f.code,
+        "offset": f.offset,
+        "path": _text(f.path),
+        "message": _text(f.message),
+        "expected": _value(f.expected),
+        "actual": _value(f.actual),
+    }
 
 
 def _value(v: Value) -> str | None:
@@ -302,8 +371,16 @@ def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict
         else:
             shown = f"{int(v)} ({int(v):#x})" if int(v) > 9 else str(int(v))
         doc = docs.get(name, "")
-        rows.append({"offset": base + off, "size": sub.itemsize, "name": name,
-                     "value": _text(shown), "doc": _first_sentence(doc), "full_doc": doc})
+        rows.append(
+            {
+                "offset": base + off,
+                "size": sub.itemsize,
+                "name": name,
+                "value": _text(shown),
+                "doc": _first_sentence(doc),
+                "full_doc": doc,
+            }
+        )
     return rows
 
 
@@ -333,10 +410,14 @@ def _blobs(table: np.ndarray | None, size: int) -> dict[str, np.ndarray]:
     order = np.argsort(table["byte_offset"], kind="stable")
     start = _clip(table["byte_offset"][order], size)
     padded = _clip(table["padded_size"][order], size)
-    return {"layer": table["layer_id"][order].astype(np.int64),
-            "expert": table["expert_id"][order].astype(np.int64), "start": start,
-            "end": np.minimum(start + padded, size), "padded": padded,
-            "raw": _clip(table["raw_size"][order], size)}
+    return {
+        "layer": table["layer_id"][order].astype(np.int64),
+        "expert": table["expert_id"][order].astype(np.int64),
+        "start": start,
+        "end": np.minimum(start + padded, size),
+        "padded": padded,
+        "raw": _clip(table["raw_size"][order], size),
+    }
 
 
 def _clip(column: np.ndarray, size: int) -> np.ndarray:
@@ -344,8 +425,7 @@ def _clip(column: np.ndarray, size: int) -> np.ndarray:
     return np.minimum(column.astype(np.uint64), np.uint64(size)).astype(np.int64)
 
 
-def _layers(table: np.ndarray | None, descs: np.ndarray | None, size: int
-            ) -> list[dict[str, Any]]:
+def _layers(table: np.ndarray | None, descs: np.ndarray | None, size: int) -> list[dict[str, Any]]:
     """Per layer id (the first MAX_ROWS): expert count and ids, shapes of its first
     expert, bytes, span."""
     if table is None or not len(table):
@@ -353,22 +433,33 @@ def _layers(table: np.ndarray | None, descs: np.ndarray | None, size: int
     ids = table["layer_id"].astype(np.int64)
     uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
     raw = np.bincount(np.searchsorted(uniq, ids), weights=table["raw_size"].astype(np.float64))
-    pad = np.bincount(np.searchsorted(uniq, ids),
-                      weights=table["padded_size"].astype(np.float64))
+    pad = np.bincount(np.searchsorted(uniq, ids), weights=table["padded_size"].astype(np.float64))
     out = []
     for i, lay in enumerate(uniq[:MAX_ROWS].tolist()):
         sel = ids == lay
         offs = table["byte_offset"][sel].tolist()  # as written (may point past the end)
         ends = [o + p for o, p in zip(offs, table["padded_size"][sel].tolist())]
         d = descs[int(first[i])] if descs is not None else None
-        shapes = ([f"{int(d[t]['rows'])}×{int(d[t]['cols'])}" for t in range(len(d))]
-                  if d is not None else [])
-        out.append({"layer": int(lay), "count": int(counts[i]),
-                    "ids": _ranges(table["expert_id"][sel].astype(np.int64).tolist()),
-                    "shapes": shapes, "raw": int(raw[i]), "padded": int(pad[i]),
-                    "share": float(pad[i]) / size if size else 0.0,
-                    "start": min(offs), "end": max(ends),
-                    "colour": "", "snr": None})
+        shapes = (
+            [f"{int(d[t]['rows'])}×{int(d[t]['cols'])}" for t in range(len(d))]
+            if d is not None
+            else []
+        )
+        out.append(
+            {
+                "layer": int(lay),
+                "count": int(counts[i]),
+                "ids": _ranges(table["expert_id"][sel].astype(np.int64).tolist()),
+                "shapes": shapes,
+                "raw": int(raw[i]),
+                "padded": int(pad[i]),
+                "share": float(pad[i]) / size if size else 0.0,
+                "start": min(offs),
+                "end": max(ends),
+                "colour": "",
+                "snr": None,
+            }
+        )
     for i, lay in enumerate(out):
         lay["colour"] = layer_colour(i, len(uniq))
     return out
@@ -401,23 +492,38 @@ def _regions(geo: Geometry, blobs: dict[str, np.ndarray], size: int) -> list[dic
     """A non-overlapping cover of [0, size): metadata regions, blob runs, unclaimed bytes."""
     claimed: list[tuple[int, int, str, str, str, int | None]] = []  # start, end, kind, ...
 
-    def add(start: int, end: int, kind: str, label: str, colour: str,
-            layer: int | None = None) -> None:
+    def add(
+        start: int, end: int, kind: str, label: str, colour: str, layer: int | None = None
+    ) -> None:
         if end > start:
             claimed.append((start, end, kind, label, colour, layer))
 
     k = layout
     add(0, k.HEADER_SIZE, "header", "header", REGION_COLOURS["header"])
-    add(k.TABLE_OFFSET, geo.descriptors_offset, "table", "expert table",
-        REGION_COLOURS["table"])
-    add(geo.descriptors_offset, geo.descriptors_end, "descriptors", "tensor descriptors",
-        REGION_COLOURS["descriptors"])
+    add(k.TABLE_OFFSET, geo.descriptors_offset, "table", "expert table", REGION_COLOURS["table"])
+    add(
+        geo.descriptors_offset,
+        geo.descriptors_end,
+        "descriptors",
+        "tensor descriptors",
+        REGION_COLOURS["descriptors"],
+    )
     meta_end = geo.descriptors_end
     if geo.version >= k.VERSION_WITH_ARCH and geo.reserved_ext:
-        add(geo.descriptors_end, geo.reserved_ext, "align", "alignment (zero)",
-            REGION_COLOURS["align"])
-        add(geo.reserved_ext, geo.reserved_ext + k.ARCH_BLOCK_SIZE, "arch", "arch block",
-            REGION_COLOURS["arch"])
+        add(
+            geo.descriptors_end,
+            geo.reserved_ext,
+            "align",
+            "alignment (zero)",
+            REGION_COLOURS["align"],
+        )
+        add(
+            geo.reserved_ext,
+            geo.reserved_ext + k.ARCH_BLOCK_SIZE,
+            "arch",
+            "arch block",
+            REGION_COLOURS["arch"],
+        )
         meta_end = max(meta_end, geo.reserved_ext + k.ARCH_BLOCK_SIZE)
     add(meta_end, geo.data_offset, "gap", "zero gap", REGION_COLOURS["gap"])
     n_layers = len(np.unique(blobs["layer"]))
@@ -444,11 +550,20 @@ def _regions(geo: Geometry, blobs: dict[str, np.ndarray], size: int) -> list[dic
     return out
 
 
-def _region(start: int, end: int, kind: str, label: str, colour: str,
-            layer: int | None = None) -> dict[str, Any]:
+def _region(
+    start: int, end: int, kind: str, label: str, colour: str, layer: int | None = None
+) -> dict[str, Any]:
     ink = "#ffffff" if kind in ("header", "table", "descriptors", "arch") else "#0f172a"
-    return {"start": start, "end": end, "size": end - start, "kind": kind, "label": label,
-            "colour": colour, "layer": layer, "ink": ink}
+    return {
+        "start": start,
+        "end": end,
+        "size": end - start,
+        "kind": kind,
+        "label": label,
+        "colour": colour,
+        "layer": layer,
+        "ink": ink,
+    }
 
 
 def _runs(blobs: dict[str, np.ndarray]) -> list[tuple[int, int, int | None]]:
@@ -497,8 +612,9 @@ def fit_widths(sizes: Sequence[float], width: float, minimum: float) -> list[flo
         fixed |= small
 
 
-def _bar(regions: list[dict[str, Any]], width: float, minimum: float, lo: int, hi: int
-         ) -> list[dict[str, Any]]:
+def _bar(
+    regions: list[dict[str, Any]], width: float, minimum: float, lo: int, hi: int
+) -> list[dict[str, Any]]:
     """Segments of [lo, hi) (regions clipped to it), laid out with :func:`fit_widths`."""
     parts = []
     for r in regions:
@@ -510,8 +626,10 @@ def _bar(regions: list[dict[str, Any]], width: float, minimum: float, lo: int, h
     for p, w in zip(parts, widths):
         p["x"], p["w"] = round(x, 2), round(w, 2)
         p["text"] = _fit_label(p, w)
-        p["title"] = (f"{p['label']}: {_num(p['start'])}..{_num(p['end'])} "
-                      f"({p['start']:#x}), {_num(p['size'])} bytes ({human(p['size'])})")
+        p["title"] = (
+            f"{p['label']}: {_num(p['start'])}..{_num(p['end'])} "
+            f"({p['start']:#x}), {_num(p['size'])} bytes ({human(p['size'])})"
+        )
         x += w
     return parts
 
@@ -523,21 +641,35 @@ def _fit_label(p: dict[str, Any], w: float) -> str:
     return ""
 
 
-def _maps(regions: list[dict[str, Any]], blobs: dict[str, np.ndarray], geo: Geometry,
-          size: int, layers: int) -> dict[str, Any]:
+def _maps(
+    regions: list[dict[str, Any]],
+    blobs: dict[str, np.ndarray],
+    geo: Geometry,
+    size: int,
+    layers: int,
+) -> dict[str, Any]:
     """The three bars: the whole file, the metadata area, the blob area."""
     whole = _bar(regions, WIDTH, 4.0, 0, size)
     meta_hi = min(geo.data_offset, size)
     meta = _bar(regions, WIDTH, 3.0, 0, meta_hi) if meta_hi > 0 else []
     blob_lo = min(geo.data_offset, size)
-    strip: dict[str, Any] = {"segments": [], "padding": [], "ticks": [], "labels": [],
-                             "detail": False}
+    strip: dict[str, Any] = {
+        "segments": [],
+        "padding": [],
+        "ticks": [],
+        "labels": [],
+        "detail": False,
+    }
     if size > blob_lo:
         scale = WIDTH / (size - blob_lo)
         strip["segments"] = [
-            {**p, "x": round((p["start"] - blob_lo) * scale, 2),
-             "w": round(max((p["end"] - p["start"]) * scale, 0.0), 3)}
-            for p in _bar(regions, WIDTH, 0.0, blob_lo, size)]
+            {
+                **p,
+                "x": round((p["start"] - blob_lo) * scale, 2),
+                "w": round(max((p["end"] - p["start"]) * scale, 0.0), 3),
+            }
+            for p in _bar(regions, WIDTH, 0.0, blob_lo, size)
+        ]
         last = -1e9
         for p in strip["segments"]:
             p["text"] = _fit_label(p, p["w"])
@@ -549,9 +681,16 @@ def _maps(regions: list[dict[str, Any]], blobs: dict[str, np.ndarray], geo: Geom
             strip["labels"] = []
         strip["padding"] = _padding_marks(blobs, blob_lo, scale, strip)
         strip["ticks"] = _ticks(blob_lo, size, scale)
-    return {"whole": whole, "meta": meta, "meta_end": meta_hi, "strip": strip,
-            "blob_lo": blob_lo, "width": WIDTH, "layers": layers,
-            "zoom_x": _x_at(whole, blob_lo)}
+    return {
+        "whole": whole,
+        "meta": meta,
+        "meta_end": meta_hi,
+        "strip": strip,
+        "blob_lo": blob_lo,
+        "width": WIDTH,
+        "layers": layers,
+        "zoom_x": _x_at(whole, blob_lo),
+    }
 
 
 def _x_at(bar: list[dict[str, Any]], offset: int) -> float:
@@ -562,19 +701,25 @@ def _x_at(bar: list[dict[str, Any]], offset: int) -> float:
     return float(WIDTH)
 
 
-def _padding_marks(blobs: dict[str, np.ndarray], lo: int, scale: float,
-                   strip: dict[str, Any]) -> list[dict[str, Any]]:
+def _padding_marks(
+    blobs: dict[str, np.ndarray], lo: int, scale: float, strip: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Where the padding lies: per blob for few blobs, else summed per blob-strip segment
     (drawn at each segment's end, to scale)."""
     start, end, raw = blobs["start"], blobs["end"], blobs["raw"]
     pad_start = np.minimum(start + raw, end)
     if len(start) <= BLOB_DETAIL_MAX:
         strip["detail"] = True
-        return [{"x": round((int(a) - lo) * scale, 2), "w": round((int(b) - int(a)) * scale, 3),
-                 "title": f"padding of layer {int(la)} expert {int(e)}: {_num(int(b) - int(a))} "
-                          f"bytes at {int(a):#x}"}
-                for a, b, la, e in zip(pad_start, end, blobs["layer"], blobs["expert"])
-                if b > a]
+        return [
+            {
+                "x": round((int(a) - lo) * scale, 2),
+                "w": round((int(b) - int(a)) * scale, 3),
+                "title": f"padding of layer {int(la)} expert {int(e)}: {_num(int(b) - int(a))} "
+                f"bytes at {int(a):#x}",
+            }
+            for a, b, la, e in zip(pad_start, end, blobs["layer"], blobs["expert"])
+            if b > a
+        ]
     marks = []
     for seg in strip["segments"]:
         if seg["kind"] != "blobs":
@@ -583,9 +728,14 @@ def _padding_marks(blobs: dict[str, np.ndarray], lo: int, scale: float,
         padding = int((end[inside] - pad_start[inside]).sum())
         if padding > 0:
             w = padding * scale
-            marks.append({"x": round(seg["x"] + seg["w"] - w, 2), "w": round(w, 3),
-                          "title": f"{seg['label']}: {_num(padding)} bytes of padding in "
-                                   f"{int(inside.sum())} blobs (drawn together)"})
+            marks.append(
+                {
+                    "x": round(seg["x"] + seg["w"] - w, 2),
+                    "w": round(w, 3),
+                    "title": f"{seg['label']}: {_num(padding)} bytes of padding in "
+                    f"{int(inside.sum())} blobs (drawn together)",
+                }
+            )
     return marks
 
 
@@ -595,8 +745,10 @@ def _ticks(lo: int, hi: int, scale: float) -> list[dict[str, Any]]:
     raw_step = span / max(1, WIDTH // 90)
     step = _nice(raw_step)
     first = -(-lo // step) * step
-    return [{"x": round((v - lo) * scale, 2), "label": human(v, 0 if v % (1 << 30) == 0 else 1)}
-            for v in range(first, hi + 1, step)]
+    return [
+        {"x": round((v - lo) * scale, 2), "label": human(v, 0 if v % (1 << 30) == 0 else 1)}
+        for v in range(first, hi + 1, step)
+    ]
 
 
 def _nice(x: float) -> int:
@@ -612,13 +764,16 @@ def _nice(x: float) -> int:
 
 
 # ---- SNR from the manifest ---------------------------------------------------------------
-def _manifest_snr(where: Path | None, size: int, geo: Geometry, table: np.ndarray | None,
-                  bits: int) -> tuple[np.ndarray | None, str]:
+def _manifest_snr(
+    where: Path | None, size: int, geo: Geometry, table: np.ndarray | None, bits: int
+) -> tuple[np.ndarray | None, str]:
     """Per table entry the three tensors' SNR (NaN: none recorded, +inf: exact), or None and
     the reason the page gives."""
     if where is None:
-        return None, ("No integrity manifest beside this vault, so there is no SNR to show "
-                      "(smoe sculpt writes VAULT.manifest.json).")
+        return None, (
+            "No integrity manifest beside this vault, so there is no SNR to show "
+            "(smoe sculpt writes VAULT.manifest.json)."
+        )
     if table is None:
         return None, "The expert table cannot be read, so the manifest is not used."
     try:
@@ -627,11 +782,15 @@ def _manifest_snr(where: Path | None, size: int, geo: Geometry, table: np.ndarra
         return None, f"The manifest {_text(os.fsdecode(where))} cannot be used: {_text(str(e))}"
     vault = doc["vault"]
     if vault["size"] != size or vault["experts"] != geo.total:
-        return None, (f"The manifest {_text(os.fsdecode(where))} describes another file "
-                      f"({vault['size']} bytes, {vault['experts']} experts), so its SNR is "
-                      "not shown.")
-    index = {(int(la), int(e)): i for i, (la, e) in
-             enumerate(zip(table["layer_id"].tolist(), table["expert_id"].tolist()))}
+        return None, (
+            f"The manifest {_text(os.fsdecode(where))} describes another file "
+            f"({vault['size']} bytes, {vault['experts']} experts), so its SNR is "
+            "not shown."
+        )
+    index = {
+        (int(la), int(e)): i
+        for i, (la, e) in enumerate(zip(table["layer_id"].tolist(), table["expert_id"].tolist()))
+    }
     snr = np.full((len(table), layout.TENSORS_PER_EXPERT), np.nan)
     recorded = weighted = 0
     for row in doc["experts"]:
@@ -653,11 +812,15 @@ def _manifest_snr(where: Path | None, size: int, geo: Geometry, table: np.ndarra
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 snr[i, t] = float(v)
     if not recorded:
-        return None, (f"The manifest {_text(os.fsdecode(where))} records no per-tensor SNR "
-                      "(it was not written by smoe sculpt).")
+        return None, (
+            f"The manifest {_text(os.fsdecode(where))} records no per-tensor SNR "
+            "(it was not written by smoe sculpt)."
+        )
     if weighted:
-        return snr, (f"Importance-weighted SNR (the expected SNR of each expert's output, "
-                     f"from the imatrix sculpt) from {_text(os.fsdecode(where))}.")
+        return snr, (
+            f"Importance-weighted SNR (the expected SNR of each expert's output, "
+            f"from the imatrix sculpt) from {_text(os.fsdecode(where))}."
+        )
     return snr, f"SNR from {_text(os.fsdecode(where))}."
 
 
@@ -675,13 +838,13 @@ def viridis(t: float) -> str:
     i = min(int(t), len(VIRIDIS) - 2)
     f = t - i
     a, b = VIRIDIS[i], VIRIDIS[i + 1]
-    mix = [round(int(a[k : k + 2], 16) * (1 - f) + int(b[k : k + 2], 16) * f)
-           for k in (1, 3, 5)]
+    mix = [round(int(a[k : k + 2], 16) * (1 - f) + int(b[k : k + 2], 16) * f) for k in (1, 3, 5)]
     return "#" + "".join(f"{c:02x}" for c in mix)
 
 
-def _snr_view(snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]],
-              max_experts: int, bits: int) -> dict[str, Any]:
+def _snr_view(
+    snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]], max_experts: int, bits: int
+) -> dict[str, Any]:
     """Heat map (cells as one path per colour), legend, histograms, worst experts."""
     floor = SNR_FLOOR_DB.get(bits)
     finite = snr[np.isfinite(snr)]
@@ -700,8 +863,9 @@ def _snr_view(snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]],
     r = np.array([row_of.get(int(v), -1) for v in lay_ids.tolist()], np.int64)
     shown = (r >= 0) & (exp_ids < cols)
     t = np.clip((expert_min - lo) / (hi - lo), 0.0, 1.0)
-    bins = np.minimum((np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64),
-                      COLOUR_BINS - 1)
+    bins = np.minimum(
+        (np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64), COLOUR_BINS - 1
+    )
     value_code = np.where(~recorded, 1, np.where(exact, 2, 4 + bins))
     if floor is not None:
         value_code = np.where(recorded & ~exact & (expert_min < floor), 3, value_code)
@@ -710,23 +874,36 @@ def _snr_view(snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]],
     fills.update({4 + b: viridis((b + 0.5) / COLOUR_BINS) for b in range(COLOUR_BINS)})
     cw = int(min(44, max(2, (WIDTH - 60) // cols)))
     ch = cw if len(rows) * cw <= 900 else int(max(2, 900 // max(1, len(rows))))
-    heat: dict[str, Any] = {"cols": cols, "rows": len(rows), "cw": cw, "ch": ch, "ox": 52,
-                            "oy": 30,
-                            "paths": _cell_paths(code, fills), "cells": [], "row_titles": [],
-                            "xticks": _axis_ticks(cols, cw, 26), "yticks": [],
-                            "hidden": int((~shown).sum())}
+    heat: dict[str, Any] = {
+        "cols": cols,
+        "rows": len(rows),
+        "cw": cw,
+        "ch": ch,
+        "ox": 52,
+        "oy": 30,
+        "paths": _cell_paths(code, fills),
+        "cells": [],
+        "row_titles": [],
+        "xticks": _axis_ticks(cols, cw, 26),
+        "yticks": [],
+        "hidden": int((~shown).sum()),
+    }
     heat["w"], heat["h"] = heat["ox"] + cols * cw + 8, heat["oy"] + len(rows) * ch + 8
     step = _tick_step(len(rows), ch, 14)
-    heat["yticks"] = [{"y": i * ch + ch / 2, "label": rows[i]}
-                      for i in range(0, len(rows), step)]
+    heat["yticks"] = [{"y": i * ch + ch / 2, "label": rows[i]} for i in range(0, len(rows), step)]
     names = TENSOR_NAMES
     if len(table) <= CELL_TITLES_MAX:
         for i in np.flatnonzero(shown).tolist():
-            vals = ", ".join(f"{names[k].split('_')[0]} {_db(snr[i, k])}"
-                             for k in range(snr.shape[1]))
-            heat["cells"].append({"x": int(exp_ids[i]), "y": int(r[i]),
-                                  "title": f"layer {int(lay_ids[i])} expert {int(exp_ids[i])}: "
-                                           f"{vals}"})
+            vals = ", ".join(
+                f"{names[k].split('_')[0]} {_db(snr[i, k])}" for k in range(snr.shape[1])
+            )
+            heat["cells"].append(
+                {
+                    "x": int(exp_ids[i]),
+                    "y": int(r[i]),
+                    "title": f"layer {int(lay_ids[i])} expert {int(exp_ids[i])}: {vals}",
+                }
+            )
     per_layer: dict[int, dict[str, Any]] = {}
     for lay in rows:
         sel = lay_ids == lay
@@ -739,42 +916,75 @@ def _snr_view(snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]],
         at = np.unravel_index(int(np.argmin(m)), m.shape)
         worst = int(exp_ids[np.flatnonzero(sel)[at[0]]])
         low = int((expert_min[sel] < floor).sum()) if floor is not None else 0
-        per_layer[lay] = {"min": float(fin.min()), "mean": float(fin.mean()),
-                          "worst": f"expert {worst} {names[at[1]]}", "low": low}
+        per_layer[lay] = {
+            "min": float(fin.min()),
+            "mean": float(fin.mean()),
+            "worst": f"expert {worst} {names[at[1]]}",
+            "low": low,
+        }
     if len(table) > CELL_TITLES_MAX:
         for i, lay in enumerate(rows):
             p = per_layer[lay]
-            text = (f"layer {lay}: lowest {_db(p['min'])} ({p['worst']}), mean {_db(p['mean'])}"
-                    if p["min"] is not None else f"layer {lay}: no SNR recorded")
+            text = (
+                f"layer {lay}: lowest {_db(p['min'])} ({p['worst']}), mean {_db(p['mean'])}"
+                if p["min"] is not None
+                else f"layer {lay}: no SNR recorded"
+            )
             heat["row_titles"].append({"y": i, "title": text})
-    legend = [{"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in
-              range(COLOUR_BINS)]
-    keys = [(BELOW_FLOOR, f"below the Q{bits} floor ({floor:g} dB)", int((value_code == 3).sum())
-             ) if floor is not None else None,
-            (EXACT, "exact (all-zero tensors, no finite SNR)", int(exact.sum())),
-            (UNRECORDED, "no SNR in the manifest", int((~recorded).sum())),
-            (ABSENT, "not in this vault", int((code == 0).sum()))]
+    legend = [{"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in range(COLOUR_BINS)]
+    keys = [
+        (BELOW_FLOOR, f"below the Q{bits} floor ({floor:g} dB)", int((value_code == 3).sum()))
+        if floor is not None
+        else None,
+        (EXACT, "exact (all-zero tensors, no finite SNR)", int(exact.sum())),
+        (UNRECORDED, "no SNR in the manifest", int((~recorded).sum())),
+        (ABSENT, "not in this vault", int((code == 0).sum())),
+    ]
     h_lo, h_hi = _widen(float(finite.min()), float(finite.max())) if finite.size else (lo, hi)
-    hists = [_histogram(snr[:, k], names[k], (h_lo, h_hi), (lo, hi), floor)
-             for k in range(snr.shape[1])]
+    hists = [
+        _histogram(snr[:, k], names[k], (h_lo, h_hi), (lo, hi), floor) for k in range(snr.shape[1])
+    ]
     order = np.argsort(np.where(np.isfinite(expert_min), expert_min, np.inf), kind="stable")
     worst_rows = []
     for i in order[:8].tolist():
         if not np.isfinite(expert_min[i]):
             break
         k = int(np.nanargmin(np.where(np.isfinite(snr[i]), snr[i], np.nan)))
-        worst_rows.append({"layer": int(lay_ids[i]), "expert": int(exp_ids[i]),
-                           "tensor": names[k], "snr": float(expert_min[i]),
-                           "low": floor is not None and expert_min[i] < floor})
-    return {"heat": heat, "lo": lo, "hi": hi, "legend": legend,
-            "legend_ticks": _legend_ticks(lo, hi, COLOUR_BINS * 8,
-                                          below=bool(mins.size and mins.min() < lo),
-                                          above=bool(mins.size and mins.max() > hi)),
-            "swatches": [{"fill": f, "label": lab, "count": n} for f, lab, n in
-                         (k for k in keys if k is not None) if n or f == BELOW_FLOOR],
-            "floor": floor, "bits": bits, "hists": hists, "worst": worst_rows,
-            "per_layer": per_layer, "recorded": int(recorded.sum()), "total": len(table),
-            "tensors": int(finite.size)}
+        worst_rows.append(
+            {
+                "layer": int(lay_ids[i]),
+                "expert": int(exp_ids[i]),
+                "tensor": names[k],
+                "snr": float(expert_min[i]),
+                "low": floor is not None and expert_min[i] < floor,
+            }
+        )
+    return {
+        "heat": heat,
+        "lo": lo,
+        "hi": hi,
+        "legend": legend,
+        "legend_ticks": _legend_ticks(
+            lo,
+            hi,
+            COLOUR_BINS * 8,
+            below=bool(mins.size and mins.min() < lo),
+            above=bool(mins.size and mins.max() > hi),
+        ),
+        "swatches": [
+            {"fill": f, "label": lab, "count": n}
+            for f, lab, n in (k for k in keys if k is not None)
+            if n or f == BELOW_FLOOR
+        ],
+        "floor": floor,
+        "bits": bits,
+        "hists": hists,
+        "worst": worst_rows,
+        "per_layer": per_layer,
+        "recorded": int(recorded.sum()),
+        "total": len(table),
+        "tensors": int(finite.size),
+    }
 
 
 def _cell_paths(code: np.ndarray, fills: dict[int, str]) -> list[dict[str, str]]:
@@ -831,8 +1041,9 @@ def _widen(lo: float, hi: float, least: float = 0.5) -> tuple[float, float]:
     return lo, hi
 
 
-def _legend_ticks(lo: float, hi: float, width: float, below: bool = False,
-                  above: bool = False) -> list[dict[str, Any]]:
+def _legend_ticks(
+    lo: float, hi: float, width: float, below: bool = False, above: bool = False
+) -> list[dict[str, Any]]:
     out = []
     digits = 2 if hi - lo < 2 else 1
     for i in range(5):
@@ -846,8 +1057,13 @@ def _legend_ticks(lo: float, hi: float, width: float, below: bool = False,
     return out
 
 
-def _histogram(values: np.ndarray, name: str, span: tuple[float, float],
-               colours: tuple[float, float], floor: float | None) -> dict[str, Any]:
+def _histogram(
+    values: np.ndarray,
+    name: str,
+    span: tuple[float, float],
+    colours: tuple[float, float],
+    floor: float | None,
+) -> dict[str, Any]:
     """Bars over ``span`` (the same for every tensor kind), coloured like the heat map
     (whose colours span ``colours``); below the floor in red."""
     w, h, head = 340, 120, 14
@@ -863,20 +1079,37 @@ def _histogram(values: np.ndarray, name: str, span: tuple[float, float],
             continue
         bh = max(1.5, (h - head) * n / top)
         mid = (edges[i] + edges[i + 1]) / 2
-        fill = (BELOW_FLOOR if floor is not None and mid < floor
-                else viridis((mid - c_lo) / (c_hi - c_lo)))
-        bars.append({"x": round(i * bw + 0.5, 2), "w": round(bw - 1, 2), "y": round(h - bh, 2),
-                     "h": round(bh, 2), "fill": fill,
-                     "title": f"{name}: {n} tensors with SNR {edges[i]:.2f}.."
-                              f"{edges[i + 1]:.2f} dB"})
+        fill = (
+            BELOW_FLOOR
+            if floor is not None and mid < floor
+            else viridis((mid - c_lo) / (c_hi - c_lo))
+        )
+        bars.append(
+            {
+                "x": round(i * bw + 0.5, 2),
+                "w": round(bw - 1, 2),
+                "y": round(h - bh, 2),
+                "h": round(bh, 2),
+                "fill": fill,
+                "title": f"{name}: {n} tensors with SNR {edges[i]:.2f}..{edges[i + 1]:.2f} dB",
+            }
+        )
     floor_x = (w * (floor - lo) / (hi - lo)) if floor is not None and lo <= floor <= hi else None
-    return {"name": name, "bars": bars, "w": w, "h": h, "top": top, "floor_x": floor_x,
-            "n": int(fin.size), "exact": int(np.isposinf(values).sum()),
-            "min": float(fin.min()) if fin.size else None,
-            "median": float(np.median(fin)) if fin.size else None,
-            "max": float(fin.max()) if fin.size else None,
-            "low": int((fin < floor).sum()) if floor is not None else 0,
-            "ticks": _legend_ticks(lo, hi, w)}
+    return {
+        "name": name,
+        "bars": bars,
+        "w": w,
+        "h": h,
+        "top": top,
+        "floor_x": floor_x,
+        "n": int(fin.size),
+        "exact": int(np.isposinf(values).sum()),
+        "min": float(fin.min()) if fin.size else None,
+        "median": float(np.median(fin)) if fin.size else None,
+        "max": float(fin.max()) if fin.size else None,
+        "low": int((fin < floor).sum()) if floor is not None else 0,
+        "ticks": _legend_ticks(lo, hi, w),
+    }
 
 
 # ---- text helpers --------------------------------------------------------------------------

@@ -25,8 +25,23 @@ from smoe import fileio
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
 
-DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
-               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DTYPE_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 """Dtypes expert weights may have, with the numpy dtype their raw bytes are read as."""
 
@@ -78,8 +93,7 @@ def _int(text: str) -> int | float:
     return -0.0 if text.lstrip("-").strip("0") == "" and text.startswith("-") else int(text)
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant,
-                            parse_int=_int)
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant, parse_int=_int)
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -113,8 +127,7 @@ def _member(text: str, i: int) -> tuple[str, object, int]:
     except RecursionError:
         raise _HeaderFault(i, f"{_what(key)} (entry", ") is nested too deeply") from None
     except ValueError:  # an integer literal of more than 4300 digits
-        raise _HeaderFault(i, f"{_what(key)} (entry", ") has an integer too long to read") \
-            from None
+        raise _HeaderFault(i, f"{_what(key)} (entry", ") has an integer too long to read") from None
     return key, value, j
 
 
@@ -172,8 +185,7 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
     if not _valid_unicode(name):
         raise ValueError("has a name that is not valid Unicode (lone surrogate)")
     if not isinstance(meta, dict):
-        raise ValueError(f"is {_json(meta)}, expected an object with dtype, shape and "
-                         "data_offsets")
+        raise ValueError(f"is {_json(meta)}, expected an object with dtype, shape and data_offsets")
     for key in _ENTRY_KEYS:
         if key not in meta:
             raise ValueError(f"has no {key!r}")
@@ -184,11 +196,11 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise ValueError(f"has an unsupported dtype {_json(dtype)}")
     if not isinstance(shape, list) or not all(map(_is_u64, shape)):
-        raise ValueError(f"has shape {_json(shape)}, expected a list of unsigned 64-bit "
-                         "integers")
+        raise ValueError(f"has shape {_json(shape)}, expected a list of unsigned 64-bit integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_u64, offsets))):
-        raise ValueError(f"has data_offsets {_json(offsets)}, expected two unsigned 64-bit "
-                         "integers")
+        raise ValueError(
+            f"has data_offsets {_json(offsets)}, expected two unsigned 64-bit integers"
+        )
     begin, end = offsets
     if end < begin:
         raise ValueError(f"has data_offsets [{begin}, {end}], which end before they begin")
@@ -196,8 +208,10 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
     if nbytes >= 1 << 64:
         raise ValueError(f"has shape {_json(shape)} of {dtype}: 2^64 bytes or more")
     if end - begin != nbytes:
-        raise ValueError(f"has data_offsets [{begin}, {end}] holding {end - begin} bytes, but "
-                         f"{dtype} {shape} needs {nbytes}")
+        raise ValueError(
+            f"has data_offsets [{begin}, {end}] holding {end - begin} bytes, but "
+            f"{dtype} {shape} needs {nbytes}"
+        )
     return dtype, tuple(shape), begin, end
 
 
@@ -216,17 +230,26 @@ def _tile(path: Path, places: list[tuple[int, int, str]], base: int, size: int) 
     prev_end, prev = 0, "the header"
     for begin, end, name in sorted(places):
         if begin != prev_end:
-            what = ("overlaps" if begin < prev_end
-                    else f"leaves a hole of {begin - prev_end} bytes after")
-            raise SmoeError(f"{path}: {_what(name)} data at offset {base + begin} {what} "
-                            f"{prev}, which ends at offset {base + prev_end}")
+            what = (
+                "overlaps"
+                if begin < prev_end
+                else f"leaves a hole of {begin - prev_end} bytes after"
+            )
+            raise SmoeError(
+                f"{path}: {_what(name)} data at offset {base + begin} {what} "
+                f"{prev}, which ends at offset {base + prev_end}"
+            )
         prev_end, prev = end, _what(name)
     if base + prev_end > size:
-        raise SmoeError(f"{path}: {prev} data ends at offset {base + prev_end}, beyond the end "
-                        f"of the file ({size} bytes)")
+        raise SmoeError(
+            f"{path}: {prev} data ends at offset {base + prev_end}, beyond the end "
+            f"of the file ({size} bytes)"
+        )
     if base + prev_end < size:
-        raise SmoeError(f"{path}: {size - base - prev_end} bytes at offset {base + prev_end} "
-                        f"after {prev} belong to no tensor")
+        raise SmoeError(
+            f"{path}: {size - base - prev_end} bytes at offset {base + prev_end} "
+            f"after {prev} belong to no tensor"
+        )
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
@@ -242,12 +265,16 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     try:
         size = os.fstat(fd).st_size
         if size < 8:
-            raise SmoeError(f"{path}: not a safetensors file ({size} bytes, shorter than the "
-                            "8-byte header length)")
+            raise SmoeError(
+                f"{path}: not a safetensors file ({size} bytes, shorter than the "
+                "8-byte header length)"
+            )
         (n,) = struct.unpack("<Q", fileio.pread_exact(fd, 8, 0, path))
         if n > _MAX_HEADER:
-            raise SmoeError(f"{path}: header length {n} at offset 0 exceeds the safetensors "
-                            f"limit of {_MAX_HEADER} bytes")
+            raise SmoeError(
+                f"{path}: header length {n} at offset 0 exceeds the safetensors "
+                f"limit of {_MAX_HEADER} bytes"
+            )
         if n > size - 8:
             raise SmoeError(f"{path}: header length {n} at offset 0 exceeds the file size {size}")
         raw = fileio.pread_exact(fd, n, 8, path)
@@ -256,8 +283,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SmoeError(f"{path}: header is not valid UTF-8 at offset {8 + e.start} (byte "
-                        f"0x{raw[e.start]:02x})") from None
+        raise SmoeError(
+            f"{path}: header is not valid UTF-8 at offset {8 + e.start} (byte 0x{raw[e.start]:02x})"
+        ) from None
 
     def offset(pos: int) -> int:  # only called on a fault: O(header) is fine
         return 8 + len(text[:pos].encode("utf-8"))
@@ -290,8 +318,10 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
     that shrank or a read error is one SmoeError line naming the file and the offset.
     """
     if info.dtype not in FLOAT_DTYPES:
-        raise SmoeError(f"{info.path}: tensor {info.name!r} is {info.dtype}; expert weights "
-                        "must be BF16, F16 or F32")
+        raise SmoeError(
+            f"{info.path}: tensor {info.name!r} is {info.dtype}; expert weights "
+            "must be BF16, F16 or F32"
+        )
     buf = np.empty(info.nbytes, np.uint8)
     own = fd is None
     if own:
@@ -304,9 +334,17 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
     return buf.view(FLOAT_DTYPES[info.dtype]).reshape(info.shape)
 
 
-def copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int,
-               chunk: int = 8 << 20, *, src_path: str | os.PathLike,
-               dst_path: str | os.PathLike) -> None:
+def copy_range(
+    src_fd: int,
+    src_off: int,
+    dst_fd: int,
+    dst_off: int,
+    n: int,
+    chunk: int = 8 << 20,
+    *,
+    src_path: str | os.PathLike,
+    dst_path: str | os.PathLike,
+) -> None:
     """Copy n bytes between files with positioned I/O, at most ``chunk`` bytes in memory.
 
     Reads and writes are checked: a source that shrank or a failed write (ENOSPC, EIO)
@@ -323,16 +361,31 @@ def copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, n: int,
 
 
 @overload
-def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
-               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
-               *, stage: Literal[False] = False) -> int: ...
+def write_file(
+    path: Path,
+    items: list[tuple[str, str, tuple[int, ...]]],
+    fill: Callable[[int, int, int], None],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: Literal[False] = False,
+) -> int: ...
 @overload
-def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
-               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
-               *, stage: Literal[True]) -> tuple[int, AtomicFile]: ...
-def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
-               fill: Callable[[int, int, int], None], metadata: dict[str, str] | None = None,
-               *, stage: bool = False) -> int | tuple[int, AtomicFile]:
+def write_file(
+    path: Path,
+    items: list[tuple[str, str, tuple[int, ...]]],
+    fill: Callable[[int, int, int], None],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: Literal[True],
+) -> tuple[int, AtomicFile]: ...
+def write_file(
+    path: Path,
+    items: list[tuple[str, str, tuple[int, ...]]],
+    fill: Callable[[int, int, int], None],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: bool = False,
+) -> int | tuple[int, AtomicFile]:
     """Write a safetensors file whose tensors ``items`` = (name, dtype, shape) are in name
     order; ``fill(fd, i, offset)`` writes tensor i's bytes at absolute ``offset`` (with
     :func:`fileio.pwrite_all`).
@@ -368,8 +421,10 @@ def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
             try:
                 fill(fd, i, base + places[i])
             except OSError as e:  # a fill that wrote with a bare os.pwrite
-                raise SmoeError(f"{path}: cannot write tensor {items[i][0]!r} at offset "
-                                f"{base + places[i]}: {e.strerror or e}") from None
+                raise SmoeError(
+                    f"{path}: cannot write tensor {items[i][0]!r} at offset "
+                    f"{base + places[i]}: {e.strerror or e}"
+                ) from None
         if stage:
             out.sync()
             return base + pos, out
@@ -381,16 +436,28 @@ def write_file(path: Path, items: list[tuple[str, str, tuple[int, ...]]],
 
 
 @overload
-def write_streaming(path: Path, tensors: Iterable[TensorInfo],
-                    metadata: dict[str, str] | None = None,
-                    *, stage: Literal[False] = False) -> int: ...
+def write_streaming(
+    path: Path,
+    tensors: Iterable[TensorInfo],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: Literal[False] = False,
+) -> int: ...
 @overload
-def write_streaming(path: Path, tensors: Iterable[TensorInfo],
-                    metadata: dict[str, str] | None = None,
-                    *, stage: Literal[True]) -> tuple[int, AtomicFile]: ...
-def write_streaming(path: Path, tensors: Iterable[TensorInfo],
-                    metadata: dict[str, str] | None = None,
-                    *, stage: bool = False) -> int | tuple[int, AtomicFile]:
+def write_streaming(
+    path: Path,
+    tensors: Iterable[TensorInfo],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: Literal[True],
+) -> tuple[int, AtomicFile]: ...
+def write_streaming(
+    path: Path,
+    tensors: Iterable[TensorInfo],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: bool = False,
+) -> int | tuple[int, AtomicFile]:
     """A safetensors file of existing tensors, copied from their source shards chunkwise.
 
     A source shard is never the output (refused by device and inode); ``stage`` as in
@@ -408,8 +475,9 @@ def write_streaming(path: Path, tensors: Iterable[TensorInfo],
         copy_range(src, t.offset, fd, offset, t.nbytes, src_path=t.path, dst_path=path)
 
     try:
-        return write_file(path, [(t.name, t.dtype, t.shape) for t in items], fill, metadata,
-                          stage=stage)  # type: ignore[call-overload]
+        return write_file(
+            path, [(t.name, t.dtype, t.shape) for t in items], fill, metadata, stage=stage
+        )  # type: ignore[call-overload]
     finally:
         for src in fds.values():
             os.close(src)

@@ -150,20 +150,28 @@ class SculptResult:
             snr[t] = _spread(finite)
         weighted = None
         if self.weighted_snr is not None:
-            weighted = {t: _spread([v for v in values if _finite(v)])
-                        for t, values in self.weighted_snr.items()}
+            weighted = {
+                t: _spread([v for v in values if _finite(v)])
+                for t, values in self.weighted_snr.items()
+            }
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         mb_in = self.bytes_in / 1e6
         return {
-            "vault": str(self.vault), "scout": str(self.scout),
-            "experts_written": self.experts_written, "experts_resumed": self.experts_resumed,
-            "expert_bytes_in": self.bytes_in, "vault_bytes": self.vault_bytes,
+            "vault": str(self.vault),
+            "scout": str(self.scout),
+            "experts_written": self.experts_written,
+            "experts_resumed": self.experts_resumed,
+            "expert_bytes_in": self.bytes_in,
+            "vault_bytes": self.vault_bytes,
             "scout_bytes": self.scout_bytes,
             "compression_ratio": self.bytes_in / self.vault_bytes if self.vault_bytes else None,
             "seconds": self.seconds,
             "throughput_mb_s": mb_in / self.seconds if self.seconds > 0 else None,
-            "snr_db": snr, "snr_exact": exact, "snr_floor_db": floor,
-            "imatrix": self.imatrix, "weighted_snr_db": weighted,
+            "snr_db": snr,
+            "snr_exact": exact,
+            "snr_floor_db": floor,
+            "imatrix": self.imatrix,
+            "weighted_snr_db": weighted,
             "warnings": self.warnings + self.snr_warnings(),
         }
 
@@ -188,10 +196,13 @@ class SculptResult:
                     low.append((v, key or (i,), j, who, t, weighted))
         below = f"the Q{self.bits} floor of {floor:g} dB"
         if len(low) <= self.SHOW_EACH:
-            return [f"{who} {t}: {'importance-weighted ' if w else ''}SNR {v:.2f} dB is below "
-                    f"{below}" for v, _, _, who, t, w in sorted(low, key=lambda x: x[1:3])]
-        worst = ", ".join(f"{who} {t} {v:.2f} dB"
-                          for v, _, _, who, t, _ in sorted(low)[: self.SHOW_EACH])
+            return [
+                f"{who} {t}: {'importance-weighted ' if w else ''}SNR {v:.2f} dB is below {below}"
+                for v, _, _, who, t, w in sorted(low, key=lambda x: x[1:3])
+            ]
+        worst = ", ".join(
+            f"{who} {t} {v:.2f} dB" for v, _, _, who, t, _ in sorted(low)[: self.SHOW_EACH]
+        )
         how = " (importance-weighted where an imatrix applies)" if self.weighted_snr else ""
         return [f"{len(low)} expert tensors have an SNR{how} below {below}; worst: {worst}"]
 
@@ -221,8 +232,14 @@ class Paths:
     def of(cls, model_dir: Path, out_dir: Path, name: str | None = None) -> Paths:
         vault, scout = outputs(model_dir, out_dir, name)
         hidden = out_dir / f".{vault.name}"
-        return cls(vault, scout, path_for(vault), Path(f"{hidden}.partial"),
-                   Path(f"{hidden}.journal"), Path(f"{hidden}.lock"))
+        return cls(
+            vault,
+            scout,
+            path_for(vault),
+            Path(f"{hidden}.partial"),
+            Path(f"{hidden}.journal"),
+            Path(f"{hidden}.lock"),
+        )
 
 
 def outputs(model_dir: Path, out_dir: Path, name: str | None = None) -> tuple[Path, Path]:
@@ -273,13 +290,21 @@ def checkpoint_inputs(ckpt: Checkpoint) -> list[Path]:
     return files + sorted({t.path for t in ckpt.tensors.values()})
 
 
-def provenance(ckpt: Checkpoint, opts: SculptOptions, imatrix: dict[str, Any] | None = None
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+def provenance(
+    ckpt: Checkpoint, opts: SculptOptions, imatrix: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest's ``tool`` and ``source``: no time stamps, no absolute paths
     (``imatrix``: the importance matrix's record, kept in ``source`` by file name)."""
-    tool = tool_info("sculpt", {"bits": opts.bits, "version": opts.version,
-                                "scale": opts.scale, "max_layers": opts.max_layers,
-                                "max_experts": opts.max_experts})
+    tool = tool_info(
+        "sculpt",
+        {
+            "bits": opts.bits,
+            "version": opts.version,
+            "scale": opts.scale,
+            "max_layers": opts.max_layers,
+            "max_experts": opts.max_experts,
+        },
+    )
     files = []
     for shard in sorted({t.path for t in ckpt.tensors.values()}):
         try:
@@ -295,8 +320,9 @@ def provenance(ckpt: Checkpoint, opts: SculptOptions, imatrix: dict[str, Any] | 
     return tool, source
 
 
-def open_imatrix(path: str | Path, refs: list[ExpertRef], n_experts: int
-                 ) -> tuple[ImportanceMatrix, str | None]:
+def open_imatrix(
+    path: str | Path, refs: list[ExpertRef], n_experts: int
+) -> tuple[ImportanceMatrix, str | None]:
     """The importance matrix at ``path``, opened, validated and mapped onto ``refs`` before
     any work (a file of another model is refused, one SmoeError line), and the one warning
     about the expert tensors it has no data for (quantised unweighted), or None."""
@@ -311,15 +337,25 @@ def open_imatrix(path: str | Path, refs: list[ExpertRef], n_experts: int
     return matrix, matrix.fallback_warning(fallbacks, len(TENSOR_NAMES) * len(refs))
 
 
-def tensor_entries(ref: ExpertRef, src_crcs: Sequence[int], snrs: Sequence[float | None],
-                   weighted: Sequence[float | None] | None = None) -> list[dict[str, Any]]:
+def tensor_entries(
+    ref: ExpertRef,
+    src_crcs: Sequence[int],
+    snrs: Sequence[float | None],
+    weighted: Sequence[float | None] | None = None,
+) -> list[dict[str, Any]]:
     """Per tensor provenance of one expert for the manifest (docs/MANIFEST.md); with
     ``weighted`` (a run with an importance matrix) also ``weighted_snr_db``."""
-    out = [{"name": name, "source": info.name, "index": idx,
+    out = [
+        {
+            "name": name,
+            "source": info.name,
+            "index": idx,
             "rows": None if rows is None else [rows.start, rows.stop],
-            "source_crc32c": crc, "snr_db": snr}
-           for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs,
-                                                        snrs)]
+            "source_crc32c": crc,
+            "snr_db": snr,
+        }
+        for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs, snrs)
+    ]
     if weighted is not None:
         for entry, value in zip(out, weighted):
             entry["weighted_snr_db"] = None if not _finite(value) else round(float(value), 4)
@@ -347,8 +383,7 @@ class Target:
 
 
 # key, blob crc32c, source crc32c per tensor, SNR and weighted SNR per tensor, bytes in
-Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], list[float | None],
-               int]
+Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], list[float | None], int]
 BATCH = 4  # no worker process is started for fewer experts than this
 
 
@@ -358,13 +393,11 @@ def open_target(target: Target) -> int:
     try:
         fd = os.open(target.partial, flags)
     except OSError as e:
-        raise SmoeError(f"{target.partial}: cannot open for writing: "
-                        f"{e.strerror or e}") from None
+        raise SmoeError(f"{target.partial}: cannot open for writing: {e.strerror or e}") from None
     st = os.fstat(fd)
     if (st.st_dev, st.st_ino) != target.ident:
         os.close(fd)
-        raise SmoeError(f"{target.partial}: was replaced by another file while sculpting; "
-                        "refused")
+        raise SmoeError(f"{target.partial}: was replaced by another file while sculpting; refused")
     return fd
 
 
@@ -404,15 +437,29 @@ def quantise_expert(job: Job, fd: int, name: str, mats: list, srcs: tuple[int, .
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     importance = None
     if job.imatrix is not None:
-        importance = [job.imatrix.for_expert(job.ref.layer, job.ref.expert, t, cols, rows)
-                      for t, (rows, cols) in zip(TENSOR_NAMES, job.ref.shapes)]
-    blob = encode_blob(job.slot, [a for a, _ in mats], job.bits, job.scale,
-                       [src for _, src in mats], stats, importance)
+        importance = [
+            job.imatrix.for_expert(job.ref.layer, job.ref.expert, t, cols, rows)
+            for t, (rows, cols) in zip(TENSOR_NAMES, job.ref.shapes)
+        ]
+    blob = encode_blob(
+        job.slot,
+        [a for a, _ in mats],
+        job.bits,
+        job.scale,
+        [src for _, src in mats],
+        stats,
+        importance,
+    )
     fileio.pwrite_all(fd, blob, job.slot.byte_offset, name)
     start_writeback(fd, job.slot.byte_offset, len(blob))
-    return ((job.ref.layer, job.ref.expert), checksum(blob), srcs,
-            [s.finite_snr_db for s in stats], [s.weighted_snr_db for s in stats],
-            sum(a.nbytes for a, _ in mats))
+    return (
+        (job.ref.layer, job.ref.expert),
+        checksum(blob),
+        srcs,
+        [s.finite_snr_db for s in stats],
+        [s.weighted_snr_db for s in stats],
+        sum(a.nbytes for a, _ in mats),
+    )
 
 
 class Claims:
@@ -432,11 +479,13 @@ class Claims:
         return i
 
 
-def quantise_stream(todo: Sequence[Job], claims: Claims, target: Target,
-                    reader: ExpertReader) -> Iterator[Result]:
+def quantise_stream(
+    todo: Sequence[Job], claims: Claims, target: Target, reader: ExpertReader
+) -> Iterator[Result]:
     """Quantise the jobs ``claims`` hands out while a thread claims the next one and reads
     and hashes its sources into the reader's other buffer (preadv and CRC-32C drop the
     GIL), so reading never waits for quantising nor the other way round."""
+
     def fetch(slot: int) -> tuple[Job, list, tuple[int, ...]] | None:
         i = claims()
         if i is None:
@@ -466,8 +515,9 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _worker_main(parent: int, todo: list[Job], claims: Claims, target: Target,
-                 conn: Connection) -> None:
+def _worker_main(
+    parent: int, todo: list[Job], claims: Claims, target: Target, conn: Connection
+) -> None:
     """A worker process: take the next unclaimed job until none is left, send each result
     (or the exception that stopped it) to the parent, exit."""
     _worker_init(parent)
@@ -525,8 +575,9 @@ class Workers:
         live: dict[Connection, Any] = {}
         for _ in range(self.processes):
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, daemon=True,
-                               args=(os.getpid(), todo, claims, target, send))
+            proc = ctx.Process(
+                target=_worker_main, daemon=True, args=(os.getpid(), todo, claims, target, send)
+            )
             proc.start()
             send.close()  # only the worker holds the sending end: EOF when it exits
             self._procs.append(proc)
@@ -542,9 +593,11 @@ class Workers:
                     proc = live.pop(conn)
                     proc.join()
                     if proc.exitcode:
-                        raise SmoeError(f"sculpt: worker process {proc.pid} died ("
-                                        f"{_exit_reason(proc.exitcode)}); nothing was "
-                                        "committed") from None
+                        raise SmoeError(
+                            f"sculpt: worker process {proc.pid} died ("
+                            f"{_exit_reason(proc.exitcode)}); nothing was "
+                            "committed"
+                        ) from None
                     continue
                 if isinstance(item, BaseException):
                     raise item
@@ -604,8 +657,13 @@ class Entry:
         return f"{key[0]} {key[1]} {self.blob} {crcs} {snrs}\n".encode("ascii")
 
 
-def fingerprint(ckpt: Checkpoint, refs: list[ExpertRef], meta: bytes, opts: SculptOptions,
-                imatrix_sha256: str | None = None) -> str:
+def fingerprint(
+    ckpt: Checkpoint,
+    refs: list[ExpertRef],
+    meta: bytes,
+    opts: SculptOptions,
+    imatrix_sha256: str | None = None,
+) -> str:
     """Identifies one planned run by its inputs' layout and the outputs' shape (no mtimes),
     and the importance matrix's content."""
     h = hashlib.sha256(f"{JOURNAL_MAGIC} smoe {__version__}\n".encode())
@@ -617,8 +675,10 @@ def fingerprint(ckpt: Checkpoint, refs: list[ExpertRef], meta: bytes, opts: Scul
     for ref in refs:
         for info, idx, rows in ref.sources:
             shard = info.path.relative_to(ckpt.root).as_posix()
-            h.update(f"{info.name}|{info.dtype}|{info.shape}|{info.offset}|{idx}|{rows}|"
-                     f"{shard}\n".encode())
+            h.update(
+                f"{info.name}|{info.dtype}|{info.shape}|{info.offset}|{idx}|{rows}|"
+                f"{shard}\n".encode()
+            )
     return h.hexdigest()
 
 
@@ -689,8 +749,13 @@ class Journal:
             fileio.unlink_owned(self.path)
 
 
-def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[int, int], Entry],
-                  threads: int, weighted: bool = False) -> dict[tuple[int, int], Entry]:
+def keep_verified(
+    writer: VaultWriter,
+    refs: list[ExpertRef],
+    done: dict[tuple[int, int], Entry],
+    threads: int,
+    weighted: bool = False,
+) -> dict[tuple[int, int], Entry]:
     """Adopt each journaled blob whose bytes AND sources still match; the rest are redone.
     ``weighted``: the run has an importance matrix (its journal lines carry weighted SNRs).
 
@@ -698,14 +763,19 @@ def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[i
     each through its own chunk-sized buffer, in file order.
     """
     by_key = {(r.layer, r.expert): r for r in refs}
-    candidates = sorted((k for k in done if k in by_key),
-                        key=lambda k: min((str(p), o) for p, o, _ in by_key[k].ranges()))
+    candidates = sorted(
+        (k for k in done if k in by_key),
+        key=lambda k: min((str(p), o) for p, o, _ in by_key[k].ranges()),
+    )
     threads = max(1, min(threads, len(candidates)))
 
     def check(t: int) -> dict[tuple[int, int], tuple[int, ...]]:
         """Source CRC-32C of this thread's share of the candidates whose blob is intact."""
-        return {k: reader.crcs(by_key[k], slot=t) for k in candidates[t::threads]
-                if writer.stored_crc(*k) == done[k].blob}
+        return {
+            k: reader.crcs(by_key[k], slot=t)
+            for k in candidates[t::threads]
+            if writer.stored_crc(*k) == done[k].blob
+        }
 
     now: dict[tuple[int, int], tuple[int, ...]] = {}
     with ExpertReader(slots=threads) as reader, ThreadPoolExecutor(threads) as pool:
@@ -715,8 +785,9 @@ def keep_verified(writer: VaultWriter, refs: list[ExpertRef], done: dict[tuple[i
     for key in sorted(now):
         entry = done[key]
         if now[key] == entry.sources and (entry.weighted is not None) == weighted:
-            writer.adopt(*key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs,
-                                                          entry.weighted))
+            writer.adopt(
+                *key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs, entry.weighted)
+            )
             kept[key] = entry
     return kept
 
@@ -728,16 +799,24 @@ def dry_run_plan(ckpt: Checkpoint, plan: Plan, scout_bytes: int, refs: list[Expe
         per_layer[ref.layer] = per_layer.get(ref.layer, 0) + 1
     sizes = sorted({e.padded_size for e in plan.experts})
     return {
-        "experts": len(plan.experts), "experts_per_layer": per_layer,
-        "blob_padded_sizes": sizes, "blob_raw_sizes": sorted({e.raw_size for e in plan.experts}),
-        "data_offset": plan.data_offset, "reserved_ext": plan.reserved_ext,
-        "vault_bytes": plan.file_size, "scout_bytes": scout_bytes,
+        "experts": len(plan.experts),
+        "experts_per_layer": per_layer,
+        "blob_padded_sizes": sizes,
+        "blob_raw_sizes": sorted({e.raw_size for e in plan.experts}),
+        "data_offset": plan.data_offset,
+        "reserved_ext": plan.reserved_ext,
+        "vault_bytes": plan.file_size,
+        "scout_bytes": scout_bytes,
         "scout_tensors": len(ckpt.non_expert_tensors()),
     }
 
 
-def sculpt(model_dir: str | Path, out_dir: str | Path, opts: SculptOptions,
-           progress: Callable[[int, int, int], None] | None = None) -> SculptResult | dict:
+def sculpt(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    opts: SculptOptions,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> SculptResult | dict:
     """Convert; returns a SculptResult, or the planned layout (a dict) with ``dry_run``.
 
     ``progress(done, total, bytes_in)`` is called after every expert.
@@ -752,30 +831,63 @@ def sculpt(model_dir: str | Path, out_dir: str | Path, opts: SculptOptions,
     if opts.imatrix is not None:  # a wrong file is refused here, before anything is written
         imatrix, imatrix_warning = open_imatrix(opts.imatrix, refs, model.max_experts_per_layer)
     try:
-        return _sculpt_checked(ckpt, refs, model, model_dir, out_dir, opts, jobs, imatrix,
-                               imatrix_warning, progress, t0)
+        return _sculpt_checked(
+            ckpt,
+            refs,
+            model,
+            model_dir,
+            out_dir,
+            opts,
+            jobs,
+            imatrix,
+            imatrix_warning,
+            progress,
+            t0,
+        )
     finally:
         if imatrix is not None:
             imatrix.close()
 
 
-def _sculpt_checked(ckpt: Checkpoint, refs: list[ExpertRef], model: ModelInfo, model_dir: Path,
-                    out_dir: Path, opts: SculptOptions, jobs: int,
-                    imatrix: ImportanceMatrix | None, imatrix_warning: str | None,
-                    progress: Callable[[int, int, int], None] | None,
-                    t0: float) -> SculptResult | dict:
+def _sculpt_checked(
+    ckpt: Checkpoint,
+    refs: list[ExpertRef],
+    model: ModelInfo,
+    model_dir: Path,
+    out_dir: Path,
+    opts: SculptOptions,
+    jobs: int,
+    imatrix: ImportanceMatrix | None,
+    imatrix_warning: str | None,
+    progress: Callable[[int, int, int], None] | None,
+    t0: float,
+) -> SculptResult | dict:
     """:func:`sculpt` once the inputs are open and checked."""
     arch = ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
     paths = Paths.of(model_dir, out_dir, opts.name)
     inputs = checkpoint_inputs(ckpt) + ([imatrix.path] if imatrix is not None else [])
-    for out, what in ((paths.vault, "vault"), (paths.scout, "scout"),
-                      (paths.manifest, "manifest"), (paths.partial, "partial file"),
-                      (paths.journal, "journal"), (paths.lock, "lock file")):
+    for out, what in (
+        (paths.vault, "vault"),
+        (paths.scout, "scout"),
+        (paths.manifest, "manifest"),
+        (paths.partial, "partial file"),
+        (paths.journal, "journal"),
+        (paths.lock, "lock file"),
+    ):
         fileio.refuse_same_file(out, inputs, what)
     record = imatrix.info.as_json() if imatrix is not None else None
     tool, source = provenance(ckpt, opts, record)
-    writer = VaultWriter(paths.vault, model, bits=opts.bits, version=opts.version, arch=arch,
-                         scale=opts.scale, partial=paths.partial, tool=tool, source=source)
+    writer = VaultWriter(
+        paths.vault,
+        model,
+        bits=opts.bits,
+        version=opts.version,
+        arch=arch,
+        scale=opts.scale,
+        partial=paths.partial,
+        tool=tool,
+        source=source,
+    )
     for ref in refs:
         writer.add_expert(ref.layer, ref.expert, ref.shapes)
     plan0 = make_plan({(r.layer, r.expert): r.shapes for r in refs}, opts.bits, opts.version)
@@ -793,19 +905,31 @@ def _sculpt_checked(ckpt: Checkpoint, refs: list[ExpertRef], model: ModelInfo, m
     with fileio.Lock(paths.lock, paths.vault):
         for staged in (paths.scout, paths.manifest, paths.vault):
             sweep_stale(staged)  # temporary files of a killed run (the partial is kept)
-        fp = fingerprint(ckpt, refs, metadata_bytes(plan0, model, arch), opts,
-                         imatrix.info.sha256 if imatrix is not None else None)
-        result = _sculpt_locked(ckpt, refs, writer, paths, fp, opts, jobs, progress, t0,
-                                imatrix)
+        fp = fingerprint(
+            ckpt,
+            refs,
+            metadata_bytes(plan0, model, arch),
+            opts,
+            imatrix.info.sha256 if imatrix is not None else None,
+        )
+        result = _sculpt_locked(ckpt, refs, writer, paths, fp, opts, jobs, progress, t0, imatrix)
     result.warnings = warnings
     result.imatrix = record
     return result
 
 
-def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter, paths: Paths,
-                   fp: str, opts: SculptOptions, jobs: int,
-                   progress: Callable[[int, int, int], None] | None, t0: float,
-                   imatrix: ImportanceMatrix | None = None) -> SculptResult:
+def _sculpt_locked(
+    ckpt: Checkpoint,
+    refs: list[ExpertRef],
+    writer: VaultWriter,
+    paths: Paths,
+    fp: str,
+    opts: SculptOptions,
+    jobs: int,
+    progress: Callable[[int, int, int], None] | None,
+    t0: float,
+    imatrix: ImportanceMatrix | None = None,
+) -> SculptResult:
     """The run proper, under the lock: see the module docstring for the protocol."""
     journal: Journal | None = None
     scout: AtomicFile | None = None
@@ -817,8 +941,11 @@ def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter,
         kept = keep_verified(writer, refs, done, jobs, weighted) if done else {}
         journal.start(fp, kept)
         slots = {e.key: e for e in plan.experts}
-        todo = [Job(ref, slots[(ref.layer, ref.expert)], opts.bits, opts.scale, imatrix)
-                for ref in refs if (ref.layer, ref.expert) not in kept]
+        todo = [
+            Job(ref, slots[(ref.layer, ref.expert)], opts.bits, opts.scale, imatrix)
+            for ref in refs
+            if (ref.layer, ref.expert) not in kept
+        ]
         target = Target(str(writer.partial_path), str(paths.vault), writer.partial_identity)
         by_key = {(r.layer, r.expert): r for r in refs}
         snr: dict[str, list[float | None]] = {n: [] for n in TENSOR_NAMES}
@@ -842,8 +969,9 @@ def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter,
                     progress(n_done, len(refs), bytes_in)
         finally:
             results.close()  # stops the worker pool at once on an error
-        scout_bytes, scout = write_streaming(paths.scout, ckpt.non_expert_tensors(),
-                                             metadata={"format": "pt"}, stage=True)
+        scout_bytes, scout = write_streaming(
+            paths.scout, ckpt.non_expert_tensors(), metadata={"format": "pt"}, stage=True
+        )
         writer.commit([scout])
     except KeyboardInterrupt:
         writer.suspend()
@@ -861,7 +989,18 @@ def _sculpt_locked(ckpt: Checkpoint, refs: list[ExpertRef], writer: VaultWriter,
             journal.close(remove=True)
         raise
     journal.close(remove=True)
-    return SculptResult(paths.vault, paths.scout, len(todo), len(kept), bytes_in,
-                        plan.file_size, scout_bytes, time.perf_counter() - t0, snr,
-                        ckpt.warnings, snr_keys=snr_keys, bits=opts.bits,
-                        weighted_snr=wsnr if weighted else None)
+    return SculptResult(
+        paths.vault,
+        paths.scout,
+        len(todo),
+        len(kept),
+        bytes_in,
+        plan.file_size,
+        scout_bytes,
+        time.perf_counter() - t0,
+        snr,
+        ckpt.warnings,
+        snr_keys=snr_keys,
+        bits=opts.bits,
+        weighted_snr=wsnr if weighted else None,
+    )

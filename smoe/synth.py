@@ -35,45 +35,64 @@ def _values(name: str, shape: tuple[int, ...], seed: int, dtype: str) -> bytes:
     return w.astype(_NP[dtype]).astype(np.dtype(_NP[dtype]).newbyteorder("<")).tobytes()
 
 
-def tensor_list(model_type: str, layers: int, experts: int, d_model: int, ffn: int, vocab: int,
-                fused: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+def tensor_list(
+    model_type: str,
+    layers: int,
+    experts: int,
+    d_model: int,
+    ffn: int,
+    vocab: int,
+    fused: bool = False,
+) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every tensor of a small but complete decoder."""
     heads, head_dim = 4, 16
     out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, d_model))]
     for lay in range(layers):
         p = f"model.layers.{lay}"
-        out += [(f"{p}.input_layernorm.weight", (d_model,)),
-                (f"{p}.post_attention_layernorm.weight", (d_model,)),
-                (f"{p}.self_attn.q_proj.weight", (heads * head_dim, d_model)),
-                (f"{p}.self_attn.k_proj.weight", (heads * head_dim, d_model)),
-                (f"{p}.self_attn.v_proj.weight", (heads * head_dim, d_model)),
-                (f"{p}.self_attn.o_proj.weight", (d_model, heads * head_dim))]
+        out += [
+            (f"{p}.input_layernorm.weight", (d_model,)),
+            (f"{p}.post_attention_layernorm.weight", (d_model,)),
+            (f"{p}.self_attn.q_proj.weight", (heads * head_dim, d_model)),
+            (f"{p}.self_attn.k_proj.weight", (heads * head_dim, d_model)),
+            (f"{p}.self_attn.v_proj.weight", (heads * head_dim, d_model)),
+            (f"{p}.self_attn.o_proj.weight", (d_model, heads * head_dim)),
+        ]
         if model_type == "qwen3_moe":
-            out += [(f"{p}.self_attn.q_norm.weight", (head_dim,)),
-                    (f"{p}.self_attn.k_norm.weight", (head_dim,))]
+            out += [
+                (f"{p}.self_attn.q_norm.weight", (head_dim,)),
+                (f"{p}.self_attn.k_norm.weight", (head_dim,)),
+            ]
         if model_type == "mixtral":
             out.append((f"{p}.block_sparse_moe.gate.weight", (experts, d_model)))
             for e in range(experts):
                 q = f"{p}.block_sparse_moe.experts.{e}"
-                out += [(f"{q}.w1.weight", (ffn, d_model)), (f"{q}.w2.weight", (d_model, ffn)),
-                        (f"{q}.w3.weight", (ffn, d_model))]
+                out += [
+                    (f"{q}.w1.weight", (ffn, d_model)),
+                    (f"{q}.w2.weight", (d_model, ffn)),
+                    (f"{q}.w3.weight", (ffn, d_model)),
+                ]
             continue
         out.append((f"{p}.mlp.gate.weight", (experts, d_model)))
         if fused:
-            out += [(f"{p}.mlp.experts.gate_up_proj", (experts, 2 * ffn, d_model)),
-                    (f"{p}.mlp.experts.down_proj", (experts, d_model, ffn))]
+            out += [
+                (f"{p}.mlp.experts.gate_up_proj", (experts, 2 * ffn, d_model)),
+                (f"{p}.mlp.experts.down_proj", (experts, d_model, ffn)),
+            ]
         else:
             for e in range(experts):
                 q = f"{p}.mlp.experts.{e}"
-                out += [(f"{q}.gate_proj.weight", (ffn, d_model)),
-                        (f"{q}.up_proj.weight", (ffn, d_model)),
-                        (f"{q}.down_proj.weight", (d_model, ffn))]
+                out += [
+                    (f"{q}.gate_proj.weight", (ffn, d_model)),
+                    (f"{q}.up_proj.weight", (ffn, d_model)),
+                    (f"{q}.down_proj.weight", (d_model, ffn)),
+                ]
     out += [("model.norm.weight", (d_model,)), ("lm_head.weight", (vocab, d_model))]
     return out
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: str,
-                      seed: int) -> None:
+def write_safetensors(
+    path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int
+) -> None:
     """One shard; each tensor generated and written at its place, one at a time."""
     items = [(name, dtype, shape) for name, shape in tensors]
 
@@ -84,29 +103,55 @@ def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], dt
     write_file(path, items, fill, metadata={"format": "pt"})
 
 
-def write_checkpoint(root: str | Path, *, model_type: str = "qwen3_moe", layers: int = 2,
-                     experts: int = 4, d_model: int = 64, ffn: int = 32, vocab: int = 128,
-                     top_k: int = 2, dtype: str = "BF16", seed: int = 0, fused: bool = False,
-                     shards: int = 1) -> Path:
+def write_checkpoint(
+    root: str | Path,
+    *,
+    model_type: str = "qwen3_moe",
+    layers: int = 2,
+    experts: int = 4,
+    d_model: int = 64,
+    ffn: int = 32,
+    vocab: int = 128,
+    top_k: int = 2,
+    dtype: str = "BF16",
+    seed: int = 0,
+    fused: bool = False,
+    shards: int = 1,
+) -> Path:
     """Write a checkpoint directory; returns it."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tensors = tensor_list(model_type, layers, experts, d_model, ffn, vocab, fused)
     config = {
-        "architectures": [{"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
-                           "olmoe": "OlmoeForCausalLM"}.get(model_type, "ForCausalLM")],
-        "model_type": model_type, "hidden_size": d_model, "num_hidden_layers": layers,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16,
-        "vocab_size": vocab, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-        "num_experts_per_tok": top_k, "dtype": {"BF16": "bfloat16", "F16": "float16",
-                                                "F32": "float32"}[dtype],
+        "architectures": [
+            {
+                "qwen3_moe": "Qwen3MoeForCausalLM",
+                "mixtral": "MixtralForCausalLM",
+                "olmoe": "OlmoeForCausalLM",
+            }.get(model_type, "ForCausalLM")
+        ],
+        "model_type": model_type,
+        "hidden_size": d_model,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "num_experts_per_tok": top_k,
+        "dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype],
         "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
     }
     if model_type == "mixtral":
         config.update(num_local_experts=experts, intermediate_size=ffn)
     else:
-        config.update(num_experts=experts, moe_intermediate_size=ffn, intermediate_size=4 * ffn,
-                      norm_topk_prob=model_type == "qwen3_moe")
+        config.update(
+            num_experts=experts,
+            moe_intermediate_size=ffn,
+            intermediate_size=4 * ffn,
+            norm_topk_prob=model_type == "qwen3_moe",
+        )
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if shards <= 1:
         write_safetensors(root / "model.safetensors", tensors, dtype, seed)
@@ -123,9 +168,17 @@ def write_checkpoint(root: str | Path, *, model_type: str = "qwen3_moe", layers:
     return root
 
 
-def write_sparse_vault(path: str | Path, *, layers: int = 94, experts: int = 128,
-                       d_model: int = 4096, ffn: int = 1536, bits: int = 4, version: int = 2,
-                       vocab: int = 151936) -> Path:
+def write_sparse_vault(
+    path: str | Path,
+    *,
+    layers: int = 94,
+    experts: int = 128,
+    d_model: int = 4096,
+    ffn: int = 1536,
+    bits: int = 4,
+    version: int = 2,
+    vocab: int = 151936,
+) -> Path:
     """A vault with real geometry whose blobs are holes (Qwen3-235B-A22B by default).
 
     Header, table, descriptors and arch block are real; every blob reads as zeros and
@@ -136,13 +189,29 @@ def write_sparse_vault(path: str | Path, *, layers: int = 94, experts: int = 128
     from smoe.records import ArchInfo, ModelInfo, metadata_bytes
 
     shapes = ((ffn, d_model), (ffn, d_model), (d_model, ffn))
-    plan = make_plan({(lay, e): shapes for lay in range(layers) for e in range(experts)}, bits,
-                     version)
-    model = ModelInfo(num_moe_layers=layers, max_experts_per_layer=experts, d_model=d_model,
-                      vocab_size=vocab, ffn_dim=12288)
-    arch = ArchInfo(rope_theta=1_000_000.0, num_heads=64, num_kv_heads=4, head_dim=128,
-                    moe_top_k=8, moe_ffn_dim=ffn, num_hidden_layers=layers, rms_norm_eps=1e-6,
-                    model_type="qwen3_moe", norm_topk_prob=True, has_qk_norm=True)
+    plan = make_plan(
+        {(lay, e): shapes for lay in range(layers) for e in range(experts)}, bits, version
+    )
+    model = ModelInfo(
+        num_moe_layers=layers,
+        max_experts_per_layer=experts,
+        d_model=d_model,
+        vocab_size=vocab,
+        ffn_dim=12288,
+    )
+    arch = ArchInfo(
+        rope_theta=1_000_000.0,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        moe_top_k=8,
+        moe_ffn_dim=ffn,
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        model_type="qwen3_moe",
+        norm_topk_prob=True,
+        has_qk_norm=True,
+    )
     with AtomicFile(Path(path)) as out:
         out.pwrite(metadata_bytes(plan, model, arch if version >= 2 else None), 0)
         out.truncate(plan.file_size)
@@ -173,14 +242,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=1)
     args = ap.parse_args(argv)
     if args.what == "sparse-vault":
-        path = write_sparse_vault(args.out, layers=args.layers, experts=args.experts,
-                                  version=args.version)
+        path = write_sparse_vault(
+            args.out, layers=args.layers, experts=args.experts, version=args.version
+        )
         st = path.stat()
         print(f"{path}: {st.st_size:,} bytes apparent, {st.st_blocks * 512:,} on disk")
     else:
-        write_checkpoint(args.out, model_type=args.model_type, layers=args.layers,
-                         experts=args.experts, d_model=args.d_model, ffn=args.ffn,
-                         dtype=args.dtype, fused=args.fused, shards=args.shards)
+        write_checkpoint(
+            args.out,
+            model_type=args.model_type,
+            layers=args.layers,
+            experts=args.experts,
+            d_model=args.d_model,
+            ffn=args.ffn,
+            dtype=args.dtype,
+            fused=args.fused,
+            shards=args.shards,
+        )
         print(f"{args.out}: synthetic {args.model_type} checkpoint")
     return 0
 

@@ -204,8 +204,10 @@ def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) ->
     if mode == "in-place":
         plan += [
             (layout.HEADER_OFFSETS["reserved_ext"], np.uint32(slot).astype("<u4").tobytes()),
-            (layout.HEADER_OFFSETS["version"],
-             np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes()),
+            (
+                layout.HEADER_OFFSETS["version"],
+                np.uint32(layout.VERSION_WITH_ARCH).astype("<u4").tobytes(),
+            ),
             None,
         ]
     before = [
@@ -312,8 +314,11 @@ def _tensors(row: dict[str, Any]) -> list[dict[str, Any]] | None:
     """An old manifest row's per-tensor provenance, if well formed (else dropped)."""
     tensors = row.get("tensors")
     if isinstance(tensors, list) and all(
-        isinstance(x, dict) and all(x.get(k) is None or type(x.get(k)) in (int, float)
-                                    for k in ("snr_db", "weighted_snr_db"))
+        isinstance(x, dict)
+        and all(
+            x.get(k) is None or type(x.get(k)) in (int, float)
+            for k in ("snr_db", "weighted_snr_db")
+        )
         for x in tensors
     ):
         return tensors
@@ -347,8 +352,7 @@ def rewrite(
         old = _old_manifest(path, vault)
         g = vault.geometry
         slot = arch_slot(vault)
-        shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset,
-                    0)
+        shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset, 0)
         header = vault.header.copy()
         header["version"] = layout.VERSION_WITH_ARCH
         header["reserved_ext"] = slot

@@ -102,8 +102,9 @@ class FileView:
         array([134, 169, 147, 152], dtype=uint8)
         """
         if self.fd < 0:
-            raise SmoeError(f"{self.path}: cannot read {n} bytes at offset {offset}: "
-                            "the file is closed")
+            raise SmoeError(
+                f"{self.path}: cannot read {n} bytes at offset {offset}: the file is closed"
+            )
         try:
             buf = np.empty(n, np.uint8)
         except (MemoryError, ValueError):

@@ -54,10 +54,15 @@ def expert_name(layer: int, expert: int) -> str:
     return f"layer {layer} expert {expert}"
 
 
-def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scale: str,
-                src_dtypes: Sequence[str | None] = (None, None, None),
-                stats: Sequence[quant.QuantStats] | None = None,
-                importance: Sequence[np.ndarray | None] | None = None) -> bytearray:
+def encode_blob(
+    slot: ExpertSlot,
+    weights: Sequence[np.ndarray],
+    bits: int,
+    scale: str,
+    src_dtypes: Sequence[str | None] = (None, None, None),
+    stats: Sequence[quant.QuantStats] | None = None,
+    importance: Sequence[np.ndarray | None] | None = None,
+) -> bytearray:
     """One expert's blob (D3): each matrix quantised straight into its planned slices
     (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
 
@@ -69,10 +74,17 @@ def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scal
     view = np.frombuffer(blob, np.uint8)
     for i, (t, w) in enumerate(zip(slot.tensors, weights)):
         try:
-            quant.encode_into(w, bits, view[t.packed_offset : t.packed_offset + t.packed_size],
-                              view[t.scales_offset : t.scales_offset + t.scales_size], scale,
-                              src_dtype=src_dtypes[i], stats=stats[i] if stats else None,
-                              overflow="raise", importance=importance[i] if importance else None)
+            quant.encode_into(
+                w,
+                bits,
+                view[t.packed_offset : t.packed_offset + t.packed_size],
+                view[t.scales_offset : t.scales_offset + t.scales_size],
+                scale,
+                src_dtype=src_dtypes[i],
+                stats=stats[i] if stats else None,
+                overflow="raise",
+                importance=importance[i] if importance else None,
+            )
         except quant.UnrepresentableWeights as e:
             where = f"{expert_name(slot.layer_id, slot.expert_id)} {TENSOR_NAMES[i]}"
             raise e.within(where) from None
@@ -82,11 +94,20 @@ def encode_blob(slot: ExpertSlot, weights: Sequence[np.ndarray], bits: int, scal
 class VaultWriter:
     """Writes one vault; see the module docstring for the protocol."""
 
-    def __init__(self, path: str | os.PathLike, model: ModelInfo, *, bits: int = layout.BITS_Q4,
-                 version: int = layout.VERSION_MAX, arch: ArchInfo | None = None,
-                 scale: str = "optimal", partial: str | os.PathLike | None = None,
-                 manifest: bool = True, tool: dict[str, Any] | None = None,
-                 source: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        model: ModelInfo,
+        *,
+        bits: int = layout.BITS_Q4,
+        version: int = layout.VERSION_MAX,
+        arch: ArchInfo | None = None,
+        scale: str = "optimal",
+        partial: str | os.PathLike | None = None,
+        manifest: bool = True,
+        tool: dict[str, Any] | None = None,
+        source: dict[str, Any] | None = None,
+    ) -> None:
         """``partial``: a fixed temporary path (for resumable writes); default a fresh one.
 
         ``manifest``: write ``<vault>.manifest.json`` beside the vault at commit (False: none,
@@ -98,8 +119,9 @@ class VaultWriter:
         if bits not in layout.SUPPORTED_BITS:
             raise SmoeError(f"bits: {bits} is not one of {list(layout.SUPPORTED_BITS)}")
         if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
-            raise SmoeError(f"version: {version} is outside "
-                            f"{layout.VERSION_MIN}..{layout.VERSION_MAX}")
+            raise SmoeError(
+                f"version: {version} is outside {layout.VERSION_MIN}..{layout.VERSION_MAX}"
+            )
         model.check()
         if version >= layout.VERSION_WITH_ARCH:
             if arch is None:
@@ -122,16 +144,19 @@ class VaultWriter:
         self._manifest: ManifestBuilder | None = None
         if manifest:
             self._manifest = ManifestBuilder(
-                tool if tool is not None else tool_info(
-                    "VaultWriter", {"bits": bits, "version": version, "scale": scale}),
-                source)
+                tool
+                if tool is not None
+                else tool_info("VaultWriter", {"bits": bits, "version": version, "scale": scale}),
+                source,
+            )
 
     # ---- state handling ---------------------------------------------------------------
     def _require(self, *states: State, action: str) -> None:
         if self.state not in states:
             allowed = " or ".join(s.value for s in states)
-            raise WriterStateError(f"{action}: the writer is {self.state.value}, "
-                                   f"it must be {allowed}")
+            raise WriterStateError(
+                f"{action}: the writer is {self.state.value}, it must be {allowed}"
+            )
 
     def __enter__(self) -> VaultWriter:
         return self
@@ -141,8 +166,7 @@ class VaultWriter:
             self.abort()
 
     # ---- DECLARING ------------------------------------------------------------------------
-    def add_expert(self, layer: int, expert: int,
-                   shapes: Sequence[Sequence[int]]) -> None:
+    def add_expert(self, layer: int, expert: int, shapes: Sequence[Sequence[int]]) -> None:
         """Declare an expert with its gate, up and down shapes."""
         self._require(State.DECLARING, action="add_expert")
         name = expert_name(layer, expert)
@@ -150,46 +174,59 @@ class VaultWriter:
             if not isinstance(value, (int, np.integer)) or not 0 <= value <= U32_MAX:
                 raise SmoeError(f"{name}: {what} {value!r} is not a uint32")
         if expert >= self.model.max_experts_per_layer:
-            raise SmoeError(f"{name}: expert_id must be below max_experts_per_layer "
-                            f"{self.model.max_experts_per_layer}")
+            raise SmoeError(
+                f"{name}: expert_id must be below max_experts_per_layer "
+                f"{self.model.max_experts_per_layer}"
+            )
         key = (int(layer), int(expert))
         if key in self._shapes:
             raise SmoeError(f"{name}: added twice (duplicate (layer_id, expert_id))")
         norm = self._check_shapes(name, shapes)
         if layer not in self._layer_shapes and (
-                len(self._layer_shapes) >= self.model.num_moe_layers):
-            raise SmoeError(f"{name}: more MoE layers than num_moe_layers "
-                            f"{self.model.num_moe_layers}")
+            len(self._layer_shapes) >= self.model.num_moe_layers
+        ):
+            raise SmoeError(
+                f"{name}: more MoE layers than num_moe_layers {self.model.num_moe_layers}"
+            )
         first = self._layer_shapes.setdefault(key[0], norm)
         if first != norm:
-            raise SmoeError(f"{name}: shapes {list(norm)} differ from the other experts of "
-                            f"layer {layer} {list(first)}")
+            raise SmoeError(
+                f"{name}: shapes {list(norm)} differ from the other experts of "
+                f"layer {layer} {list(first)}"
+            )
         self._shapes[key] = norm
 
-    def _check_shapes(self, name: str, shapes: Sequence[Sequence[int]]
-                      ) -> tuple[Shape, Shape, Shape]:
+    def _check_shapes(
+        self, name: str, shapes: Sequence[Sequence[int]]
+    ) -> tuple[Shape, Shape, Shape]:
         if len(shapes) != layout.TENSORS_PER_EXPERT:
-            raise SmoeError(f"{name}: expected {layout.TENSORS_PER_EXPERT} shapes "
-                            f"(gate, up, down), got {len(shapes)}")
+            raise SmoeError(
+                f"{name}: expected {layout.TENSORS_PER_EXPERT} shapes "
+                f"(gate, up, down), got {len(shapes)}"
+            )
         norm = []
         for tname, shape in zip(TENSOR_NAMES, shapes):
             dims = tuple(int(d) for d in shape)
             if len(dims) != layout.TENSOR_NDIM or not all(1 <= d <= U32_MAX for d in dims):
-                raise SmoeError(f"{name}: {tname} shape {dims} is not 2-D with positive "
-                                "uint32 dimensions")
+                raise SmoeError(
+                    f"{name}: {tname} shape {dims} is not 2-D with positive uint32 dimensions"
+                )
             norm.append(dims)
         gate, up, down = norm
         if up != gate:
             raise SmoeError(f"{name}: up_proj shape {up} differs from gate_proj shape {gate}")
         if down != (gate[1], gate[0]):
-            raise SmoeError(f"{name}: down_proj shape {down} is not the transpose of "
-                            f"gate_proj shape {gate}")
+            raise SmoeError(
+                f"{name}: down_proj shape {down} is not the transpose of gate_proj shape {gate}"
+            )
         if gate[1] != self.model.d_model:
-            raise SmoeError(f"{name}: gate_proj has {gate[1]} columns, d_model is "
-                            f"{self.model.d_model}")
+            raise SmoeError(
+                f"{name}: gate_proj has {gate[1]} columns, d_model is {self.model.d_model}"
+            )
         if self.arch is not None and gate[0] != self.arch.moe_ffn_dim:
-            raise SmoeError(f"{name}: gate_proj has {gate[0]} rows, arch.moe_ffn_dim is "
-                            f"{self.arch.moe_ffn_dim}")
+            raise SmoeError(
+                f"{name}: gate_proj has {gate[0]} rows, arch.moe_ffn_dim is {self.arch.moe_ffn_dim}"
+            )
         return norm[0], norm[1], norm[2]
 
     def begin(self, keep: bool = False) -> Plan:
@@ -234,19 +271,23 @@ class VaultWriter:
             raise SmoeError(f"{expert_name(layer, expert)}: written twice")
         return key, self.plan.experts[self._index[key]]
 
-    def write_expert(self, layer: int, expert: int, weights: Sequence[np.ndarray],
-                     src_dtype: str | None = None) -> None:
+    def write_expert(
+        self, layer: int, expert: int, weights: Sequence[np.ndarray], src_dtype: str | None = None
+    ) -> None:
         """Quantise an expert's gate, up and down matrices and write its blob."""
         key, slot = self._slot(layer, expert)
         for tname, t, w in zip(TENSOR_NAMES, slot.tensors, weights):
             if tuple(w.shape) != (t.rows, t.cols):
-                raise SmoeError(f"{expert_name(layer, expert)}: {tname} has shape "
-                                f"{tuple(w.shape)}, declared {(t.rows, t.cols)}")
+                raise SmoeError(
+                    f"{expert_name(layer, expert)}: {tname} has shape "
+                    f"{tuple(w.shape)}, declared {(t.rows, t.cols)}"
+                )
         blob = encode_blob(slot, weights, self.bits, self.scale, (src_dtype,) * 3)
         self._write_blob(key, slot, blob)
 
-    def write_encoded(self, layer: int, expert: int,
-                      encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    def write_encoded(
+        self, layer: int, expert: int, encoded: Sequence[tuple[np.ndarray, np.ndarray]]
+    ) -> None:
         """Write an expert whose tensors are already encoded as (packed, scales)."""
         key, slot = self._slot(layer, expert)
         self._put(key, slot, encoded)
@@ -258,8 +299,10 @@ class VaultWriter:
             p = np.ascontiguousarray(packed, np.uint8).tobytes()
             s = np.ascontiguousarray(scales, "<f2").tobytes()
             if len(p) != t.packed_size or len(s) != t.scales_size:
-                raise SmoeError(f"{name}: {tname} encodes to {len(p)} packed + {len(s)} scale "
-                                f"bytes, the plan has {t.packed_size} + {t.scales_size}")
+                raise SmoeError(
+                    f"{name}: {tname} encodes to {len(p)} packed + {len(s)} scale "
+                    f"bytes, the plan has {t.packed_size} + {t.scales_size}"
+                )
             blob[t.packed_offset : t.packed_offset + len(p)] = p
             blob[t.scales_offset : t.scales_offset + len(s)] = s
         self._write_blob(key, slot, blob)
@@ -269,14 +312,16 @@ class VaultWriter:
         self._out.pwrite(blob, slot.byte_offset)
         self._record(key, checksum(blob))
 
-    def _record(self, key: tuple[int, int], crc: int,
-                tensors: list[dict[str, Any]] | None = None) -> None:
+    def _record(
+        self, key: tuple[int, int], crc: int, tensors: list[dict[str, Any]] | None = None
+    ) -> None:
         if self._manifest is not None:
             self._manifest.add(*key, crc, tensors)
         self._written.add(key)
 
-    def adopt(self, layer: int, expert: int, crc: int,
-              tensors: list[dict[str, Any]] | None = None) -> None:
+    def adopt(
+        self, layer: int, expert: int, crc: int, tensors: list[dict[str, Any]] | None = None
+    ) -> None:
         """Count a blob as written: another process put it at its planned offset.
 
         ``crc``: the blob's CRC-32C; ``tensors``: its provenance for the manifest (per
@@ -322,17 +367,23 @@ class VaultWriter:
         if missing:
             shown = ", ".join(expert_name(*k) for k in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise SmoeError(f"commit: {len(missing)} declared experts were not written: "
-                            f"{shown}{more}")
+            raise SmoeError(
+                f"commit: {len(missing)} declared experts were not written: {shown}{more}"
+            )
         assert self._out is not None
         staged = list(companions)
         try:
             self._out.pwrite(metadata_bytes(self.plan, self.model, self.arch), 0)
             if self._manifest is not None:
                 doc = self._manifest.document(
-                    self.path.name, self.plan.file_size, self.bits,
-                    ((e.layer_id, e.expert_id, e.byte_offset, e.raw_size)
-                     for e in self.plan.experts))
+                    self.path.name,
+                    self.plan.file_size,
+                    self.bits,
+                    (
+                        (e.layer_id, e.expert_id, e.byte_offset, e.raw_size)
+                        for e in self.plan.experts
+                    ),
+                )
                 staged.append(AtomicFile(path_for(self.path)))
                 staged[-1].pwrite(encode(doc), 0)
             else:  # one left by an older vault of this name would describe another file
@@ -394,18 +445,34 @@ def commit_together(files: Sequence[AtomicFile]) -> None:
         raise
 
 
-def write_vault(path: str | os.PathLike, model: ModelInfo,
-                experts: dict[tuple[int, int], Sequence[np.ndarray]], *,
-                bits: int = layout.BITS_Q4, version: int = layout.VERSION_MAX,
-                arch: ArchInfo | None = None, scale: str = "optimal", manifest: bool = True,
-                tool: dict[str, Any] | None = None, source: dict[str, Any] | None = None
-                ) -> Plan:
+def write_vault(
+    path: str | os.PathLike,
+    model: ModelInfo,
+    experts: dict[tuple[int, int], Sequence[np.ndarray]],
+    *,
+    bits: int = layout.BITS_Q4,
+    version: int = layout.VERSION_MAX,
+    arch: ArchInfo | None = None,
+    scale: str = "optimal",
+    manifest: bool = True,
+    tool: dict[str, Any] | None = None,
+    source: dict[str, Any] | None = None,
+) -> Plan:
     """Write a whole vault from in-memory float matrices: (layer, expert) -> (gate, up, down).
 
     ``manifest``, ``tool``, ``source``: as for :class:`VaultWriter`.
     """
-    with VaultWriter(path, model, bits=bits, version=version, arch=arch, scale=scale,
-                     manifest=manifest, tool=tool, source=source) as w:
+    with VaultWriter(
+        path,
+        model,
+        bits=bits,
+        version=version,
+        arch=arch,
+        scale=scale,
+        manifest=manifest,
+        tool=tool,
+        source=source,
+    ) as w:
         for (layer, expert), mats in experts.items():
             w.add_expert(layer, expert, [m.shape for m in mats])
         plan = w.begin()

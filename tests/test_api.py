@@ -84,8 +84,11 @@ def test_with_block_closes_and_lookups_survive_close() -> None:
     assert v.closed
     assert len(v) == 8 and (0, 1) in v and v.index(0, 1) == 1
     assert np.asarray(gate).shape == (32, 64)  # bytes read before close stay usable
-    with pytest.raises(SmoeError, match=r"q4_v2\.smoe: cannot read \d+ bytes at offset "
-                                        r"\d+: the file is closed$"):
+    with pytest.raises(
+        SmoeError,
+        match=r"q4_v2\.smoe: cannot read \d+ bytes at offset "
+        r"\d+: the file is closed$",
+    ):
         v[0, 2]
     v.close()  # a second close is harmless
     assert v.closed
@@ -104,8 +107,9 @@ def test_in_memory_vault_has_nothing_to_close() -> None:
     v = Vault.from_array(np.fromfile(Q4, np.uint8))
     v.close()
     assert not v.closed
-    assert np.array_equal(np.asarray(v[1, 2]["up_proj"]),
-                          Vault.open(Q4)[1, 2]["up_proj"].dequantize())
+    assert np.array_equal(
+        np.asarray(v[1, 2]["up_proj"]), Vault.open(Q4)[1, 2]["up_proj"].dequantize()
+    )
 
 
 def test_getitem_is_expert() -> None:
@@ -124,8 +128,11 @@ def test_getitem_is_expert() -> None:
 @pytest.mark.parametrize("key", [(0, 4), (2, 0), (-1, 0), (0, -1), (0, 1 << 32), (1 << 32, 0)])
 def test_unknown_expert_is_a_key_error(key: tuple[int, int]) -> None:
     with Vault.open(Q4) as v:
-        with pytest.raises(KeyError, match=rf"q4_v2\.smoe: no expert \(layer {key[0]}, "
-                                           rf"expert {key[1]}\)"):
+        with pytest.raises(
+            KeyError,
+            match=rf"q4_v2\.smoe: no expert \(layer {key[0]}, "
+            rf"expert {key[1]}\)",
+        ):
             v[key]
         with pytest.raises(KeyError):
             v.expert(*key)
@@ -159,8 +166,9 @@ def test_unknown_tensor_name_is_a_key_error() -> None:
     with pytest.raises(KeyError) as info:
         e["gate"]
     assert not isinstance(info.value, ValueError)
-    assert info.value.args[0] == ("no tensor 'gate' in expert (layer 1, expert 0); "
-                                  "it has gate_proj, up_proj, down_proj")
+    assert info.value.args[0] == (
+        "no tensor 'gate' in expert (layer 1, expert 0); it has gate_proj, up_proj, down_proj"
+    )
     assert "gate" not in e and "gate_proj" in e
 
 
@@ -183,8 +191,9 @@ def test_reprs_are_one_line_and_show_no_bytes() -> None:
     with Vault.open(Q4) as v:
         assert repr(v) == "Vault('" + str(Q4) + "', v2, Q4, 8 experts in 2 layers)"
         e = v[0, 2]
-    assert repr(e) == ("ExpertView(layer 0, expert 2: gate_proj 32x64, up_proj 32x64, "
-                       "down_proj 64x32, Q4)")
+    assert repr(e) == (
+        "ExpertView(layer 0, expert 2: gate_proj 32x64, up_proj 32x64, down_proj 64x32, Q4)"
+    )
     assert repr(e["down_proj"]) == "TensorView('down_proj', 64x32, Q4)"
 
 
@@ -221,13 +230,17 @@ def test_float_dtypes_are_cast_from_float32(tensors: list[TensorView]) -> None:
     assert all(a.dtype == np.float64 for a in per_expert.values())
 
 
-@pytest.mark.parametrize("dtype", [np.int8, "int32", np.uint8, bool, np.complex64, object,
-                                   "U4", "V2", "datetime64[s]"])
+@pytest.mark.parametrize(
+    "dtype", [np.int8, "int32", np.uint8, bool, np.complex64, object, "U4", "V2", "datetime64[s]"]
+)
 def test_non_float_dtypes_are_refused(tensors: list[TensorView], dtype: DTypeLike) -> None:
     t = tensors[0]
-    with pytest.raises(TypeError, match=r"^cannot dequantize to .*: not a float dtype "
-                                        r"\(float16, float32, float64, or bfloat16 with "
-                                        r"ml_dtypes installed\)$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^cannot dequantize to .*: not a float dtype "
+        r"\(float16, float32, float64, or bfloat16 with "
+        r"ml_dtypes installed\)$",
+    ):
         t.dequantize(dtype)
     with pytest.raises(TypeError, match="not a float dtype"):
         np.asarray(t, dtype=dtype)
@@ -250,8 +263,9 @@ def test_copy_false_cannot_be_honoured(tensors: list[TensorView]) -> None:
 
 
 def test_bfloat16_with_ml_dtypes(tensors: list[TensorView]) -> None:
-    ml_dtypes = pytest.importorskip("ml_dtypes",
-                                    reason="ml_dtypes is not installed (optional, for bfloat16)")
+    ml_dtypes = pytest.importorskip(
+        "ml_dtypes", reason="ml_dtypes is not installed (optional, for bfloat16)"
+    )
     t = tensors[1]
     w = t.dequantize()
     for dtype in ("bfloat16", ml_dtypes.bfloat16, np.dtype(ml_dtypes.bfloat16)):
@@ -276,8 +290,14 @@ def test_bfloat16_without_ml_dtypes_names_the_package() -> None:
         except TypeError as e:
             print(e)
     """)
-    out = subprocess.run([sys.executable, "-c", code, str(Q4)], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
-    assert out == ("cannot dequantize to 'bfloat16': bfloat16 needs the ml_dtypes package "
-                   "(pip install ml-dtypes)\n")
-
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(Q4)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert out == (
+        "cannot dequantize to 'bfloat16': bfloat16 needs the ml_dtypes package "
+        "(pip install ml-dtypes)\n"
+    )

@@ -121,10 +121,12 @@ def test_mixed_dtypes_match_the_single_dtype_twin(sculpted) -> None:
 def test_refused_families(tmp_path: Path, name: str) -> None:
     with pytest.raises(SmoeError) as info:
         sculpt(CKPTS / name, tmp_path, SculptOptions())
-    reason = {"gpt_oss": "model_type 'gpt_oss' refused: gpt-oss experts interleave gate/up, "
-                         "carry biases and clamp the activation",
-              "qwen3_moe_gelu": "hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
-                                "can be represented"}[name]
+    reason = {
+        "gpt_oss": "model_type 'gpt_oss' refused: gpt-oss experts interleave gate/up, "
+        "carry biases and clamp the activation",
+        "qwen3_moe_gelu": "hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
+        "can be represented",
+    }[name]
     assert str(info.value).startswith(f"{CKPTS / name}: {reason}")
     assert list(tmp_path.iterdir()) == []
 

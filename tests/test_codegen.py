@@ -64,23 +64,43 @@ def test_wheel_ships_generated_parser_and_layout(tmp_path: Path) -> None:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         copy(ROOT / rel, src / rel)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
-         "-w", str(tmp_path), str(src)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-v",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Deprecat" not in proc.stdout + proc.stderr  # e.g. a license table
     (wheel,) = tmp_path.glob("smoe-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"smoe_gen/smoe_kaitai.py", "smoe_gen/layout.py", "smoe/cli.py", "smoe/__main__.py",
-            "smoe/py.typed", "smoe/templates/report.html.j2"} <= names
+    assert {
+        "smoe_gen/smoe_kaitai.py",
+        "smoe_gen/layout.py",
+        "smoe/cli.py",
+        "smoe/__main__.py",
+        "smoe/py.typed",
+        "smoe/templates/report.html.j2",
+    } <= names
     from smoe import __version__
 
     dist = f"smoe-{__version__}.dist-info"  # the version comes from smoe/__init__.py
     assert f"{dist}/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read(f"{dist}/METADATA").decode()
     assert "License-Expression: MIT" in metadata.splitlines()
-    entry_points = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    entry_points = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith("entry_points.txt")))
+        .decode()
+    )
     assert "smoe = smoe.cli:main" in entry_points
     assert "smoe-dump = smoe.cli:dump_main" in entry_points

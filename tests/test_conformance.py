@@ -81,8 +81,7 @@ def test_dequant_and_forward_match_python(vaults, key: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("key", ["qwen3_moe-q4", "mixtral-q2"])
-def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str,
-                                         tmp_path: Path) -> None:
+def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str, tmp_path: Path) -> None:
     """The manifest the sculptor wrote passes both deep checkers; a flipped bit in a blob
     is `manifest.checksum` at that blob's offset and field in both languages."""
     from smoe.manifest import path_for
@@ -101,7 +100,8 @@ def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str,
     path_for(bad).write_bytes(path_for(src).read_bytes())
     py = [f for f in verify_path(bad, deep=True).errors]
     assert [(f.code, f.offset, f.path) for f in py] == [
-        ("manifest.checksum", int(e["byte_offset"]), f"manifest/experts/{len(v) // 2}/crc32c")]
+        ("manifest.checksum", int(e["byte_offset"]), f"manifest/experts/{len(v) // 2}/crc32c")
+    ]
     cpp = stream("check", bad, "--deep", "--json")
     assert cpp.returncode == 1
     (err,) = [f for f in json.loads(cpp.stdout)["findings"] if f["severity"] == "error"]

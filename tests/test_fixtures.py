@@ -94,13 +94,18 @@ def test_make_fixtures_is_byte_identical(tmp_path: Path) -> None:
     gen = FIXTURES / "generate.py"
     subprocess.run([sys.executable, str(gen), str(tmp_path)], check=True)
     produced = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
-    committed = sorted(p.relative_to(FIXTURES)
-                       for p in [*FIXTURES.glob("*"), *CORRUPT.glob("*")]
-                       if p.is_file() and p.suffix in (".smoe", ".json"))
+    committed = sorted(
+        p.relative_to(FIXTURES)
+        for p in [*FIXTURES.glob("*"), *CORRUPT.glob("*")]
+        if p.is_file() and p.suffix in (".smoe", ".json")
+    )
     assert produced == committed
     assert {Path(f"{name}.manifest.json") for name in GOOD} <= set(produced)
-    assert not [p for p in produced if p.parent.name == "corrupt" and p.suffix != ".smoe"
-                and p.name != "EXPECTED.json"]
+    assert not [
+        p
+        for p in produced
+        if p.parent.name == "corrupt" and p.suffix != ".smoe" and p.name != "EXPECTED.json"
+    ]
     for rel in produced:
         assert (tmp_path / rel).read_bytes() == (FIXTURES / rel).read_bytes(), rel
 
@@ -112,8 +117,12 @@ def test_good_fixture_has_a_matching_integrity_manifest(name: str) -> None:
     table = np.frombuffer(data, layout.EXPERT_ENTRY_DTYPE, total, layout.TABLE_OFFSET)
     doc = manifest.load(manifest.path_for(FIXTURES / name), total)
     assert manifest.check(doc, len(data), table, lambda off, n: data[off : off + n]) == []
-    assert doc["vault"] == {"name": name, "size": len(data), "experts": total,
-                            "bits": MANIFEST[name]["header"]["bits"]}
+    assert doc["vault"] == {
+        "name": name,
+        "size": len(data),
+        "experts": total,
+        "bits": MANIFEST[name]["header"]["bits"],
+    }
     assert doc["tool"]["command"] == "fixtures/generate.py"
     for row, entry in zip(doc["experts"], table):
         blob = data[int(entry["byte_offset"]) : int(entry["byte_offset"]) + int(entry["raw_size"])]

@@ -53,8 +53,9 @@ def built() -> None:
 
 
 def run(*args, binary: Path = BIN, env: dict | None = None, timeout: float = 60):
-    return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [str(binary), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def first_error(stdout: str) -> dict:
@@ -128,10 +129,22 @@ def test_check_json_matches_manifest_and_kaitai(name: str) -> None:
             if key != "magic":
                 assert kaitai_field(s.header, key) == out["header"][key], key
         if s.header.version >= 2:
-            for key in ("block_version", "block_size", "flags", "rope_theta", "num_heads",
-                        "num_kv_heads", "head_dim", "moe_top_k", "moe_ffn_dim",
-                        "dense_ffn_dim", "shared_expert_ffn_dim", "num_hidden_layers",
-                        "rms_norm_eps", "model_type"):
+            for key in (
+                "block_version",
+                "block_size",
+                "flags",
+                "rope_theta",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "moe_top_k",
+                "moe_ffn_dim",
+                "dense_ffn_dim",
+                "shared_expert_ffn_dim",
+                "num_hidden_layers",
+                "rms_norm_eps",
+                "model_type",
+            ):
                 assert kaitai_field(s.arch, key) == out["arch"][key], key
             assert s.arch.norm_topk_prob == out["arch"]["norm_topk_prob"]
             assert s.arch.has_qk_norm == out["arch"]["has_qk_norm"]
@@ -167,8 +180,7 @@ def test_corrupt_fixture_json_error(name: str) -> None:
     r = run("check", "--deep", "--json", CORRUPT / name)
     assert r.returncode == 1
     err = first_error(r.stdout)
-    assert (err["code"], err["field"], err["offset"]) == (exp["code"], exp["field"],
-                                                         exp["offset"])
+    assert (err["code"], err["field"], err["offset"]) == (exp["code"], exp["field"], exp["offset"])
 
 
 def test_good_fixtures_under_sanitizers() -> None:
@@ -182,13 +194,27 @@ def test_huge_sparse_vault_checks_in_milliseconds(tmp_path: Path) -> None:
     """A 113 GB vault (sparse: only its metadata is written) checks without blob reads."""
     d_model, ffn, layers, experts = 4096, 1536, 48, 240
     shapes = ((ffn, d_model), (ffn, d_model), (d_model, ffn))
-    plan = make_plan({(layer, e): shapes for layer in range(layers) for e in range(experts)},
-                     bits=4, version=2)
-    model = ModelInfo(num_moe_layers=layers, max_experts_per_layer=experts, d_model=d_model,
-                      vocab_size=151936, ffn_dim=ffn)
-    arch = ArchInfo(rope_theta=1e6, num_heads=32, num_kv_heads=4, head_dim=128, moe_top_k=8,
-                    moe_ffn_dim=ffn, num_hidden_layers=layers, rms_norm_eps=1e-6,
-                    model_type="qwen3_moe")
+    plan = make_plan(
+        {(layer, e): shapes for layer in range(layers) for e in range(experts)}, bits=4, version=2
+    )
+    model = ModelInfo(
+        num_moe_layers=layers,
+        max_experts_per_layer=experts,
+        d_model=d_model,
+        vocab_size=151936,
+        ffn_dim=ffn,
+    )
+    arch = ArchInfo(
+        rope_theta=1e6,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        moe_top_k=8,
+        moe_ffn_dim=ffn,
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        model_type="qwen3_moe",
+    )
     path = tmp_path / "huge.smoe"
     with open(path, "wb") as f:
         f.write(metadata_bytes(plan, model, arch))
@@ -205,8 +231,11 @@ def test_huge_sparse_vault_checks_in_milliseconds(tmp_path: Path) -> None:
 # ------------------------------------------------- rules not in EXPECTED.json (our own codes)
 
 
-@pytest.mark.parametrize("code,field,offset,base,patches,cut", RULE_CASES,
-                         ids=[f"{r[0]}-{i}" for i, r in enumerate(RULE_CASES)])
+@pytest.mark.parametrize(
+    "code,field,offset,base,patches,cut",
+    RULE_CASES,
+    ids=[f"{r[0]}-{i}" for i, r in enumerate(RULE_CASES)],
+)
 def test_rule_case_codes(code, field, offset, base, patches, cut, tmp_path: Path) -> None:
     path = tmp_path / "bad.smoe"
     path.write_bytes(apply(base, patches, cut))
@@ -222,9 +251,8 @@ def test_warnings_are_not_fatal(tmp_path: Path) -> None:
     data = bytearray((FIXTURES / "q4_v1.smoe").read_bytes())
     struct.pack_into("<I", data, _h("reserved_ext"), 1536)
     last = MANIFEST["q4_v1.smoe"]["experts"][7]
-    struct.pack_into("<Q", data, _en(7, "byte_offset"),
-                     last["byte_offset"] + layout.PAGE_SIZE)
-    data[last["byte_offset"]:] = bytes(layout.PAGE_SIZE) + data[last["byte_offset"]:]
+    struct.pack_into("<Q", data, _en(7, "byte_offset"), last["byte_offset"] + layout.PAGE_SIZE)
+    data[last["byte_offset"] :] = bytes(layout.PAGE_SIZE) + data[last["byte_offset"] :]
     path = tmp_path / "warn.smoe"
     path.write_bytes(bytes(data))
     r = run("check", "--deep", "--json", path)
@@ -232,10 +260,12 @@ def test_warnings_are_not_fatal(tmp_path: Path) -> None:
     out = json.loads(r.stdout)
     assert out["gap_bytes"] == layout.PAGE_SIZE
     assert (out["valid"], out["errors"], out["warnings"]) == (True, 0, 2)
-    assert [(f["severity"], f["code"], f["field"], f["offset"], f["actual"])
-            for f in out["findings"]] == [
+    assert [
+        (f["severity"], f["code"], f["field"], f["offset"], f["actual"]) for f in out["findings"]
+    ] == [
         ("warning", "header.reserved_ext", "header.reserved_ext", _h("reserved_ext"), 1536),
-        ("warning", "table.gap", "experts[7].byte_offset", _en(7, "byte_offset"), None)]
+        ("warning", "table.gap", "experts[7].byte_offset", _en(7, "byte_offset"), None),
+    ]
 
 
 # ---------------------------------------------------------------------------- dequant / forward
@@ -262,8 +292,15 @@ def test_dequant_bit_identical_to_python(name: str, index: int, tmp_path: Path) 
         np.testing.assert_array_equal(got.view(np.uint32), ref.reshape(-1).view(np.uint32))
 
 
-def check_forward(path: Path, layer: int, expert: int, index: int, tmp_path: Path,
-                  seed: int = 0, env: dict | None = None) -> None:
+def check_forward(
+    path: Path,
+    layer: int,
+    expert: int,
+    index: int,
+    tmp_path: Path,
+    seed: int = 0,
+    env: dict | None = None,
+) -> None:
     mats = python_weights(path, index)
     x = np.random.default_rng(seed).standard_normal(mats[0].shape[1]).astype(np.float32)
     (tmp_path / "in.f32").write_bytes(x.astype("<f4").tobytes())
@@ -290,12 +327,17 @@ def test_forward_whole_block_rows(bits: int, simd: str, tmp_path: Path) -> None:
     three matrices; "portable" switches AVX2 off so the SSE2/generic copy runs too."""
     d_model, ffn = 512, 384
     rng = np.random.default_rng(bits)
-    experts = {(3, e): [rng.standard_normal(s).astype(np.float32) * 0.05
-                        for s in ((ffn, d_model), (ffn, d_model), (d_model, ffn))]
-               for e in range(2)}
+    experts = {
+        (3, e): [
+            rng.standard_normal(s).astype(np.float32) * 0.05
+            for s in ((ffn, d_model), (ffn, d_model), (d_model, ffn))
+        ]
+        for e in range(2)
+    }
     path = tmp_path / f"q{bits}.smoe"
-    write_vault(path, ModelInfo(4, 2, d_model, 1000, ffn), experts, bits=bits, version=1,
-                scale="absmax")
+    write_vault(
+        path, ModelInfo(4, 2, d_model, 1000, ffn), experts, bits=bits, version=1, scale="absmax"
+    )
     assert run("check", "--deep", path).returncode == 0
     env = {**os.environ, "SMOE_STREAM_NO_AVX2": "1"} if simd == "portable" else None
     for index in range(2):
@@ -326,10 +368,23 @@ def test_seeded_mutation_run_under_sanitizers() -> None:
     with LeakSanitizer on (leak checks make every child exit slower)."""
     files = [FIXTURES / n for n in GOOD]
     for seed, count, leaks in ((20240601, 2000, 0), (7, 300, 1)):
-        env = {**SANITIZER_ENV,
-               "ASAN_OPTIONS": SANITIZER_ENV["ASAN_OPTIONS"] + f":detect_leaks={leaks}"}
-        r = run("fuzz", seed, count, "--jobs", 2, "--timeout", 10, *files,
-                binary=ASAN_BIN, env=env, timeout=240)
+        env = {
+            **SANITIZER_ENV,
+            "ASAN_OPTIONS": SANITIZER_ENV["ASAN_OPTIONS"] + f":detect_leaks={leaks}",
+        }
+        r = run(
+            "fuzz",
+            seed,
+            count,
+            "--jobs",
+            2,
+            "--timeout",
+            10,
+            *files,
+            binary=ASAN_BIN,
+            env=env,
+            timeout=240,
+        )
         assert_clean(r.stderr)
         assert r.returncode == 0, r.stdout + r.stderr
         out = json.loads(r.stdout)
@@ -347,14 +402,27 @@ def test_usage_errors_and_unreadable_files_exit_2(tmp_path: Path) -> None:
     x = tmp_path / "x.f32"
     x.write_bytes(b"\0" * 12)  # wrong length for d_model 64
     cases = [
-        (), ("frobnicate",), ("check",), ("check", good, "--bogus"), ("check", good, good),
-        ("check", tmp_path / "missing.smoe"), ("check", short), ("check", empty),
-        ("check", tmp_path), ("forward", good, 0, 0), ("forward", good, "zero", 0, x, x),
-        ("forward", good, 0, 99, x, x), ("forward", good, 0, 0, x, tmp_path / "y.f32"),
+        (),
+        ("frobnicate",),
+        ("check",),
+        ("check", good, "--bogus"),
+        ("check", good, good),
+        ("check", tmp_path / "missing.smoe"),
+        ("check", short),
+        ("check", empty),
+        ("check", tmp_path),
+        ("forward", good, 0, 0),
+        ("forward", good, "zero", 0, x, x),
+        ("forward", good, 0, 99, x, x),
+        ("forward", good, 0, 0, x, tmp_path / "y.f32"),
         ("forward", good, 0, 0, tmp_path / "missing.f32", tmp_path / "y.f32"),
-        ("dequant", good, 0), ("dequant", good, 0, -1, tmp_path),
-        ("bench", good, "--threads", 0), ("bench", good, "--pattern", "zigzag"),
-        ("bench", good, "--seconds", "-1"), ("bench", good, "--topk"), ("bench",),
+        ("dequant", good, 0),
+        ("dequant", good, 0, -1, tmp_path),
+        ("bench", good, "--threads", 0),
+        ("bench", good, "--pattern", "zigzag"),
+        ("bench", good, "--seconds", "-1"),
+        ("bench", good, "--topk"),
+        ("bench",),
     ]
     for args in cases:
         for binary, env in ((BIN, None), (ASAN_BIN, SANITIZER_ENV)):
@@ -367,17 +435,23 @@ def test_usage_errors_and_unreadable_files_exit_2(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- bench
 
 
-@pytest.mark.parametrize("extra", [("--pattern", "random", "--threads", "2"),
-                                   ("--pattern", "seq", "--direct", "--topk", "3")])
+@pytest.mark.parametrize(
+    "extra",
+    [("--pattern", "random", "--threads", "2"), ("--pattern", "seq", "--direct", "--topk", "3")],
+)
 def test_bench_reports_json(extra: tuple[str, ...]) -> None:
     r = run("bench", FIXTURES / "q4_v2.smoe", "--seconds", "0.2", *extra)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["experts"] == 8 and out["pattern"] == extra[1]
-    for section, keys in (("stream", ("gb_per_s", "experts_per_s", "latency_p50_us",
-                                      "latency_p99_us", "reads", "bytes")),
-                          ("sequential_read", ("gb_per_s", "bytes")),
-                          ("compute", ("gb_per_s", "scalar_gb_per_s", "speedup", "forwards"))):
+    for section, keys in (
+        (
+            "stream",
+            ("gb_per_s", "experts_per_s", "latency_p50_us", "latency_p99_us", "reads", "bytes"),
+        ),
+        ("sequential_read", ("gb_per_s", "bytes")),
+        ("compute", ("gb_per_s", "scalar_gb_per_s", "speedup", "forwards")),
+    ):
         for key in keys:
             assert out[section][key] > 0, (section, key)
     assert out["compute"]["rel_diff_vs_scalar"] < 1e-4
@@ -389,8 +463,10 @@ def test_cpp_checker_and_python_verifier_agree_on_mutations(tmp_path: Path) -> N
     from smoe.verify import verify
 
     rng = random.Random(11)
-    seeds = {n: (FIXTURES / n).read_bytes() for n in ("q4_v2.smoe", "q2_v2.smoe",
-                                                      "q4_v1.smoe", "partial_groups.smoe")}
+    seeds = {
+        n: (FIXTURES / n).read_bytes()
+        for n in ("q4_v2.smoe", "q2_v2.smoe", "q4_v1.smoe", "partial_groups.smoe")
+    }
     path = tmp_path / "m.smoe"
     disagreements = []
     for _ in range(300):
@@ -399,12 +475,31 @@ def test_cpp_checker_and_python_verifier_agree_on_mutations(tmp_path: Path) -> N
         for _ in range(rng.randint(1, 3)):
             fmt = rng.choice(["<B", "<I", "<Q"])
             off = rng.randrange(2048 - 8)
-            value = rng.choice([0, 1, 2, 3, 7, 63, 64, 65, 128, 16383, 16384, 16385, len(data),
-                                2**32 - 1, 2**63, rng.randrange(256)])
-            struct.pack_into(fmt, data, off, value & {"<B": 0xFF, "<I": 2**32 - 1,
-                                                      "<Q": 2**64 - 1}[fmt])
+            value = rng.choice(
+                [
+                    0,
+                    1,
+                    2,
+                    3,
+                    7,
+                    63,
+                    64,
+                    65,
+                    128,
+                    16383,
+                    16384,
+                    16385,
+                    len(data),
+                    2**32 - 1,
+                    2**63,
+                    rng.randrange(256),
+                ]
+            )
+            struct.pack_into(
+                fmt, data, off, value & {"<B": 0xFF, "<I": 2**32 - 1, "<Q": 2**64 - 1}[fmt]
+            )
         if rng.random() < 0.3:
-            del data[rng.randrange(len(data) + 1):]
+            del data[rng.randrange(len(data) + 1) :]
         path.write_bytes(bytes(data))
         errors = {f.code for f in verify(np.frombuffer(bytes(data), np.uint8), deep=True).errors}
         r = run("check", "--deep", "--json", path)

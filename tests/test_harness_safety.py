@@ -69,7 +69,11 @@ def failed_check(raw: bytes, vault: Path) -> dict:
     """The one error of a failed `check --json` (docs/JSON.md), from its findings document."""
     doc = strict_json(raw)
     assert (doc["schema"], doc["vault"], doc["valid"], doc["errors"]) == (
-        "smoe-findings/1", str(vault), False, 1)
+        "smoe-findings/1",
+        str(vault),
+        False,
+        1,
+    )
     (err,) = [f for f in doc["findings"] if f["severity"] == "error"]
     return err
 
@@ -419,16 +423,20 @@ def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
     assert out["arch"]["rope_theta"] is None and out["arch"]["rms_norm_eps"] is None
     # one warning per field, the value that is not a number as a string (docs/JSON.md)
     assert out["warnings"] == 2
-    assert [(f["code"], f["field"], f["offset"], f["expected"], f["actual"], f["actual_text"])
-            for f in out["findings"]] == [
+    assert [
+        (f["code"], f["field"], f["offset"], f["expected"], f["actual"], f["actual_text"])
+        for f in out["findings"]
+    ] == [
         ("arch.rope_theta", "arch.rope_theta", arch + 16, "finite", "nan", "nan"),
-        ("arch.rms_norm_eps", "arch.rms_norm_eps", arch + 56, "finite", "inf", "inf")]
+        ("arch.rms_norm_eps", "arch.rms_norm_eps", arch + 56, "finite", "inf", "inf"),
+    ]
     text = run("check", path)
     assert text.returncode == 0 and text.stdout.decode().splitlines()[1:] == [
         f"warning: arch.rope_theta at offset {arch + 16:#x} (arch.rope_theta): rope_theta is "
         "not finite [expected finite, got nan]",
         f"warning: arch.rms_norm_eps at offset {arch + 56:#x} (arch.rms_norm_eps): "
-        "rms_norm_eps is not finite [expected finite, got inf]"]
+        "rms_norm_eps is not finite [expected finite, got inf]",
+    ]
 
 
 def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
@@ -460,12 +468,21 @@ def test_check_json_of_a_file_shorter_than_a_header(tmp_path: Path) -> None:
     path = tmp_path / "short.smoe"
     path.write_bytes(GOOD.read_bytes()[:30])
     r = run("check", "--json", path)
-    assert one_line(r, 2) == (f"smoe-stream: {path}: header.size at offset 0 (header): file of "
-                              "30 bytes is shorter than the 64-byte header")
+    assert one_line(r, 2) == (
+        f"smoe-stream: {path}: header.size at offset 0 (header): file of "
+        "30 bytes is shorter than the 64-byte header"
+    )
     assert failed_check(r.stdout, path) == {
-        "code": "header.size", "severity": "error", "offset": 0, "field": "header",
+        "code": "header.size",
+        "severity": "error",
+        "offset": 0,
+        "field": "header",
         "message": "file of 30 bytes is shorter than the 64-byte header",
-        "expected": 64, "actual": 30, "expected_text": "0x40 (64)", "actual_text": "0x1e (30)"}
+        "expected": 64,
+        "actual": 30,
+        "expected_text": "0x40 (64)",
+        "actual_text": "0x1e (30)",
+    }
 
 
 # ---------------------------------------------------------------- CRC-32C
@@ -572,8 +589,12 @@ def expect(vault: Path, code: str, offset: int, field: str, message: str, *extra
     r = run("check", "--deep", "--json", vault, *extra)
     assert r.returncode == 1
     err = failed_check(r.stdout, vault)
-    assert (err["code"], err["field"], err["offset"], err["message"]) == (code, field, offset,
-                                                                          message)
+    assert (err["code"], err["field"], err["offset"], err["message"]) == (
+        code,
+        field,
+        offset,
+        message,
+    )
 
 
 def test_matching_manifest_passes(vault: Path) -> None:

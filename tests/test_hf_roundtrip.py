@@ -36,8 +36,11 @@ torch = pytest.importorskip("torch", reason="the hf extra (torch, transformers) 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 CKPTS = Path(__file__).resolve().parent.parent / "fixtures" / "checkpoints"
-FAMILIES = sorted(name for name, c in json.loads((CKPTS / "MANIFEST.json").read_text())
-                  ["checkpoints"].items() if c["expect"] == "convert")
+FAMILIES = sorted(
+    name
+    for name, c in json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"].items()
+    if c["expect"] == "convert"
+)
 ASSUMES_ROUTING = {"deepseek_v3"}  # n_group 2, topk_group 1, routed_scaling 2.5: not in a vault
 IDS = [[(i * 37 + 3 + 11 * row) % 128 for i in range(16)] for row in range(2)]
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -68,8 +71,9 @@ def sculpted(work: Path) -> Callable[[str, int], Path]:
 
     def get(family: str, bits: int) -> Path:
         if (family, bits) not in done:
-            result = sculpt(CKPTS / family, work / f"{family}-q{bits}",
-                            SculptOptions(bits=bits, jobs=1))
+            result = sculpt(
+                CKPTS / family, work / f"{family}-q{bits}", SculptOptions(bits=bits, jobs=1)
+            )
             staged = default_config(result.vault)
             if bits == 2 and not staged.exists():
                 shutil.copyfile(CKPTS / family / "config.json", staged)
@@ -91,7 +95,8 @@ def load(path: Path, dtype: object = "float32") -> tuple[object, list[str]]:
             warnings.simplefilter("always")
             kw = {} if dtype is None else {"dtype": getattr(torch, dtype)}
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                path, output_loading_info=True, **kw)
+                path, output_loading_info=True, **kw
+            )
     finally:
         logger.removeHandler(handler)
     problems = [f"{k}: {sorted(v)}" for k, v in info.items() if v]
@@ -114,8 +119,10 @@ def replace_experts(model: object, vault: Path, dtype: str) -> None:
     p = dict(model.named_parameters())
     with Vault.open(vault) as v, torch.no_grad():
         for (layer, e), ex in v.items():
-            w = {k: torch.from_numpy(a).to(getattr(torch, dtype)).float()
-                 for k, a in ex.dequantize().items()}
+            w = {
+                k: torch.from_numpy(a).to(getattr(torch, dtype)).float()
+                for k, a in ex.dequantize().items()
+            }
             gate_up = p[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
             inter = w["gate_proj"].shape[0]
             gate_up[e, :inter] = w["gate_proj"]
@@ -170,7 +177,8 @@ def test_round_trip(family: str, sculpted: Callable[[str, int], Path], work: Pat
             b.seek(out.offset)
             assert a.read(info.nbytes) == b.read(out.nbytes), name
     assert json.loads((hf4 / "config.json").read_text()) == json.loads(
-        (CKPTS / family / "config.json").read_text())
+        (CKPTS / family / "config.json").read_text()
+    )
     cfg2 = json.loads((hf2 / "config.json").read_text())
     assert cfg2.get("dtype", cfg2.get("torch_dtype")) == "float32"  # old spelling kept
 
@@ -222,8 +230,9 @@ def test_rebuilt_config(family: str, sculpted: Callable[[str, int], Path], work:
 def test_shards_and_index(sculpted: Callable[[str, int], Path], work: Path) -> None:
     q4 = sculpted("qwen3_moe_fused", 4)
     out = work / "sharded"
-    result = export_hf(q4, out, config=CKPTS / "qwen3_moe_fused" / "config.json",
-                       max_shard_size=150_000)
+    result = export_hf(
+        q4, out, config=CKPTS / "qwen3_moe_fused" / "config.json", max_shard_size=150_000
+    )
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     n = len(shards)
     assert n > 1 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
@@ -231,9 +240,10 @@ def test_shards_and_index(sculpted: Callable[[str, int], Path], work: Path) -> N
     index = json.loads((out / "model.safetensors.index.json").read_text())
     tensors = exported_tensors(out)
     assert index["weight_map"] == {n: t.path.name for n, t in sorted(tensors.items())}
-    assert index["metadata"] == {"total_size": sum(t.nbytes for t in tensors.values()),
-                                 "total_parameters": sum(int(np.prod(t.shape))
-                                                         for t in tensors.values())}
+    assert index["metadata"] == {
+        "total_size": sum(t.nbytes for t in tensors.values()),
+        "total_parameters": sum(int(np.prod(t.shape)) for t in tensors.values()),
+    }
     assert all(p.stat().st_size < 150_000 + 4096 for p in out.glob("*.safetensors"))
     assert tensors["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 96, 64)  # fused
     model, problems = load(out)
@@ -242,20 +252,23 @@ def test_shards_and_index(sculpted: Callable[[str, int], Path], work: Path) -> N
     assert torch.equal(logits(model), logits(load(work / "unsharded")[0]))
 
 
-def test_without_a_manifest_the_family_names(sculpted: Callable[[str, int], Path],
-                                             work: Path) -> None:
+def test_without_a_manifest_the_family_names(
+    sculpted: Callable[[str, int], Path], work: Path
+) -> None:
     """No manifest: Mixtral's w1/w3/w2, per-expert names for a fused source; both load."""
-    for family, name in (("mixtral", "model.layers.1.block_sparse_moe.experts.3.w3.weight"),
-                         ("qwen3_moe_fused", "model.layers.1.mlp.experts.7.up_proj.weight")):
+    for family, name in (
+        ("mixtral", "model.layers.1.block_sparse_moe.experts.3.w3.weight"),
+        ("qwen3_moe_fused", "model.layers.1.mlp.experts.7.up_proj.weight"),
+    ):
         folder = work / f"{family}-nomanifest"
         folder.mkdir()
         q4 = sculpted(family, 4)
         for p in (q4, q4.with_name(f"{family}.scout.safetensors")):
             shutil.copyfile(p, folder / p.name)
-        result = export_hf(folder / q4.name, folder / "hf",
-                           config=CKPTS / family / "config.json")
-        assert result.notes[0].startswith("no manifest beside the vault: experts named as the "
-                                          "family's checkpoints name them")
+        result = export_hf(folder / q4.name, folder / "hf", config=CKPTS / family / "config.json")
+        assert result.notes[0].startswith(
+            "no manifest beside the vault: experts named as the family's checkpoints name them"
+        )
         assert name in exported_tensors(folder / "hf")
         model, problems = load(folder / "hf")
         assert problems == []
@@ -267,15 +280,23 @@ def test_cli_defaults(sculpted: Callable[[str, int], Path], work: Path) -> None:
     """``smoe export OUT/M.smoe HF --hf`` finds the scout and the staged config itself."""
     q2 = sculpted("mixtral", 2)
     out = work / "cli-hf"
-    proc = subprocess.run([*SMOE, "export", str(q2), str(out), "--hf", "--json"],
-                          capture_output=True, text=True, env=ENV)
+    proc = subprocess.run(
+        [*SMOE, "export", str(q2), str(out), "--hf", "--json"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["files"] == ["model.safetensors", "config.json"]
     assert summary["dtype"] == "BF16" and summary["notes"] == []
     assert (out / "config.json").read_bytes() == (CKPTS / "mixtral" / "config.json").read_bytes()
-    proc = subprocess.run([*SMOE, "export", str(q2), str(work / "x"), "--dtype", "f32"],
-                          capture_output=True, text=True, env=ENV)
+    proc = subprocess.run(
+        [*SMOE, "export", str(q2), str(work / "x"), "--dtype", "f32"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --dtype needs --hf (see smoe export --help)"
 
@@ -287,24 +308,31 @@ def leftovers(folder: Path) -> list[str]:
 
 def test_partial_vault_refused(tmp_path: Path) -> None:
     for opts, expected in (
-        (SculptOptions(jobs=1, max_layers=1),
-         "a partial vault (sculpted with --max-layers 1): it holds 1 of the model's 2 MoE "
-         "layers (layers 0; 1 missing)"),
-        (SculptOptions(jobs=1, max_experts=2),
-         "a partial vault (sculpted with --max-experts 2): layer 0 lacks experts 2..3 of 0..3; "
-         "layer 1 lacks experts 2..3 of 0..3"),
+        (
+            SculptOptions(jobs=1, max_layers=1),
+            "a partial vault (sculpted with --max-layers 1): it holds 1 of the model's 2 MoE "
+            "layers (layers 0; 1 missing)",
+        ),
+        (
+            SculptOptions(jobs=1, max_experts=2),
+            "a partial vault (sculpted with --max-experts 2): layer 0 lacks experts 2..3 of 0..3; "
+            "layer 1 lacks experts 2..3 of 0..3",
+        ),
     ):
         out = tmp_path / f"p{opts.max_layers}{opts.max_experts}"
         vault = sculpt(CKPTS / "olmoe", out, opts).vault
         with pytest.raises(SmoeError) as info:
             export_hf(vault, out / "hf")
-        assert str(info.value) == (f"{vault}: {expected}; a checkpoint needs every expert: "
-                                   "sculpt the model again without --max-layers/--max-experts")
+        assert str(info.value) == (
+            f"{vault}: {expected}; a checkpoint needs every expert: "
+            "sculpt the model again without --max-layers/--max-experts"
+        )
         assert not (out / "hf").exists() and leftovers(out) == []
 
 
-def test_outputs_that_are_or_hold_inputs_are_refused(sculpted: Callable[[str, int], Path],
-                                                    tmp_path: Path) -> None:
+def test_outputs_that_are_or_hold_inputs_are_refused(
+    sculpted: Callable[[str, int], Path], tmp_path: Path
+) -> None:
     q4 = sculpted("olmoe", 4)
     folder = q4.parent
     before = sorted(p.name for p in folder.iterdir())
@@ -312,11 +340,13 @@ def test_outputs_that_are_or_hold_inputs_are_refused(sculpted: Callable[[str, in
     busy.mkdir()
     (busy / "keep").write_text("x")
     for out, message in (
-        (folder, f"{folder}: the output folder holds the input {q4}; refusing to replace an "
-                 "input"),
+        (folder, f"{folder}: the output folder holds the input {q4}; refusing to replace an input"),
         (q4, f"{q4}: the output is the input {q4} itself; refusing to overwrite an input"),
-        (busy, f"{busy}: exists and is not empty; remove it or name a new folder (the "
-               "checkpoint folder is written whole, never merged)"),
+        (
+            busy,
+            f"{busy}: exists and is not empty; remove it or name a new folder (the "
+            "checkpoint folder is written whole, never merged)",
+        ),
         (busy / "keep", f"{busy / 'keep'}: exists and is not a folder"),
     ):
         with pytest.raises(SmoeError) as info:
@@ -341,12 +371,14 @@ def test_a_damaged_blob_is_refused(sculpted: Callable[[str, int], Path], tmp_pat
         export_hf(vault, tmp_path / "hf", config=CKPTS / "qwen2_moe" / "config.json")
     assert str(info.value) == (
         f"{vault}: layer {key[0]} expert {key[1]}: the blob at offset {offset - 100} differs "
-        f"from its CRC-32C in {manifest.path_for(vault)} (changed or damaged); refused")
+        f"from its CRC-32C in {manifest.path_for(vault)} (changed or damaged); refused"
+    )
     assert not (tmp_path / "hf").exists() and leftovers(tmp_path) == []
 
 
-def test_a_failed_write_leaves_nothing(sculpted: Callable[[str, int], Path], tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_leaves_nothing(
+    sculpted: Callable[[str, int], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     q4 = sculpted("deepseek_v2", 4)
     calls = []
     real = hf_export.write_expert
@@ -364,8 +396,9 @@ def test_a_failed_write_leaves_nothing(sculpted: Callable[[str, int], Path], tmp
     assert len(calls) == 7 and not out.exists() and leftovers(tmp_path) == []
 
 
-def test_source_dtypes_from_the_manifest(sculpted: Callable[[str, int], Path],
-                                         tmp_path: Path) -> None:
+def test_source_dtypes_from_the_manifest(
+    sculpted: Callable[[str, int], Path], tmp_path: Path
+) -> None:
     """A manifest that records each source tensor's dtype (``experts[].tensors[].dtype``)
     gets each expert tensor back in it: here gate, up and down differ within an expert."""
     family = "olmoe_mixed_dtype"
@@ -382,8 +415,15 @@ def test_source_dtypes_from_the_manifest(sculpted: Callable[[str, int], Path],
     assert result.dtype == "mixed"
     got = exported_tensors(tmp_path / "hf")
     assert {n: t.dtype for n, t in got.items()} == {n: t.dtype for n, t in src.items()}
-    assert len({got[f"model.layers.0.mlp.experts.1.{r}.weight"].dtype
-                for r in ("gate_proj", "up_proj", "down_proj")}) == 3
+    assert (
+        len(
+            {
+                got[f"model.layers.0.mlp.experts.1.{r}.weight"].dtype
+                for r in ("gate_proj", "up_proj", "down_proj")
+            }
+        )
+        == 3
+    )
     model, problems = load(tmp_path / "hf")
     assert problems == []
     assert rel(logits(model), logits(load(CKPTS / family)[0])) < 10 ** (-snr_median(q4) / 20)

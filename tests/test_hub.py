@@ -27,8 +27,14 @@ SMOE = [sys.executable, "-m", "smoe.cli"]
 
 
 # ---- a HuggingFace cache, as huggingface_hub lays it out -----------------------------------
-def cache_model(cache: Path, repo_id: str, src: Path, commit: str, refs: tuple[str, ...] = (),
-                skip: tuple[str, ...] = ()) -> Path:
+def cache_model(
+    cache: Path,
+    repo_id: str,
+    src: Path,
+    commit: str,
+    refs: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
+) -> Path:
     """``src``'s files as the snapshot ``commit`` of ``repo_id``: symlinks into ``blobs/``
     (named by content hash), ``refs/REF`` holding the commit. Returns the snapshot folder."""
     repo = cache / f"models--{repo_id.replace('/', '--')}"
@@ -54,8 +60,14 @@ def tree_state(root: Path) -> dict[str, tuple[int, ...]]:
     out = {}
     for p in [root, *sorted(root.rglob("*"))]:
         st = p.lstat()
-        out[str(p)] = (st.st_mode, st.st_ino, st.st_size, st.st_nlink, st.st_mtime_ns,
-                       st.st_ctime_ns)
+        out[str(p)] = (
+            st.st_mode,
+            st.st_ino,
+            st.st_size,
+            st.st_nlink,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        )
     return out
 
 
@@ -80,8 +92,14 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def smoe(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env=os.environ, timeout=300)
+    return subprocess.run(
+        [*SMOE, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=os.environ,
+        timeout=300,
+    )
 
 
 def sources(manifest: Path) -> list[str]:
@@ -97,8 +115,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 
 # ---- the command line ----------------------------------------------------------------------
-def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path,
-                                         reference: bytes) -> None:
+def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path, reference: bytes) -> None:
     """Named after the model, the same bytes as from the folder, nothing written in the cache."""
     cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     before = tree_state(hf_home)
@@ -109,7 +126,10 @@ def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path,
     summary = json.loads(proc.stdout)
     assert summary["vault"] == str(out / "name.smoe")
     assert sorted(p.name for p in out.iterdir()) == [
-        "name.scout.safetensors", "name.smoe", "name.smoe.manifest.json"]
+        "name.scout.safetensors",
+        "name.smoe",
+        "name.smoe.manifest.json",
+    ]
     assert (out / "name.smoe").read_bytes() == reference
     assert tree_state(hf_home) == before
 
@@ -120,7 +140,10 @@ def test_name_overrides_the_model_name(hf_home: Path, tmp_path: Path) -> None:
     proc = smoe("sculpt", "org/name", out, "--jobs", "1", "--name", "q4-test")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "q4-test.scout.safetensors", "q4-test.smoe", "q4-test.smoe.manifest.json"]
+        "q4-test.scout.safetensors",
+        "q4-test.smoe",
+        "q4-test.smoe.manifest.json",
+    ]
 
 
 @pytest.mark.parametrize("stem", ["", ".", "..", "a/b"])
@@ -149,8 +172,9 @@ def test_revision_picks_another_snapshot(hf_home: Path, tmp_path: Path) -> None:
     assert tree_state(hf_home) == before
 
 
-def test_a_snapshot_folder_given_as_a_path_is_named_after_the_model(hf_home: Path,
-                                                                   tmp_path: Path) -> None:
+def test_a_snapshot_folder_given_as_a_path_is_named_after_the_model(
+    hf_home: Path, tmp_path: Path
+) -> None:
     snap = cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     before = tree_state(hf_home)
     proc = smoe("sculpt", snap, tmp_path / "out", "--jobs", "1")
@@ -163,18 +187,22 @@ def test_a_snapshot_folder_given_as_a_path_is_named_after_the_model(hf_home: Pat
 def test_an_uncached_id_offline_is_refused_in_one_line(hf_home: Path, tmp_path: Path) -> None:
     cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     where = f"the HuggingFace cache ({hf_home / 'hub'})"
-    for args, what in ((["org/other"], "org/other"),
-                       (["org/name", "--revision", "v9"], "org/name (revision v9)")):
+    for args, what in (
+        (["org/other"], "org/other"),
+        (["org/name", "--revision", "v9"], "org/name (revision v9)"),
+    ):
         proc = smoe("sculpt", *args, tmp_path / "out")
         assert proc.returncode == 1
         assert proc.stderr.splitlines() == [
             f"error: {what}: no such folder, and the model is not in {where}, while the "
-            "network is off (HF_HUB_OFFLINE)"]
+            "network is off (HF_HUB_OFFLINE)"
+        ]
     assert not (tmp_path / "out").exists()
 
 
-def test_neither_a_folder_nor_a_model_id_is_not_a_checkpoint_directory(hf_home: Path,
-                                                                      tmp_path: Path) -> None:
+def test_neither_a_folder_nor_a_model_id_is_not_a_checkpoint_directory(
+    hf_home: Path, tmp_path: Path
+) -> None:
     for arg in ("no/such/folder", "bad-/id", "org/na--me"):
         proc = smoe("sculpt", arg, tmp_path / "out")
         assert proc.returncode == 1
@@ -182,16 +210,27 @@ def test_neither_a_folder_nor_a_model_id_is_not_a_checkpoint_directory(hf_home: 
 
 
 def test_without_huggingface_hub_an_id_asks_for_the_extra(tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['huggingface_hub'] = None; from smoe.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "sculpt", "org/name", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; sys.modules['huggingface_hub'] = None; from smoe.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "sculpt", "org/name", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
-        "error: a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"]
+        "error: a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
+    ]
     # a folder needs no extra
-    proc = subprocess.run([sys.executable, "-c", code, "sculpt", "--dry-run", str(SINGLE),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "sculpt", "--dry-run", str(SINGLE), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -209,8 +248,9 @@ def test_cached_files_keep_the_strict_input_rules(hf_home: Path, tmp_path: Path)
 
 
 # ---- resolve(): the rules, in process ------------------------------------------------------
-def test_a_local_path_wins_over_an_id(hf_home: Path, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_path_wins_over_an_id(
+    hf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache_model(hf_home / "hub", "org/name", SHARDED, COMMIT_A, refs=("main",))
     local = tmp_path / "org" / "name"
     local.mkdir(parents=True)
@@ -233,7 +273,8 @@ def test_a_partly_cached_snapshot_offline_names_what_is_missing(hf_home: Path) -
         hub.resolve("org/name")
     assert str(e.value) == (
         f"org/name: no such folder, and the model is only partly in the HuggingFace cache "
-        f"({hf_home / 'hub'}): no {shard}, while the network is off (HF_HUB_OFFLINE)")
+        f"({hf_home / 'hub'}): no {shard}, while the network is off (HF_HUB_OFFLINE)"
+    )
 
 
 def test_a_missing_blob_is_a_missing_file(hf_home: Path) -> None:
@@ -244,12 +285,27 @@ def test_a_missing_blob_is_a_missing_file(hf_home: Path) -> None:
         hub.resolve("org/name")
 
 
-@pytest.mark.parametrize(("text", "ok"), [
-    ("Qwen/Qwen3-30B-A3B", True), ("deepseek-ai/DeepSeek-V3", True), ("a/b", True),
-    ("gpt2", False), ("a/b/c", False), ("/abs/path", False), ("./x", False), ("x/", False),
-    ("a--b/c", False), ("a/b..c", False), ("a/-b", False), ("a/b.", False), ("a/b.git", False),
-    ("a/" + "b" * 95, False), ("a/b c", False), ("a/bé", False),
-])
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("Qwen/Qwen3-30B-A3B", True),
+        ("deepseek-ai/DeepSeek-V3", True),
+        ("a/b", True),
+        ("gpt2", False),
+        ("a/b/c", False),
+        ("/abs/path", False),
+        ("./x", False),
+        ("x/", False),
+        ("a--b/c", False),
+        ("a/b..c", False),
+        ("a/-b", False),
+        ("a/b.", False),
+        ("a/b.git", False),
+        ("a/" + "b" * 95, False),
+        ("a/b c", False),
+        ("a/bé", False),
+    ],
+)
 def test_what_is_a_model_id(text: str, ok: bool) -> None:
     assert hub.is_repo_id(text) is ok
 
@@ -265,12 +321,16 @@ def test_stem_of_a_cache_snapshot_even_through_a_symlink(tmp_path: Path) -> None
 
 
 # ---- downloading: huggingface_hub's snapshot_download against a stand-in Hub --------------
-REMOTE_EXTRAS = {"README.md": b"# a model\n", "original/consolidated.safetensors": b"x" * 64,
-                 "pytorch_model.bin": b"y" * 64}
+REMOTE_EXTRAS = {
+    "README.md": b"# a model\n",
+    "original/consolidated.safetensors": b"x" * 64,
+    "pytorch_model.bin": b"y" * 64,
+}
 
 
-def stand_in_hub(hf_home: Path, monkeypatch: pytest.MonkeyPatch, src: Path,
-                 calls: list[dict]) -> Callable[..., str]:
+def stand_in_hub(
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch, src: Path, calls: list[dict]
+) -> Callable[..., str]:
     """``snapshot_download``: the real one for cache look-ups, and for downloads a Hub whose
     repository holds ``src``'s files plus REMOTE_EXTRAS at COMMIT_B (files filtered by
     huggingface_hub's own pattern rules, written the cache's way)."""
@@ -285,8 +345,13 @@ def stand_in_hub(hf_home: Path, monkeypatch: pytest.MonkeyPatch, src: Path,
         if kw.get("local_files_only"):
             return real(repo_id, **kw)
         calls.append(kw)
-        wanted = set(filter_repo_objects(files, allow_patterns=kw.get("allow_patterns"),
-                                         ignore_patterns=kw.get("ignore_patterns")))
+        wanted = set(
+            filter_repo_objects(
+                files,
+                allow_patterns=kw.get("allow_patterns"),
+                ignore_patterns=kw.get("ignore_patterns"),
+            )
+        )
         repo = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
         snap = repo / "snapshots" / COMMIT_B
         for name in sorted(wanted):
@@ -307,8 +372,9 @@ def stand_in_hub(hf_home: Path, monkeypatch: pytest.MonkeyPatch, src: Path,
     return download
 
 
-def test_online_a_complete_cache_is_used_without_the_hub(hf_home: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_online_a_complete_cache_is_used_without_the_hub(
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     snap = cache_model(hf_home / "hub", "org/name", SHARDED, COMMIT_A, refs=("main",))
     calls: list[dict] = []
     stand_in_hub(hf_home, monkeypatch, SHARDED, calls)
@@ -319,15 +385,19 @@ def test_online_a_complete_cache_is_used_without_the_hub(hf_home: Path,
 
 
 @pytest.mark.parametrize("src", [SINGLE, SHARDED], ids=["single", "sharded"])
-def test_download_fetches_only_config_index_and_shards(hf_home: Path, src: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_fetches_only_config_index_and_shards(
+    hf_home: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[dict] = []
     stand_in_hub(hf_home, monkeypatch, src, calls)
     folder, stem = hub.resolve("org/name")
-    assert (folder, stem) == (hf_home / "hub" / "models--org--name" / "snapshots" / COMMIT_B,
-                              "name")
+    assert (folder, stem) == (
+        hf_home / "hub" / "models--org--name" / "snapshots" / COMMIT_B,
+        "name",
+    )
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        f.name for f in src.iterdir() if f.name != "generation_config.json")
+        f.name for f in src.iterdir() if f.name != "generation_config.json"
+    )
     assert calls[0]["revision"] is None
     assert calls[1]["revision"] == COMMIT_B  # the second call cannot see another commit
     # cached now: served from the cache, no more downloads
@@ -335,8 +405,9 @@ def test_download_fetches_only_config_index_and_shards(hf_home: Path, src: Path,
     assert len(calls) == 2
 
 
-def test_no_progress_bars_when_stderr_is_not_a_terminal(hf_home: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_progress_bars_when_stderr_is_not_a_terminal(
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from huggingface_hub.utils import are_progress_bars_disabled
 
     seen: list[bool] = []
@@ -358,14 +429,24 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal(hf_home: Path,
     assert not are_progress_bars_disabled()  # restored
 
 
-@pytest.mark.parametrize(("error", "message"), [
-    ("RepositoryNotFoundError", "org/name: no such folder, and no such model on the "
-     "HuggingFace Hub (or it is private: log in with hf auth login)"),
-    ("GatedRepoError", "org/name: a gated model; accept its terms on huggingface.co and log "
-     "in (hf auth login)"),
-])
-def test_hub_errors_are_one_line(hf_home: Path, monkeypatch: pytest.MonkeyPatch, error: str,
-                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            "RepositoryNotFoundError",
+            "org/name: no such folder, and no such model on the "
+            "HuggingFace Hub (or it is private: log in with hf auth login)",
+        ),
+        (
+            "GatedRepoError",
+            "org/name: a gated model; accept its terms on huggingface.co and log "
+            "in (hf auth login)",
+        ),
+    ],
+)
+def test_hub_errors_are_one_line(
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch, error: str, message: str
+) -> None:
     import huggingface_hub
     from huggingface_hub import utils
 
@@ -376,8 +457,7 @@ def test_hub_errors_are_one_line(hf_home: Path, monkeypatch: pytest.MonkeyPatch,
     def failing(repo_id: str, **kw: object) -> str:
         if kw.get("local_files_only"):
             return download(repo_id, **kw)
-        raise getattr(utils, error)("404 Client Error.\n\nRepository Not Found",
-                                    response=response)
+        raise getattr(utils, error)("404 Client Error.\n\nRepository Not Found", response=response)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
     with pytest.raises(SmoeError) as e:

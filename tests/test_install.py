@@ -11,15 +11,18 @@ DUMP = "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[
 
 
 def test_version_flag_of_both_commands() -> None:
-    for command, prog in (([sys.executable, "-m", "smoe"], "smoe"),
-                          ([sys.executable, "-c", DUMP], "smoe-dump")):
+    for command, prog in (
+        ([sys.executable, "-m", "smoe"], "smoe"),
+        ([sys.executable, "-c", DUMP], "smoe-dump"),
+    ):
         proc = subprocess.run([*command, "--version"], capture_output=True, text=True)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{prog} {__version__}\n", "")
 
 
 def test_python_dash_m_smoe_is_the_smoe_command() -> None:
-    proc = subprocess.run([sys.executable, "-m", "smoe", "spec", "--json"], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "smoe", "spec", "--json"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert '"page_size": 16384' in proc.stdout
     usage = subprocess.run([sys.executable, "-m", "smoe"], capture_output=True, text=True)
@@ -28,11 +31,14 @@ def test_python_dash_m_smoe_is_the_smoe_command() -> None:
 
 
 def test_import_smoe_is_light_and_vault_is_lazy() -> None:
-    code = ("import sys, smoe; light = 'numpy' not in sys.modules; "
-            "from smoe import Vault; from smoe.reader import Vault as V; "
-            "print(light, Vault is V, 'Vault' in dir(smoe))")
+    code = (
+        "import sys, smoe; light = 'numpy' not in sys.modules; "
+        "from smoe import Vault; from smoe.reader import Vault as V; "
+        "print(light, Vault is V, 'Vault' in dir(smoe))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.split() == ["True", "True", "True"], proc.stderr
-    missing = subprocess.run([sys.executable, "-c", "import smoe; smoe.Nothing"],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-c", "import smoe; smoe.Nothing"], capture_output=True, text=True
+    )
     assert "AttributeError: module 'smoe' has no attribute 'Nothing'" in missing.stderr

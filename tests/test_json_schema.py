@@ -54,8 +54,9 @@ def python(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
 
 
 def check(*args: object) -> tuple[int, dict]:
-    r = subprocess.run([str(BIN), "check", *map(str, args)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [str(BIN), "check", *map(str, args)], capture_output=True, text=True, timeout=60
+    )
     return r.returncode, json.loads(r.stdout)
 
 
@@ -106,47 +107,67 @@ def test_three_commands_agree(path: Path, capsys: pytest.CaptureFixture) -> None
     if py_errors:
         exp = EXPECTED[path.name]
         assert (py_errors[0]["code"], py_errors[0]["field"], py_errors[0]["offset"]) == (
-            exp["code"], exp["field"], exp["offset"])
+            exp["code"],
+            exp["field"],
+            exp["offset"],
+        )
         assert all(checked[key] is None for key in CHECK_KEYS - FINDINGS_KEYS)
     else:
         assert checked["header"]["version"] == dump["header"]["version"]
     # The warnings C++ met are Python's, value for value.
     assert [f for f in cpp if f["severity"] != "error"] == [
-        f for f in py if f in cpp and f["severity"] != "error"]
+        f for f in py if f in cpp and f["severity"] != "error"
+    ]
 
 
 def test_a_file_shorter_than_a_header_is_unreadable_everywhere(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     short = tmp_path / "short.smoe"
     short.write_bytes((FIXTURES / "q4_v2.smoe").read_bytes()[:30])
-    (v_code, verify), (d_code, dump) = (python(capsys, cmd, "--json", str(short))
-                                        for cmd in ("verify", "dump"))
+    (v_code, verify), (d_code, dump) = (
+        python(capsys, cmd, "--json", str(short)) for cmd in ("verify", "dump")
+    )
     c_code, checked = check("--json", short)
     assert v_code == d_code == c_code == 2
-    want = [{"code": "header.size", "severity": "error", "offset": 0, "field": "header",
-             "expected": 64, "actual": 30, "expected_text": "0x40 (64)",
-             "actual_text": "0x1e (30)"}]
+    want = [
+        {
+            "code": "header.size",
+            "severity": "error",
+            "offset": 0,
+            "field": "header",
+            "expected": 64,
+            "actual": 30,
+            "expected_text": "0x40 (64)",
+            "actual_text": "0x1e (30)",
+        }
+    ]
     assert valid_findings_doc(verify, FINDINGS_KEYS) == want
     assert valid_findings_doc(checked, CHECK_KEYS) == want
     assert set(dump) == DUMP_KEYS and dump["findings"] == verify["findings"]
 
 
-def test_bad_magic_is_a_broken_rule_not_an_unreadable_file(
-        capsys: pytest.CaptureFixture) -> None:
+def test_bad_magic_is_a_broken_rule_not_an_unreadable_file(capsys: pytest.CaptureFixture) -> None:
     """Exit status 2 is for files that cannot be read at all (docs/JSON.md); a file with
     another magic was read and judged: status 1, code header.magic, in both languages."""
     path = CORRUPT / "bad_magic.smoe"
     code, verify = python(capsys, "verify", "--json", str(path))
     c_code, checked = check("--json", path)
     assert code == c_code == 1
-    assert [f["code"] for f in verify["findings"]] == [f["code"] for f in checked["findings"]
-                                                       ] == ["header.magic"]
+    assert (
+        [f["code"] for f in verify["findings"]]
+        == [f["code"] for f in checked["findings"]]
+        == ["header.magic"]
+    )
 
 
 def test_error_documents_are_the_same(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     missing = tmp_path / "missing.smoe"
-    docs = [python(capsys, "verify", "--json", str(missing)),
-            python(capsys, "dump", "--json", str(missing)), check("--json", missing)]
+    docs = [
+        python(capsys, "verify", "--json", str(missing)),
+        python(capsys, "dump", "--json", str(missing)),
+        check("--json", missing),
+    ]
     message = f"{missing}: cannot open: No such file or directory"
     want = {"schema": SCHEMA, "ok": False, "error": {"message": message, "exit_code": 2}}
     assert docs == [(2, want)] * 3

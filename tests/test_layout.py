@@ -51,8 +51,12 @@ def test_dtypes_agree_with_kaitai_field_by_field() -> None:
     arch = np.frombuffer(data, layout.ARCH_BLOCK_DTYPE, 1, offset=s.header.ofs_arch)[0]
     _same(layout.ARCH_BLOCK_DTYPE, arch, s.arch)
     table = np.frombuffer(data, layout.EXPERT_ENTRY_DTYPE, s.header.num_experts, offset=64)
-    descs = np.frombuffer(data, layout.TENSOR_DESCRIPTOR_DTYPE, 3 * s.header.num_experts,
-                          offset=s.header.ofs_descriptors)
+    descs = np.frombuffer(
+        data,
+        layout.TENSOR_DESCRIPTOR_DTYPE,
+        3 * s.header.num_experts,
+        offset=s.header.ofs_descriptors,
+    )
     for i, e in enumerate(s.experts):
         _same(layout.EXPERT_ENTRY_DTYPE, table[i], e)
         for t, d in enumerate(e.tensors):
@@ -81,8 +85,9 @@ def layout_test_binary() -> Path:
 def test_cpp_reads_what_python_wrote(layout_test_binary: Path, tmp_path: Path) -> None:
     path = tmp_path / "golden.smoe"
     path.write_bytes(g.vault())
-    out = subprocess.run([str(layout_test_binary), str(path)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [str(layout_test_binary), str(path)], capture_output=True, text=True, check=True
+    ).stdout
     got = json.loads(out)
     s = Smoe.from_bytes(path.read_bytes())
     for name, value in got["header"].items():

@@ -45,8 +45,11 @@ def test_sizes_on_arrays_equal_sizes_on_ints_without_overflow() -> None:
     ns = [0, 1, 7, 8, 63, 64, 65, 1025, 2**40 + 3, biggest]
     arr = np.array(ns, np.uint64)
     for bits in layout.SUPPORTED_BITS:
-        assert layout.packed_size(arr, bits).tolist() == [
-            layout.packed_size(n, bits) for n in ns] == [-(-n * bits // 8) for n in ns]
+        assert (
+            layout.packed_size(arr, bits).tolist()
+            == [layout.packed_size(n, bits) for n in ns]
+            == [-(-n * bits // 8) for n in ns]
+        )
     assert layout.num_groups(arr).tolist() == [-(-n // layout.GROUP_SIZE) for n in ns]
     assert layout.scales_size(arr).tolist() == [layout.scales_size(n) for n in ns]
     with pytest.raises(ValueError, match="bits"):
@@ -54,11 +57,19 @@ def test_sizes_on_arrays_equal_sizes_on_ints_without_overflow() -> None:
 
 
 def test_bit_width_traits_flags_and_names() -> None:
-    assert [(layout.codes_per_byte(b), layout.max_code(b), layout.code_centre(b))
-            for b in layout.SUPPORTED_BITS] == [(4, 3, 1.5), (2, 15, 7.5)]
+    assert [
+        (layout.codes_per_byte(b), layout.max_code(b), layout.code_centre(b))
+        for b in layout.SUPPORTED_BITS
+    ] == [(4, 3, 1.5), (2, 15, 7.5)]
     assert tuple(t.name.lower() for t in layout.TensorType) == layout.TENSOR_NAMES
     assert layout.FLAG_NAMES == {"norm_topk_prob": 1, "has_qk_norm": 2, "has_dense_layer_0": 4}
     assert [s.name for s in layout.STRUCTS] == [
-        "SmoeHeader", "ExpertEntry", "TensorDescriptor", "SmoeArchBlock"]
-    assert all(s.dtype.itemsize == max(o + s.dtype.fields[f][0].itemsize
-                                       for f, o in s.offsets.items()) for s in layout.STRUCTS)
+        "SmoeHeader",
+        "ExpertEntry",
+        "TensorDescriptor",
+        "SmoeArchBlock",
+    ]
+    assert all(
+        s.dtype.itemsize == max(o + s.dtype.fields[f][0].itemsize for f, o in s.offsets.items())
+        for s in layout.STRUCTS
+    )

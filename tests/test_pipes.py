@@ -25,12 +25,18 @@ from smoe.cli import _TrimmedLines
 from fixtures_data import CORRUPT, FIXTURES
 
 SMOE = [sys.executable, "-m", "smoe"]
-SMOE_DUMP = [sys.executable, "-c",
-             "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[1:]))"]
-TERMINAL_ENV = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR", "COLUMNS",
-                "LINES")
-ENV = {**{k: v for k, v in os.environ.items() if k not in TERMINAL_ENV},
-       "COLUMNS": "40", "LINES": "10", "TERM": "xterm-256color"}
+SMOE_DUMP = [
+    sys.executable,
+    "-c",
+    "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[1:]))",
+]
+TERMINAL_ENV = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR", "COLUMNS", "LINES")
+ENV = {
+    **{k: v for k, v in os.environ.items() if k not in TERMINAL_ENV},
+    "COLUMNS": "40",
+    "LINES": "10",
+    "TERM": "xterm-256color",
+}
 CHECKPOINT = FIXTURES / "checkpoints" / "qwen3_moe"
 # config.json says 1 layer, the tensors hold 2: sculpt and upgrade --model warn, then go on
 WARNING = "warning: num_hidden_layers: config.json says 1, the tensors say 2; using the tensors"
@@ -51,8 +57,9 @@ class Place:
 
 def run(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [*SMOE, *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env or ENV, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +77,9 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
     assert v1_run.returncode == 0, v1_run.stderr
     corrupt = long / "duplicate_expert.smoe"
     shutil.copy(CORRUPT / "duplicate_expert.smoe", corrupt)
-    return Place(long, model, long / "v2" / "qwen3_moe.smoe", long / "v1" / "qwen3_moe.smoe",
-                 corrupt, sculpt)
+    return Place(
+        long, model, long / "v2" / "qwen3_moe.smoe", long / "v1" / "qwen3_moe.smoe", corrupt, sculpt
+    )
 
 
 def check_plain(proc: subprocess.CompletedProcess) -> None:
@@ -129,8 +137,10 @@ def test_verify_findings_are_whole_lines(place: Place) -> None:
     proc = run("verify", place.corrupt)
     assert proc.returncode == 1
     check_plain(proc)
-    assert ("error: table.duplicate at offset 0x74 (experts[1].expert_id): (layer 0, expert 0) "
-            "appears twice") in proc.stdout.splitlines()
+    assert (
+        "error: table.duplicate at offset 0x74 (experts[1].expert_id): (layer 0, expert 0) "
+        "appears twice"
+    ) in proc.stdout.splitlines()
     (verdict,) = lines_with(proc.stdout, str(place.corrupt))
     assert verdict.startswith(f"{place.corrupt}: INVALID (1 errors, ")
     assert proc.stderr == ""
@@ -139,18 +149,27 @@ def test_verify_findings_are_whole_lines(place: Place) -> None:
 @pytest.mark.parametrize("command", [[*SMOE, "dump"], SMOE_DUMP], ids=["smoe dump", "smoe-dump"])
 @pytest.mark.parametrize("flags", [[], ["--experts"], ["--layer", "1", "--deep"]])
 def test_dump(place: Place, command: list[str], flags: list[str]) -> None:
-    proc = subprocess.run([*command, *flags, str(place.vault)], capture_output=True, text=True,
-                          env=ENV, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*command, *flags, str(place.vault)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     (first,) = lines_with(proc.stdout, str(place.vault))
-    assert first == (f"{place.vault}  278,528 bytes  v2  Q4  group 64  data_offset 0x4000  "
-                     "full vault, 16 experts")
+    assert first == (
+        f"{place.vault}  278,528 bytes  v2  Q4  group 64  data_offset 0x4000  "
+        "full vault, 16 experts"
+    )
     shapes = "gate_proj 48x64 up_proj 48x64 down_proj 64x48"
     assert f"layer 1: 8 experts (ids 0-7), {shapes}, blobs 0x24000..0x44000" in proc.stdout
     if flags:
-        assert ("up_proj [48, 64]  packed +1632 (0x40660) 1,536 B  scales +3168 (0x40c60) 96 B"
-                in proc.stdout)
+        assert (
+            "up_proj [48, 64]  packed +1632 (0x40660) 1,536 B  scales +3168 (0x40c60) 96 B"
+            in proc.stdout
+        )
     assert proc.stderr == ""
 
 
@@ -196,8 +215,9 @@ def test_errors_are_one_whole_line_on_stderr(place: Place) -> None:
 def on_terminal(args: list[str], env: dict) -> str:
     """Run with stdout on a pseudo-terminal; what the terminal received, newlines as \\n."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen(args, stdout=follower, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        args, stdout=follower, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env
+    )
     os.close(follower)
     chunks = []
     while True:

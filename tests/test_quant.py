@@ -76,8 +76,9 @@ def check_encoding(w: np.ndarray, bits: int, packed: np.ndarray, scales: np.ndar
 
 def group_sse(w: np.ndarray, packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
     n = w.size
-    err = np.square(w.reshape(-1).astype(np.float64)
-                    - quant.decode(packed, scales, bits, w.shape).reshape(-1))
+    err = np.square(
+        w.reshape(-1).astype(np.float64) - quant.decode(packed, scales, bits, w.shape).reshape(-1)
+    )
     return np.bincount(np.arange(n) // GROUP_SIZE, weights=err, minlength=len(scales))
 
 
@@ -110,16 +111,24 @@ SHAPES = st.one_of(
     st.tuples(st.integers(1, 9), st.integers(1, 150)),
     st.tuples(st.integers(16, 40), st.integers(60, 140)),
 )
-KINDS = st.lists(st.sampled_from(["1e-7", "1e-3", "0.02", "1", "outlier", "zero", "const",
-                                  "huge", "6e4"]), min_size=1, max_size=5)
+KINDS = st.lists(
+    st.sampled_from(["1e-7", "1e-3", "0.02", "1", "outlier", "zero", "const", "huge", "6e4"]),
+    min_size=1,
+    max_size=5,
+)
 
 
 # ---------------------------------------------------------------------------- properties
 
 
 @settings(max_examples=120, deadline=None)
-@given(shape=SHAPES, kinds=KINDS, seed=st.integers(0, 2**32 - 1),
-       bits=st.sampled_from(SUPPORTED_BITS), mode=st.sampled_from(MODES))
+@given(
+    shape=SHAPES,
+    kinds=KINDS,
+    seed=st.integers(0, 2**32 - 1),
+    bits=st.sampled_from(SUPPORTED_BITS),
+    mode=st.sampled_from(MODES),
+)
 def test_round_trip_invariants(shape, kinds, seed, bits, mode):
     w = make_weights(shape, kinds, seed)
     packed, scales = quant.encode(w, bits, mode)
@@ -131,9 +140,15 @@ def test_round_trip_invariants(shape, kinds, seed, bits, mode):
 
 
 @settings(max_examples=60, deadline=None)
-@given(w=hnp.arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 140)),
-                    elements=st.floats(allow_nan=False, allow_infinity=False, width=32)),
-       bits=st.sampled_from(SUPPORTED_BITS), mode=st.sampled_from(MODES))
+@given(
+    w=hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 4), st.integers(1, 140)),
+        elements=st.floats(allow_nan=False, allow_infinity=False, width=32),
+    ),
+    bits=st.sampled_from(SUPPORTED_BITS),
+    mode=st.sampled_from(MODES),
+)
 def test_arbitrary_finite_float32(w, bits, mode):
     """Any finite input (subnormals, 3e38, repeated values) gives a valid encoding."""
     packed, scales = quant.encode(w, bits, mode)
@@ -141,8 +156,9 @@ def test_arbitrary_finite_float32(w, bits, mode):
 
 
 @settings(max_examples=60, deadline=None)
-@given(shape=SHAPES, kinds=KINDS, seed=st.integers(0, 2**32 - 1),
-       bits=st.sampled_from(SUPPORTED_BITS))
+@given(
+    shape=SHAPES, kinds=KINDS, seed=st.integers(0, 2**32 - 1), bits=st.sampled_from(SUPPORTED_BITS)
+)
 def test_optimal_never_much_worse_than_absmax(shape, kinds, seed, bits):
     """``optimal`` is about as accurate as absmax, or better.
 
@@ -214,8 +230,9 @@ def test_bit_order_q2(mode):
 
 def test_decode_hand_made_bytes():
     got = quant.decode(np.array([0x21, 0x0F], np.uint8), np.array([2.0], np.float16), 4, (1, 3))
-    np.testing.assert_allclose(got, [[(1 - 7.5) / 7.5 * 2, (2 - 7.5) / 7.5 * 2, 1.0 * 2]],
-                               rtol=1e-7)
+    np.testing.assert_allclose(
+        got, [[(1 - 7.5) / 7.5 * 2, (2 - 7.5) / 7.5 * 2, 1.0 * 2]], rtol=1e-7
+    )
     got = quant.decode(np.array([0xE4], np.uint8), np.array([3.0], np.float16), 2, (2, 2))
     np.testing.assert_allclose(got, [[-3, -1], [1, 3]], rtol=1e-7)
     # scales given as raw little-endian bytes
@@ -226,8 +243,9 @@ def test_decode_hand_made_bytes():
 
 
 def test_second_group_gets_second_scale():
-    w = np.concatenate([weights_for_codes([0, 15] * 32, 4),
-                        weights_for_codes([15, 0, 7], 4, scale=4.0)], axis=1)
+    w = np.concatenate(
+        [weights_for_codes([0, 15] * 32, 4), weights_for_codes([15, 0, 7], 4, scale=4.0)], axis=1
+    )
     packed, scales = quant.encode(w, 4, "absmax")
     assert scales.tolist() == [1.0, 4.0]
     assert packed[-2:].tolist() == [0x0F, 0x07]
@@ -393,8 +411,12 @@ def realistic(rows: int, cols: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     w = rng.normal(0, 0.02, (rows, cols)).astype(np.float32)
     idx = rng.integers(0, cols, (rows, 4))
-    np.put_along_axis(w, idx, (rng.choice([-1, 1], (rows, 4)) * 0.02
-                               * rng.uniform(8, 10, (rows, 4))).astype(np.float32), axis=1)
+    np.put_along_axis(
+        w,
+        idx,
+        (rng.choice([-1, 1], (rows, 4)) * 0.02 * rng.uniform(8, 10, (rows, 4))).astype(np.float32),
+        axis=1,
+    )
     return w
 
 
@@ -440,8 +462,12 @@ def test_snr_db():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([(1, 1), (1, 63), (7, 65), (33, 64), (300, 70)]),
-       st.sampled_from(SUPPORTED_BITS), st.sampled_from(MODES), st.integers(0, 2**32 - 1))
+@given(
+    st.sampled_from([(1, 1), (1, 63), (7, 65), (33, 64), (300, 70)]),
+    st.sampled_from(SUPPORTED_BITS),
+    st.sampled_from(MODES),
+    st.integers(0, 2**32 - 1),
+)
 def test_stats_snr_equals_snr_of_decoded(shape, bits, mode, seed) -> None:
     """encode_into(stats=...) reports exactly the SNR of decoding what it wrote."""
     w = np.random.default_rng(seed).normal(0, 0.02, shape).astype(np.float32)

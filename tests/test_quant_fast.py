@@ -113,9 +113,25 @@ def weights(n: int, kinds: list[str], seed: int) -> np.ndarray:
     return out.astype(np.float32)
 
 
-KINDS = st.lists(st.sampled_from(["0.02", "1", "1e-3", "1e4", "outlier", "zero", "negzero",
-                                  "const", "subnormal", "edge", "sparse"]),
-                 min_size=1, max_size=6)
+KINDS = st.lists(
+    st.sampled_from(
+        [
+            "0.02",
+            "1",
+            "1e-3",
+            "1e4",
+            "outlier",
+            "zero",
+            "negzero",
+            "const",
+            "subnormal",
+            "edge",
+            "sparse",
+        ]
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 # ---------------------------------------------------------------------------- the switch
@@ -164,8 +180,9 @@ def test_prepare_fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_fixtures_regenerate_identically_with_the_compiled_encoder(tmp_path: Path) -> None:
     env = {**os.environ, quant.KERNEL_ENV: "fast"}
-    subprocess.run([sys.executable, str(ROOT / "fixtures" / "generate.py"), str(tmp_path)],
-                   check=True, env=env)
+    subprocess.run(
+        [sys.executable, str(ROOT / "fixtures" / "generate.py"), str(tmp_path)], check=True, env=env
+    )
     vaults = sorted(tmp_path.glob("*.smoe"))
     assert vaults
     for path in vaults:
@@ -175,13 +192,18 @@ def test_fixtures_regenerate_identically_with_the_compiled_encoder(tmp_path: Pat
 @functools.cache
 def fixture_tensors() -> list[tuple[str, np.ndarray]]:
     """Every weight matrix of the committed fixtures, from fixtures/generate.py."""
-    spec = importlib.util.spec_from_file_location("fixture_generate",
-                                                  ROOT / "fixtures" / "generate.py")
+    spec = importlib.util.spec_from_file_location(
+        "fixture_generate", ROOT / "fixtures" / "generate.py"
+    )
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen  # its dataclasses look their module up
     spec.loader.exec_module(gen)
-    return [(f"{s.name} {key} {t}", w) for s in gen.specs()
-            for key, mats in sorted(s.experts().items()) for t, w in enumerate(mats)]
+    return [
+        (f"{s.name} {key} {t}", w)
+        for s in gen.specs()
+        for key, mats in sorted(s.experts().items())
+        for t, w in enumerate(mats)
+    ]
 
 
 @pytest.mark.parametrize(("bits", "mode"), WIDTHS_AND_MODES)
@@ -199,12 +221,17 @@ def test_fixture_weights_at_every_width_and_scale(bits: int, mode: str) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.one_of(st.integers(1, 300), st.integers(4000, 9000)), kinds=KINDS,
-       seed=st.integers(0, 2**32 - 1), bits=st.sampled_from(SUPPORTED_BITS),
-       mode=st.sampled_from(MODES), src=st.sampled_from(["f32", "bf16", "f16", "f64"]),
-       chunk=st.sampled_from([GROUP_SIZE, GROUP_SIZE * 3, GROUP_SIZE * 64, 1 << 18]),
-       imp=st.sampled_from([None, *IMPORTANCE_KINDS]),
-       cols=st.sampled_from([1, 37, GROUP_SIZE, 200, 4096]))
+@given(
+    n=st.one_of(st.integers(1, 300), st.integers(4000, 9000)),
+    kinds=KINDS,
+    seed=st.integers(0, 2**32 - 1),
+    bits=st.sampled_from(SUPPORTED_BITS),
+    mode=st.sampled_from(MODES),
+    src=st.sampled_from(["f32", "bf16", "f16", "f64"]),
+    chunk=st.sampled_from([GROUP_SIZE, GROUP_SIZE * 3, GROUP_SIZE * 64, 1 << 18]),
+    imp=st.sampled_from([None, *IMPORTANCE_KINDS]),
+    cols=st.sampled_from([1, 37, GROUP_SIZE, 200, 4096]),
+)
 def test_random_tensors(n, kinds, seed, bits, mode, src, chunk, imp, cols) -> None:
     w = weights(n, kinds, seed)
     kw: dict = {"chunk_weights": chunk}
@@ -230,8 +257,11 @@ def test_large_realistic_tensor_and_layouts(bits: int, mode: str, weighted: bool
     importance also float32 weights whose tiles are partly bfloat16 values (Q2's two
     sorts) and rows that do not start at a group (unaligned importance runs)."""
     w = weights(300 * 1000 + 37, ["0.02", "outlier", "0.02", "1e-3", "zero"], 3)
-    imp = (lambda cols: {"importance": importance(cols, "zeros", cols)}) if weighted else (
-        lambda cols: {})
+    imp = (
+        (lambda cols: {"importance": importance(cols, "zeros", cols)})
+        if weighted
+        else (lambda cols: {})
+    )
     assert_same(w, bits, mode, **imp(w.size))
     m = w[: 600 * 500].reshape(600, 500)
     if weighted:
@@ -262,12 +292,18 @@ def test_huge_weights_when_clipping(bits: int, mode: str) -> None:
 # ---------------------------------------------------------------------------- refusals
 
 
-def refusal(w: np.ndarray, bits: int, mode: str, kernel: str,
-            **kw) -> quant.UnrepresentableWeights:
+def refusal(w: np.ndarray, bits: int, mode: str, kernel: str, **kw) -> quant.UnrepresentableWeights:
     n = w.size
     with pytest.raises(quant.UnrepresentableWeights) as info:
-        quant.encode_into(w, bits, np.empty(quant.packed_size(n, bits), np.uint8),
-                          np.empty(quant.num_groups(n), "<f2"), mode, kernel=kernel, **kw)
+        quant.encode_into(
+            w,
+            bits,
+            np.empty(quant.packed_size(n, bits), np.uint8),
+            np.empty(quant.num_groups(n), "<f2"),
+            mode,
+            kernel=kernel,
+            **kw,
+        )
     return info.value
 
 
@@ -285,8 +321,11 @@ def test_refusals_are_the_same(bits: int, mode: str, bad: str, where: int) -> No
     else:
         w[where] = float(bad)
     for src in ("f32", "bf16", "f32 weighted"):
-        x, kw = (w, {}) if src == "f32" else ((w.view(np.uint32) >> 16).astype(np.uint16),
-                                              {"src_dtype": "bf16"})
+        x, kw = (
+            (w, {})
+            if src == "f32"
+            else ((w.view(np.uint32) >> 16).astype(np.uint16), {"src_dtype": "bf16"})
+        )
         if src == "f32 weighted":  # rows of 3 columns, of importance 1, 0 and 20
             x, kw = w.reshape(-1, 3), {"importance": np.array([1.0, 0.0, 20.0])}
         for overflow in ("raise", "clip"):
@@ -297,7 +336,11 @@ def test_refusals_are_the_same(bits: int, mode: str, bad: str, where: int) -> No
             assert type(fast) is type(ref)
             assert str(fast) == str(ref)
             assert (fast.count, fast.groups, fast.position, fast.bits) == (
-                ref.count, ref.groups, ref.position, ref.bits)
+                ref.count,
+                ref.groups,
+                ref.position,
+                ref.bits,
+            )
             assert fast.value == ref.value or (np.isnan(fast.value) and np.isnan(ref.value))
 
 
@@ -309,8 +352,15 @@ def test_sorting_network_sorts() -> None:
     pairs = quant_kernels._sort_network(GROUP_SIZE)
     rng = np.random.default_rng(0)
     cases = [rng.integers(0, 1 << 31, (2000, GROUP_SIZE)), rng.integers(0, 3, (2000, GROUP_SIZE))]
-    cases.append(np.array([[int(i <= j < k) for j in range(GROUP_SIZE)]
-                           for i in range(GROUP_SIZE) for k in range(i, GROUP_SIZE + 1)]))
+    cases.append(
+        np.array(
+            [
+                [int(i <= j < k) for j in range(GROUP_SIZE)]
+                for i in range(GROUP_SIZE)
+                for k in range(i, GROUP_SIZE + 1)
+            ]
+        )
+    )
     for keys in cases:
         a = keys.copy()
         for i, j in pairs:
@@ -328,19 +378,30 @@ def test_memory_stays_bounded() -> None:
     bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
     chunk = 1 << 15
     imp = importance(4096, "lognormal", 0)  # with importance: its columns on top
-    cases = [(w, {}), (bf16, {"src_dtype": "bf16"}), (w.reshape(-1, 4096), {"importance": imp}),
-             (bf16.reshape(-1, 4096), {"src_dtype": "bf16", "importance": imp})]
+    cases = [
+        (w, {}),
+        (bf16, {"src_dtype": "bf16"}),
+        (w.reshape(-1, 4096), {"importance": imp}),
+        (bf16.reshape(-1, 4096), {"src_dtype": "bf16", "importance": imp}),
+    ]
     for bits, mode in WIDTHS_AND_MODES:
         packed = np.empty(quant.packed_size(n, bits), np.uint8)
         scales = np.empty(quant.num_groups(n), "<f2")
         for x, kw in cases:
-            first = {**kw, "importance": None if "importance" not in kw else imp[:GROUP_SIZE * 4]}
-            quant.encode_into(x.reshape(-1)[:GROUP_SIZE * 4], bits,
-                              packed[: GROUP_SIZE * bits // 2], scales[:4], mode, kernel="fast",
-                              **first)  # compile or load first
+            first = {**kw, "importance": None if "importance" not in kw else imp[: GROUP_SIZE * 4]}
+            quant.encode_into(
+                x.reshape(-1)[: GROUP_SIZE * 4],
+                bits,
+                packed[: GROUP_SIZE * bits // 2],
+                scales[:4],
+                mode,
+                kernel="fast",
+                **first,
+            )  # compile or load first
             tracemalloc.start()
-            quant.encode_into(x, bits, packed, scales, mode, chunk_weights=chunk,
-                              kernel="fast", **kw)
+            quant.encode_into(
+                x, bits, packed, scales, mode, chunk_weights=chunk, kernel="fast", **kw
+            )
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
             assert peak < 8 * chunk * 4, (bits, mode, peak)

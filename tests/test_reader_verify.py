@@ -96,13 +96,16 @@ def test_corrupt_fixture_raises_recorded_code(name: str) -> None:
     report = verify(np.fromfile(CORRUPT / name, np.uint8), deep=True)
     hits = [(f.code, f.path, f.offset) for f in report.errors]
     assert (exp["code"], exp["field"], exp["offset"]) in hits
-    proc = subprocess.run([*SMOE, "verify", "--deep", "--json", str(CORRUPT / name)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [*SMOE, "verify", "--deep", "--json", str(CORRUPT / name)], capture_output=True, text=True
+    )
     assert proc.returncode == 1
     out = json.loads(proc.stdout)
     assert out["valid"] is False and out["errors"] == len(report.errors)
-    assert any(f["code"] == exp["code"] and f["field"] == exp["field"]
-               and f["offset"] == exp["offset"] for f in out["findings"])
+    assert any(
+        f["code"] == exp["code"] and f["field"] == exp["field"] and f["offset"] == exp["offset"]
+        for f in out["findings"]
+    )
     # The fast reader refuses it too (at open or when the broken expert is reached),
     # except for blob contents, which only --deep reads.
     if exp["section"] != "blobs" or exp["code"] != "blob.padding":
@@ -111,10 +114,14 @@ def test_corrupt_fixture_raises_recorded_code(name: str) -> None:
         assert info.value.finding.severity == "error"
 
 
-@pytest.mark.parametrize("code,field,offset,base,patches,cut", RULE_CASES,
-                         ids=[f"{r[0]}-{i}" for i, r in enumerate(RULE_CASES)])
-def test_rule_cases_raise_the_same_code_as_the_cpp_checker(code, field, offset, base, patches,
-                                                           cut) -> None:
+@pytest.mark.parametrize(
+    "code,field,offset,base,patches,cut",
+    RULE_CASES,
+    ids=[f"{r[0]}-{i}" for i, r in enumerate(RULE_CASES)],
+)
+def test_rule_cases_raise_the_same_code_as_the_cpp_checker(
+    code, field, offset, base, patches, cut
+) -> None:
     report = verify(np.frombuffer(apply(base, patches, cut), np.uint8), deep=True)
     assert (code, field, offset) in [(f.code, f.path, f.offset) for f in report.errors]
 
@@ -123,31 +130,40 @@ def test_finding_carries_expected_and_actual_in_hex_and_decimal() -> None:
     report = verify(np.fromfile(CORRUPT / "packed_size_mismatch.smoe", np.uint8))
     f = next(f for f in report.errors if f.code == "descriptor.packed_size")
     assert f.to_dict() == {
-        "code": "descriptor.packed_size", "severity": "error", "offset": 468,
+        "code": "descriptor.packed_size",
+        "severity": "error",
+        "offset": 468,
         "field": "experts[0].tensors[0].packed_size",
         "message": "packed_size must be ceil(rows * cols * bits / 8)",
-        "expected": 1024, "actual": 1025,
-        "expected_text": "0x400 (1024)", "actual_text": "0x401 (1025)"}
+        "expected": 1024,
+        "actual": 1025,
+        "expected_text": "0x400 (1024)",
+        "actual_text": "0x401 (1025)",
+    }
     assert f.line().endswith("[expected 0x400 (1024), got 0x401 (1025)]")
 
 
 def test_verify_exit_codes(tmp_path: Path) -> None:
-    ok = subprocess.run([*SMOE, "verify", str(FIXTURES / "q4_v1.smoe")], capture_output=True,
-                        text=True)
+    ok = subprocess.run(
+        [*SMOE, "verify", str(FIXTURES / "q4_v1.smoe")], capture_output=True, text=True
+    )
     assert ok.returncode == 0
     assert ok.stdout.strip().endswith("valid (0 errors, 0 warnings)")
-    missing = subprocess.run([*SMOE, "verify", str(tmp_path / "nope.smoe")],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [*SMOE, "verify", str(tmp_path / "nope.smoe")], capture_output=True, text=True
+    )
     assert missing.returncode == 2
-    assert missing.stderr.strip() == (f"error: {tmp_path / 'nope.smoe'}: cannot open: No such "
-                                      "file or directory")
+    assert missing.stderr.strip() == (
+        f"error: {tmp_path / 'nope.smoe'}: cannot open: No such file or directory"
+    )
     short = tmp_path / "short.smoe"
     short.write_bytes(b"SMOE")
     assert subprocess.run([*SMOE, "verify", str(short)], capture_output=True).returncode == 2
     usage = subprocess.run([*SMOE, "verify"], capture_output=True, text=True)
     assert usage.returncode == 2
-    assert usage.stderr == ("error: the following arguments are required: vault "
-                            "(see smoe verify --help)\n")
+    assert usage.stderr == (
+        "error: the following arguments are required: vault (see smoe verify --help)\n"
+    )
 
 
 def test_expert_views_and_dequantize() -> None:
@@ -170,8 +186,10 @@ def test_reader_errors_name_offset_and_field(tmp_path: Path) -> None:
     struct.pack_into("<Q", data, 64 + 48 + 8, 16384 + 7)  # experts[1].byte_offset misaligned
     with pytest.raises(VaultError) as info:
         Vault.from_array(np.frombuffer(bytes(data), np.uint8), "x.smoe")
-    assert str(info.value) == ("x.smoe: entry.byte_offset_align at offset 120 "
-                               "(experts[1].byte_offset): blob offset must be a multiple of 16384")
+    assert str(info.value) == (
+        "x.smoe: entry.byte_offset_align at offset 120 "
+        "(experts[1].byte_offset): blob offset must be a multiple of 16384"
+    )
     with pytest.raises(SmoeError, match="cannot open"):
         Vault.open(tmp_path / "missing.smoe")
 
@@ -186,8 +204,10 @@ def test_huge_counts_fail_without_allocating() -> None:
 
 
 # ---- differential: fast reader + verifier vs the Kaitai reference ---------------------------
-SEEDS = {name: (FIXTURES / name).read_bytes() for name in ("q4_v2.smoe", "q2_v2.smoe",
-                                                          "q4_v1.smoe", "partial_groups.smoe")}
+SEEDS = {
+    name: (FIXTURES / name).read_bytes()
+    for name in ("q4_v2.smoe", "q2_v2.smoe", "q4_v1.smoe", "partial_groups.smoe")
+}
 
 
 def _agree_on_fields(s: Smoe, v: Vault) -> None:
@@ -195,20 +215,54 @@ def _agree_on_fields(s: Smoe, v: Vault) -> None:
         want = kaitai_field(s.header, name)
         got = v.header[name]
         assert (bytes(got) if name == "magic" else int(got)) == want, name
-    assert [(e.layer_id, e.expert_id, e.ofs_blob, e.len_raw, e.len_padded, e.num_groups)
-            for e in s.experts] == [tuple(int(r[f]) for f in ("layer_id", "expert_id",
-                                    "byte_offset", "raw_size", "padded_size", "num_groups"))
-                                    for r in v.table]
+    assert [
+        (e.layer_id, e.expert_id, e.ofs_blob, e.len_raw, e.len_padded, e.num_groups)
+        for e in s.experts
+    ] == [
+        tuple(
+            int(r[f])
+            for f in (
+                "layer_id",
+                "expert_id",
+                "byte_offset",
+                "raw_size",
+                "padded_size",
+                "num_groups",
+            )
+        )
+        for r in v.table
+    ]
     for i, e in enumerate(s.experts):
         for t, d in enumerate(e.tensors):
             r = v.descriptors[i, t]
-            assert (d.num_rows, d.num_cols, d.ofs_packed, d.len_packed, d.ofs_scales,
-                    d.len_scales) == tuple(int(r[f]) for f in (
-                        "rows", "cols", "packed_offset", "packed_size", "scales_offset",
-                        "scales_size"))
+            assert (
+                d.num_rows,
+                d.num_cols,
+                d.ofs_packed,
+                d.len_packed,
+                d.ofs_scales,
+                d.len_scales,
+            ) == tuple(
+                int(r[f])
+                for f in (
+                    "rows",
+                    "cols",
+                    "packed_offset",
+                    "packed_size",
+                    "scales_offset",
+                    "scales_size",
+                )
+            )
     if s.arch is not None:
-        for name in ("flags", "num_heads", "num_kv_heads", "head_dim", "moe_top_k",
-                     "moe_ffn_dim", "num_hidden_layers"):
+        for name in (
+            "flags",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "moe_top_k",
+            "moe_ffn_dim",
+            "num_hidden_layers",
+        ):
             assert kaitai_field(s.arch, name) == int(v.arch[name]), name
 
 
@@ -224,13 +278,32 @@ def mutants(draw) -> bytes:
         else:
             fmt, width = ("<I", 4) if kind == "u32" else ("<Q", 8)
             off = draw(st.integers(0, meta_end - width))
-            value = draw(st.sampled_from([0, 1, 2, 3, 7, 63, 64, 65, 128, 16383, 16384, 16385,
-                                          len(data), 2**32 - 1, 2**63]))
+            value = draw(
+                st.sampled_from(
+                    [
+                        0,
+                        1,
+                        2,
+                        3,
+                        7,
+                        63,
+                        64,
+                        65,
+                        128,
+                        16383,
+                        16384,
+                        16385,
+                        len(data),
+                        2**32 - 1,
+                        2**63,
+                    ]
+                )
+            )
             if kind == "u32":
                 value &= 0xFFFFFFFF
             struct.pack_into(fmt, data, off, value)
     if draw(st.booleans()):
-        del data[draw(st.integers(0, len(data))):]
+        del data[draw(st.integers(0, len(data))) :]
     return bytes(data)
 
 

@@ -109,16 +109,40 @@ def synthetic_manifest(vault: Path, seed: int = 0) -> dict:
         values: list[float | None] = snr[i].tolist()
         if i in (3, 4):
             values = [None, None, None]
-        rows.append({"layer": layer, "expert": expert, "offset": offset, "raw_size": raw,
-                     "crc32c": 0,
-                     "tensors": [{"name": n, "snr_db": s, "source": f"t{n}", "index": None,
-                                  "rows": None, "source_crc32c": 0}
-                                 for n, s in zip(("gate_proj", "up_proj", "down_proj"), values)]})
+        rows.append(
+            {
+                "layer": layer,
+                "expert": expert,
+                "offset": offset,
+                "raw_size": raw,
+                "crc32c": 0,
+                "tensors": [
+                    {
+                        "name": n,
+                        "snr_db": s,
+                        "source": f"t{n}",
+                        "index": None,
+                        "rows": None,
+                        "source_crc32c": 0,
+                    }
+                    for n, s in zip(("gate_proj", "up_proj", "down_proj"), values)
+                ],
+            }
+        )
     v.close()
-    doc = {"schema": manifest.SCHEMA, "checksum": manifest.CHECKSUM,
-           "vault": {"name": vault.name, "size": vault.stat().st_size, "experts": len(rows),
-                     "bits": 4},
-           "tool": {"name": "test"}, "source": None, "experts": rows}
+    doc = {
+        "schema": manifest.SCHEMA,
+        "checksum": manifest.CHECKSUM,
+        "vault": {
+            "name": vault.name,
+            "size": vault.stat().st_size,
+            "experts": len(rows),
+            "bits": 4,
+        },
+        "tool": {"name": "test"},
+        "source": None,
+        "experts": rows,
+    }
     manifest.path_for(vault).write_bytes(manifest.encode(doc))
     return doc
 
@@ -141,7 +165,12 @@ def test_demo_page_shows_fields_layers_map_and_snr(demo: Path, tmp_path: Path) -
     out = tmp_path / "report.html"
     result = write_report(demo, out)
     assert (result.path, result.experts, result.layers, result.snr, result.ok) == (
-        out, 16, 2, True, True)
+        out,
+        16,
+        2,
+        True,
+        True,
+    )
     assert result.manifest == manifest.path_for(demo)
     html = out.read_text("utf-8")
     assert result.bytes == len(html.encode())
@@ -213,17 +242,27 @@ def test_every_corrupt_fixture_gets_a_page_with_its_finding(tmp_path: Path) -> N
     short = tmp_path / "short.smoe"
     short.write_bytes(b"SMOE")
     proc = run("report", short, "-o", tmp_path / "short.html")
-    assert proc.returncode == 2 and "shorter than the 64-byte header" in (
-        tmp_path / "short.html").read_text()
+    assert (
+        proc.returncode == 2
+        and "shorter than the 64-byte header" in (tmp_path / "short.html").read_text()
+    )
 
 
 def tiny_vault(path: Path, layers: int, experts: int, model_type: str = "qwen3_moe") -> Path:
     """A small valid v2 vault whose blobs are holes (zeros)."""
     shapes = ((32, 64), (32, 64), (64, 32))
     plan = make_plan({(lay, e): shapes for lay in range(layers) for e in range(experts)}, 4, 2)
-    arch = ArchInfo(rope_theta=1e6, num_heads=4, num_kv_heads=4, head_dim=16, moe_top_k=2,
-                    moe_ffn_dim=32, num_hidden_layers=layers, rms_norm_eps=1e-6,
-                    model_type=model_type)
+    arch = ArchInfo(
+        rope_theta=1e6,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        moe_top_k=2,
+        moe_ffn_dim=32,
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        model_type=model_type,
+    )
     with AtomicFile(path) as f:
         f.pwrite(metadata_bytes(plan, ModelInfo(layers, experts, 64, 128, 32), arch), 0)
         f.truncate(plan.file_size)
@@ -290,8 +329,11 @@ def test_a_vault_of_very_many_layers_gives_a_bounded_page(tmp_path: Path) -> Non
     text = " ".join(" ".join(page.text).split())
     assert "and 6 more layers, not listed." in text
     assert "6 experts lie outside the drawn grid" in text
-    runs = [t for t in page.titles
-            if re.match(r"(layer \d+ blobs|blobs, several layers): [\d,]+\.\.", t)]
+    runs = [
+        t
+        for t in page.titles
+        if re.match(r"(layer \d+ blobs|blobs, several layers): [\d,]+\.\.", t)
+    ]
     assert any(t.startswith("blobs, several layers") for t in runs)
     assert len(runs) <= 2 * report.MAX_RUNS
 
@@ -312,8 +354,7 @@ def test_docstring_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- writing safely ------------------------------------------------------------------------
-def test_refuses_an_output_that_is_the_vault_or_its_manifest(demo: Path, tmp_path: Path
-                                                            ) -> None:
+def test_refuses_an_output_that_is_the_vault_or_its_manifest(demo: Path, tmp_path: Path) -> None:
     side = manifest.path_for(demo)
     before = (demo.read_bytes(), side.read_bytes())
     (tmp_path / "hard").hardlink_to(demo)
@@ -366,16 +407,18 @@ def test_cli_json_and_exit_codes(demo: Path, tmp_path: Path) -> None:
 def _chromium() -> str:
     """Debian's chromium; installed with apt-get when missing and running as root."""
     found = shutil.which("chromium")
-    if found is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which(
-            "apt-get"):
+    if found is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=900)
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, env=env,
-                       timeout=1800)
+        subprocess.run(
+            ["apt-get", "install", "-y", "chromium"], capture_output=True, env=env, timeout=1800
+        )
         found = shutil.which("chromium")
     if found is None:
-        pytest.skip("the browser test needs Debian's chromium package (apt-get install "
-                    "chromium), which is missing and cannot be installed here")
+        pytest.skip(
+            "the browser test needs Debian's chromium package (apt-get install "
+            "chromium), which is missing and cannot be installed here"
+        )
     return found
 
 
@@ -387,11 +430,26 @@ def chromium() -> str:
 def browse(chromium: str, page: Path, profile: Path, *mode: str) -> subprocess.CompletedProcess:
     """Load ``page`` in headless chromium; console messages are logged on stderr."""
     return subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", "--disable-extensions", f"--user-data-dir={profile}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
-         "--window-size=1400,1800", *mode, page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=180)
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--window-size=1400,1800",
+            *mode,
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def console_lines(stderr: str) -> list[str]:
@@ -435,8 +493,7 @@ def png_pixels(data: bytes) -> np.ndarray:
     return rows.reshape(height, width, bpp)
 
 
-def _unfilter_sequential(line: list[int], prev: list[int], bpp: int, paeth: bool
-                         ) -> np.ndarray:
+def _unfilter_sequential(line: list[int], prev: list[int], bpp: int, paeth: bool) -> np.ndarray:
     cur = [0] * len(line)
     for i, x in enumerate(line):
         a = cur[i - bpp] if i >= bpp else 0
@@ -474,20 +531,27 @@ def test_png_reader_decodes_every_filter() -> None:
         prev = cur
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(
-            ">I", zlib.crc32(kind + body))
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
 
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 7, 5, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 7, 5, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
     assert np.array_equal(png_pixels(png), img)
 
 
 @pytest.fixture(scope="module")
-def pages(demo: Path, big: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> dict[str, Path]:
+def pages(demo: Path, big: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("pages")
-    out = {"demo": folder / "demo.html", "qwen3_235b": folder / "qwen3_235b.html",
-           "corrupt": folder / "corrupt.html"}
+    out = {
+        "demo": folder / "demo.html",
+        "qwen3_235b": folder / "qwen3_235b.html",
+        "corrupt": folder / "corrupt.html",
+    }
     write_report(demo, out["demo"])
     write_report(big, out["qwen3_235b"])
     write_report(CORRUPT / "blob_beyond_eof.smoe", out["corrupt"])
@@ -496,7 +560,8 @@ def pages(demo: Path, big: Path, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.parametrize("name", ["demo", "qwen3_235b", "corrupt"])
 def test_browser_renders_the_page_without_console_errors(
-        chromium: str, pages: dict[str, Path], tmp_path: Path, name: str) -> None:
+    chromium: str, pages: dict[str, Path], tmp_path: Path, name: str
+) -> None:
     page = pages[name]
     shot = tmp_path / "shot.png"
     proc = browse(chromium, page, tmp_path / "profile", f"--screenshot={shot}", "--dump-dom")
@@ -522,8 +587,7 @@ def broken_page(tmp_path: Path) -> Iterator[Path]:
     yield page
 
 
-def test_browser_check_sees_svg_errors(chromium: str, broken_page: Path, tmp_path: Path
-                                       ) -> None:
+def test_browser_check_sees_svg_errors(chromium: str, broken_page: Path, tmp_path: Path) -> None:
     """The console check is not vacuous: an invalid SVG attribute is reported."""
     proc = browse(chromium, broken_page, tmp_path / "profile", "--dump-dom")
     assert any("A negative value is not valid" in line for line in console_lines(proc.stderr))
@@ -536,8 +600,10 @@ def test_weighted_snr_is_shown_when_the_manifest_has_it(tmp_path: Path) -> None:
     shutil.copy(src, vault)
     doc = json.loads(manifest.path_for(src).read_text())
     for row in doc["experts"]:
-        row["tensors"] = [{"name": n, "snr_db": 18.0, "weighted_snr_db": 21.5}
-                          for n in ("gate_proj", "up_proj", "down_proj")]
+        row["tensors"] = [
+            {"name": n, "snr_db": 18.0, "weighted_snr_db": 21.5}
+            for n in ("gate_proj", "up_proj", "down_proj")
+        ]
     manifest.path_for(vault).write_bytes(manifest.encode(doc))
     out = tmp_path / "r.html"
     report.write_report(vault, out)

@@ -43,8 +43,7 @@ def built() -> None:
 
 
 def cpp(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, timeout=60)
 
 
 def broken_vaults() -> Iterator[tuple[str, str, int, bytes]]:
@@ -93,9 +92,16 @@ def test_python_and_cpp_registries_are_equal() -> None:
     r = cpp("rules")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [
-        {"code": rule.code, "severity": rule.severity, "load": rule.load, "deep": rule.deep,
-         "ksy": rule.ksy, "sidecar": rule.sidecar, "rulings": ", ".join(rule.rulings),
-         "message": rule.message}
+        {
+            "code": rule.code,
+            "severity": rule.severity,
+            "load": rule.load,
+            "deep": rule.deep,
+            "ksy": rule.ksy,
+            "sidecar": rule.sidecar,
+            "rulings": ", ".join(rule.rulings),
+            "message": rule.message,
+        }
         for rule in layout.Rule
     ]
 
@@ -104,7 +110,11 @@ def test_registry_holds_the_shape_rules_and_the_sidecar_rules() -> None:
     assert layout.RULES["descriptor.shape"].rulings == ("D3",)
     assert layout.RULES["layer.shape"].severity == "error"
     assert {r.code for r in layout.Rule if r.sidecar} == {
-        "manifest.malformed", "manifest.vault", "manifest.expert", "manifest.checksum"}
+        "manifest.malformed",
+        "manifest.vault",
+        "manifest.expert",
+        "manifest.checksum",
+    }
     assert all(r.severity == "error" and not r.deep for r in layout.Rule if r.load)
 
 
@@ -134,7 +144,8 @@ def test_every_registered_code_is_raised_by_some_input(tmp_path: Path) -> None:
             raised.add(code)
     for code, field, offset, base, patches, cut in NOTICE_CASES:
         if (layout.RULES[code].severity, code, field, offset) in findings(
-                apply(base, patches, cut)):
+            apply(base, patches, cut)
+        ):
             raised.add(code)
     for case in MANIFEST_CASES:
         folder = tmp_path / case[0]
@@ -158,8 +169,9 @@ def test_every_error_code_is_a_broken_vault_in_both_languages(tmp_path: Path) ->
         folder = tmp_path / case[0]
         folder.mkdir()
         vault = write_with_manifest(case, folder)
-        if (case[0], case[1], case[2]) in {(f.code, f.path, f.offset)
-                                           for f in verify_path(vault, deep=True).errors}:
+        if (case[0], case[1], case[2]) in {
+            (f.code, f.path, f.offset) for f in verify_path(vault, deep=True).errors
+        }:
             python.add(case[0])
         if cpp_first_error(vault) == case[:3]:
             native.add(case[0])
@@ -184,16 +196,22 @@ def test_unreadable_files_exit_2_in_both_languages(tmp_path: Path) -> None:
     for code, field, offset, base, patches, cut in UNREADABLE_CASES:
         path = tmp_path / base
         path.write_bytes(apply(base, patches, cut))
-        r = subprocess.run([sys.executable, "-m", "smoe.cli", "verify", "--json", str(path)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "smoe.cli", "verify", "--json", str(path)],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 2
-        assert [(f["code"], f["field"], f["offset"]) for f in json.loads(r.stdout)["findings"]
-                ] == [(code, field, offset)]
+        assert [(f["code"], f["field"], f["offset"]) for f in json.loads(r.stdout)["findings"]] == [
+            (code, field, offset)
+        ]
         r = cpp("check", path)
         assert r.returncode == 2
-        assert r.stderr == (f"smoe-stream: {path}: {code} at offset {offset} ({field}): file of "
-                            f"{path.stat().st_size} bytes is shorter than the "
-                            f"{layout.HEADER_SIZE}-byte header\n")
+        assert r.stderr == (
+            f"smoe-stream: {path}: {code} at offset {offset} ({field}): file of "
+            f"{path.stat().st_size} bytes is shorter than the "
+            f"{layout.HEADER_SIZE}-byte header\n"
+        )
 
 
 # ---- what the .ksy states -------------------------------------------------------------------
@@ -207,6 +225,7 @@ def test_ksy_flag_says_what_a_kaitai_parser_rejects() -> None:
             assert rejected, code
         elif not rejected:
             passes.add(code)
-    unstated = {code for code in ERRORS if not layout.RULES[code].ksy
-                and not layout.RULES[code].sidecar}
+    unstated = {
+        code for code in ERRORS if not layout.RULES[code].ksy and not layout.RULES[code].sidecar
+    }
     assert passes == unstated, sorted(unstated - passes)

@@ -22,9 +22,19 @@ from smoe.verify import verify
 ROOT = Path(__file__).resolve().parent.parent
 SMOE = [sys.executable, "-m", "smoe.cli"]
 PAGE_BUDGET = 20_000  # minor faults (80 MB of 4 KiB pages); touching the blobs needs ~30 M
-ARCH = ArchInfo(rope_theta=1e6, num_heads=64, num_kv_heads=4, head_dim=128, moe_top_k=8,
-                moe_ffn_dim=1536, num_hidden_layers=94, rms_norm_eps=1e-6,
-                model_type="qwen3_moe", has_qk_norm=True, norm_topk_prob=True)
+ARCH = ArchInfo(
+    rope_theta=1e6,
+    num_heads=64,
+    num_kv_heads=4,
+    head_dim=128,
+    moe_top_k=8,
+    moe_ffn_dim=1536,
+    num_hidden_layers=94,
+    rms_norm_eps=1e-6,
+    model_type="qwen3_moe",
+    has_qk_norm=True,
+    norm_topk_prob=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +80,7 @@ def test_cli_verify_dump_and_cpp_check(big: Path) -> None:
     out = json.loads(proc.stdout)
     assert len(out["experts"]) == 12_032 and len(out["experts"][-1]["tensors"]) == 3
     subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
-    proc, faults = run_counting([str(ROOT / "build" / "smoe-stream"), "check", "--json",
-                                 str(big)])
+    proc, faults = run_counting([str(ROOT / "build" / "smoe-stream"), "check", "--json", str(big)])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["experts"] == 12_032
     assert faults < PAGE_BUDGET

@@ -30,12 +30,29 @@ SMOE = [sys.executable, "-m", "smoe.cli"]
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("ckpt")
     write_checkpoint(base / "qwen", layers=2, experts=4, d_model=64, ffn=32, seed=1)
-    write_checkpoint(base / "qwen-sharded" , layers=2, experts=4, d_model=64, ffn=32, seed=1,
-                     shards=4)
-    write_checkpoint(base / "mixtral", model_type="mixtral", layers=2, experts=4, d_model=64,
-                     ffn=48, dtype="F16", seed=2)
-    write_checkpoint(base / "olmoe32", model_type="olmoe", layers=1, experts=3, d_model=64,
-                     ffn=40, dtype="F32", seed=3)
+    write_checkpoint(
+        base / "qwen-sharded", layers=2, experts=4, d_model=64, ffn=32, seed=1, shards=4
+    )
+    write_checkpoint(
+        base / "mixtral",
+        model_type="mixtral",
+        layers=2,
+        experts=4,
+        d_model=64,
+        ffn=48,
+        dtype="F16",
+        seed=2,
+    )
+    write_checkpoint(
+        base / "olmoe32",
+        model_type="olmoe",
+        layers=1,
+        experts=3,
+        d_model=64,
+        ffn=40,
+        dtype="F32",
+        seed=3,
+    )
     return base
 
 
@@ -44,8 +61,14 @@ def experts_of(vault: Path) -> dict[tuple[int, int], list[np.ndarray]]:
     out = {}
     for e in s.experts:
         out[(e.layer_id, e.expert_id)] = [
-            quant.decode(np.frombuffer(d.packed, np.uint8), np.frombuffer(d.scales, "<f2"),
-                         s.header.bits, (d.num_rows, d.num_cols)) for d in e.tensors]
+            quant.decode(
+                np.frombuffer(d.packed, np.uint8),
+                np.frombuffer(d.scales, "<f2"),
+                s.header.bits,
+                (d.num_rows, d.num_cols),
+            )
+            for d in e.tensors
+        ]
     return out
 
 
@@ -53,15 +76,17 @@ def source_weights(ckpt: Path) -> dict[tuple[int, int], list[np.ndarray]]:
     c = Checkpoint.open(ckpt)
     out = {}
     for key, ref in c.experts.items():
-        out[key] = [quant.bf16_to_f32(a) if src == "bf16" else a.astype(np.float32)
-                    for a, src in ref.load()]
+        out[key] = [
+            quant.bf16_to_f32(a) if src == "bf16" else a.astype(np.float32) for a, src in ref.load()
+        ]
     return out
 
 
 @pytest.mark.parametrize("name", ["qwen", "mixtral", "olmoe32"])
 @pytest.mark.parametrize("bits", [4, 2])
-def test_families_convert_and_decode_close_to_source(ckpts: Path, tmp_path: Path, name: str,
-                                                     bits: int) -> None:
+def test_families_convert_and_decode_close_to_source(
+    ckpts: Path, tmp_path: Path, name: str, bits: int
+) -> None:
     res = sculpt(ckpts / name, tmp_path, SculptOptions(bits=bits))
     assert res.vault == tmp_path / f"{name}.smoe"
     src = source_weights(ckpts / name)
@@ -172,29 +197,53 @@ def test_refusals_name_the_reason_and_write_nothing(ckpts: Path, tmp_path: Path)
     cases = []
     gelu = _clone(ckpts / "olmoe32", tmp_path / "gelu")
     _edit_config(gelu, hidden_act="gelu")
-    cases.append((gelu, f"{gelu}: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
-                        "can be represented"))
+    cases.append(
+        (
+            gelu,
+            f"{gelu}: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
+            "can be represented",
+        )
+    )
     oss = _clone(ckpts / "olmoe32", tmp_path / "oss")
     _edit_config(oss, model_type="gpt_oss")
-    cases.append((oss, f"{oss}: model_type 'gpt_oss' refused: gpt-oss experts interleave "
-                       "gate/up, carry biases and clamp the activation; only bias-free "
-                       "SiLU-gated (SwiGLU) experts can be represented"))
+    cases.append(
+        (
+            oss,
+            f"{oss}: model_type 'gpt_oss' refused: gpt-oss experts interleave "
+            "gate/up, carry biases and clamp the activation; only bias-free "
+            "SiLU-gated (SwiGLU) experts can be represented",
+        )
+    )
     noconf = _clone(ckpts / "olmoe32", tmp_path / "noconf")
     (noconf / "config.json").unlink()
-    cases.append((noconf, f"{noconf}: no config.json (a HuggingFace checkpoint directory needs "
-                          "config.json and *.safetensors)"))
+    cases.append(
+        (
+            noconf,
+            f"{noconf}: no config.json (a HuggingFace checkpoint directory needs "
+            "config.json and *.safetensors)",
+        )
+    )
     missing = _clone(ckpts / "olmoe32", tmp_path / "missing")
     _rename_tensor(missing, "model.layers.0.mlp.experts.1.up_proj.weight", None)
     cases.append((missing, f"{missing}: layer 0 expert 1 has no up_proj tensor"))
     bias = _clone(ckpts / "olmoe32", tmp_path / "bias")
-    _rename_tensor(bias, "model.layers.0.input_layernorm.weight",
-                   "model.layers.0.mlp.experts.0.gate_proj.bias")
-    cases.append((bias, f"{bias}: expert bias 'model.layers.0.mlp.experts.0.gate_proj.bias' "
-                        "refused: only bias-free SiLU-gated (SwiGLU) experts can be represented"))
+    _rename_tensor(
+        bias, "model.layers.0.input_layernorm.weight", "model.layers.0.mlp.experts.0.gate_proj.bias"
+    )
+    cases.append(
+        (
+            bias,
+            f"{bias}: expert bias 'model.layers.0.mlp.experts.0.gate_proj.bias' "
+            "refused: only bias-free SiLU-gated (SwiGLU) experts can be represented",
+        )
+    )
     shapes = _clone(ckpts / "olmoe32", tmp_path / "shapes")
     _rename_tensor(shapes, "model.layers.0.mlp.experts.2.down_proj.weight", None)
-    _rename_tensor(shapes, "model.layers.0.mlp.experts.1.gate_proj.weight",
-                   "model.layers.0.mlp.experts.2.down_proj.weight")
+    _rename_tensor(
+        shapes,
+        "model.layers.0.mlp.experts.1.gate_proj.weight",
+        "model.layers.0.mlp.experts.2.down_proj.weight",
+    )
     cases.append((shapes, f"{shapes}: layer 0 expert 1 has no gate_proj tensor"))
     for root, message in cases:
         out = tmp_path / f"out-{root.name}"
@@ -202,8 +251,9 @@ def test_refusals_name_the_reason_and_write_nothing(ckpts: Path, tmp_path: Path)
             sculpt(root, out, SculptOptions())
         assert str(info.value) == message
         assert not out.exists()
-        proc = subprocess.run([*SMOE, "sculpt", str(root), str(out)], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [*SMOE, "sculpt", str(root), str(out)], capture_output=True, text=True
+        )
         assert proc.returncode == 1
         assert " ".join(proc.stderr.split()) == f"error: {message}"
         assert not out.exists()
@@ -218,8 +268,9 @@ def test_inconsistent_shapes_refused(ckpts: Path, tmp_path: Path) -> None:
     save_file(t, str(bad / "model.safetensors"))
     with pytest.raises(SmoeError) as info:
         sculpt(bad, tmp_path / "out", SculptOptions())
-    assert str(info.value) == (f"{bad}: layer 0 expert 2 has inconsistent shapes gate [40, 64], "
-                               "up [41, 64], down [64, 40]")
+    assert str(info.value) == (
+        f"{bad}: layer 0 expert 2 has inconsistent shapes gate [40, 64], up [41, 64], down [64, 40]"
+    )
 
 
 def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
@@ -228,8 +279,11 @@ def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
     out = tmp_path / "out"
     journal = out / ".big.smoe.journal"
     for kill_after in (3, 40, 70):
-        proc = subprocess.Popen([*SMOE, "sculpt", str(ck), str(out), "--resume"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*SMOE, "sculpt", str(ck), str(out), "--resume"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
             if journal.exists() and journal.read_text().count("\n") > kill_after:
@@ -238,12 +292,19 @@ def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert not (out / "big.smoe").exists()
-    done = subprocess.run([*SMOE, "sculpt", str(ck), str(out), "--resume", "--json"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [*SMOE, "sculpt", str(ck), str(out), "--resume", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     summary = json.loads(done.stdout)
     assert summary["experts_resumed"] > 0
     assert summary["experts_resumed"] + summary["experts_written"] == 96
     assert (out / "big.smoe").read_bytes() == ref.vault.read_bytes()
     assert (out / "big.scout.safetensors").read_bytes() == ref.scout.read_bytes()
-    assert sorted(p.name for p in out.iterdir()) == ["big.scout.safetensors", "big.smoe",
-                                                     "big.smoe.manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "big.scout.safetensors",
+        "big.smoe",
+        "big.smoe.manifest.json",
+    ]

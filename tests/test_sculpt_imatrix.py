@@ -35,8 +35,9 @@ TENSORS = ("gate_proj", "up_proj", "down_proj")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "qwen", layers=L, experts=E,
-                            d_model=D, ffn=F, seed=1)
+    return write_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "qwen", layers=L, experts=E, d_model=D, ffn=F, seed=1
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,10 @@ def imatrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def blobs(vault: Path) -> dict[tuple[int, int], list[tuple[bytes, bytes]]]:
     """Per expert, (packed, scales) bytes of gate, up, down."""
     s = Smoe.from_file(str(vault))
-    return {(e.layer_id, e.expert_id): [(bytes(t.packed), bytes(t.scales)) for t in e.tensors]
-            for e in s.experts}
+    return {
+        (e.layer_id, e.expert_id): [(bytes(t.packed), bytes(t.scales)) for t in e.tensors]
+        for e in s.experts
+    }
 
 
 def manifest_of(vault: Path) -> dict:
@@ -59,13 +62,15 @@ def interrupt_after(n: int):
     def hook(done: int, total: int, nbytes: int) -> None:
         if done == n:
             raise KeyboardInterrupt
+
     return hook
 
 
 # ---- the weighted encode is what lands in the vault ------------------------------------------
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_blobs_are_the_importance_weighted_encodes(model: Path, imatrix: Path, tmp_path: Path,
-                                                   jobs: int) -> None:
+def test_blobs_are_the_importance_weighted_encodes(
+    model: Path, imatrix: Path, tmp_path: Path, jobs: int
+) -> None:
     result = sculpt(model, tmp_path, SculptOptions(bits=2, jobs=jobs, imatrix=imatrix))
     got = blobs(result.vault)
     ck = Checkpoint.open(model)
@@ -73,22 +78,25 @@ def test_blobs_are_the_importance_weighted_encodes(model: Path, imatrix: Path, t
         for key, ref in ck.experts.items():
             for i, ((a, src), (rows, cols)) in enumerate(zip(ref.load(), ref.shapes)):
                 imp = m.for_expert(key[0], key[1], TENSORS[i], cols, rows)
-                packed, scales = quant.encode(a, 2, src_dtype=src, importance=imp,
-                                              overflow="raise")
+                packed, scales = quant.encode(a, 2, src_dtype=src, importance=imp, overflow="raise")
                 assert got[key][i] == (packed.tobytes(), scales.tobytes()), (key, i)
                 plain = quant.encode(a, 2, src_dtype=src)
                 assert got[key][i] != (plain[0].tobytes(), plain[1].tobytes())
 
 
-def test_summary_and_manifest_record_the_imatrix(model: Path, imatrix: Path,
-                                                 tmp_path: Path) -> None:
+def test_summary_and_manifest_record_the_imatrix(
+    model: Path, imatrix: Path, tmp_path: Path
+) -> None:
     result = sculpt(model, tmp_path, SculptOptions(imatrix=imatrix))
     s = result.summary()
     with ImportanceMatrix.open(imatrix) as m:
         info = m.info.as_json()
     assert s["imatrix"] == info
     assert (info["datasets"], info["chunk_count"], info["chunk_size"]) == (
-        ["calibration.txt"], 10, 512)
+        ["calibration.txt"],
+        10,
+        512,
+    )
     assert set(s["weighted_snr_db"]) == set(TENSORS)
     for name in TENSORS:  # weighting trades weight SNR for output SNR
         assert s["weighted_snr_db"][name]["median"] > s["snr_db"][name]["median"]
@@ -112,14 +120,18 @@ def test_without_imatrix_nothing_changes(model: Path, tmp_path: Path) -> None:
 
 
 def test_uniform_importance_gives_the_plain_vault(model: Path, tmp_path: Path) -> None:
-    flat = {name: (np.full_like(sums, 7.0), counts) for name, (sums, counts)
-            in moe_entries().items()}
+    flat = {
+        name: (np.full_like(sums, 7.0), counts) for name, (sums, counts) in moe_entries().items()
+    }
     uniform = write_gguf(tmp_path / "flat.gguf", flat)
     a = sculpt(model, tmp_path / "plain", SculptOptions(jobs=1))
     b = sculpt(model, tmp_path / "flat", SculptOptions(jobs=1, imatrix=uniform))
     assert a.vault.read_bytes() == b.vault.read_bytes()
-    assert all(t["weighted_snr_db"] is None  # uniform importance: the plain encode
-               for e in manifest_of(b.vault)["experts"] for t in e["tensors"])
+    assert all(
+        t["weighted_snr_db"] is None  # uniform importance: the plain encode
+        for e in manifest_of(b.vault)["experts"]
+        for t in e["tensors"]
+    )
 
 
 def test_legacy_dat_file(model: Path, tmp_path: Path) -> None:
@@ -143,7 +155,8 @@ def test_experts_without_data_fall_back_with_one_warning(model: Path, tmp_path: 
     result = sculpt(model, tmp_path / "out", SculptOptions(bits=4, imatrix=path))
     assert result.summary()["warnings"] == [
         f"{path}: 5 of 24 expert tensors have no importance data (1 count 0, 4 not in the "
-        "file); they are quantised unweighted"]
+        "file); they are quantised unweighted"
+    ]
     ck = Checkpoint.open(model)
     got = blobs(result.vault)
     doc = {(e["layer"], e["expert"]): e["tensors"] for e in manifest_of(result.vault)["experts"]}
@@ -159,22 +172,30 @@ def test_experts_without_data_fall_back_with_one_warning(model: Path, tmp_path: 
 def test_another_models_imatrix_is_refused_before_any_work(model: Path, tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "other.gguf", moe_entries(d=48))
     out = tmp_path / "out"
-    message = (f"{path}: tensor 'blk.0.ffn_gate_exps.weight.in_sum2' is [4, 48] (4 experts x "
-               "48 input channels), but layer 0 expert 0 gate_proj is [32, 64] (64 input "
-               "channels): an importance matrix of another model?")
+    message = (
+        f"{path}: tensor 'blk.0.ffn_gate_exps.weight.in_sum2' is [4, 48] (4 experts x "
+        "48 input channels), but layer 0 expert 0 gate_proj is [32, 64] (64 input "
+        "channels): an importance matrix of another model?"
+    )
     for dry_run in (False, True):
         with pytest.raises(SmoeError) as e:
             sculpt(model, out, SculptOptions(imatrix=path, dry_run=dry_run))
         assert str(e.value) == message
     assert not out.exists()
-    proc = subprocess.run([*SMOE, "sculpt", str(model), str(out), "--imatrix", str(path)],
-                          capture_output=True, text=True, env=ENV)
+    proc = subprocess.run(
+        [*SMOE, "sculpt", str(model), str(out), "--imatrix", str(path)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: {message}"]
     assert not out.exists()
     fewer = write_gguf(tmp_path / "fewer.gguf", moe_entries(experts=2))
-    with pytest.raises(SmoeError, match="covers 2 experts of 64 input channels, but the "
-                                        "checkpoint has 4 experts per layer"):
+    with pytest.raises(
+        SmoeError,
+        match="covers 2 experts of 64 input channels, but the checkpoint has 4 experts per layer",
+    ):
         sculpt(model, out, SculptOptions(imatrix=fewer, max_experts=2))
     assert not out.exists()
 
@@ -208,8 +229,9 @@ def test_dry_run_reports_the_imatrix(model: Path, imatrix: Path, tmp_path: Path)
 
 
 # ---- resume ----------------------------------------------------------------------------------
-def test_resume_is_byte_identical_and_keyed_to_the_imatrix(model: Path, imatrix: Path,
-                                                          tmp_path: Path) -> None:
+def test_resume_is_byte_identical_and_keyed_to_the_imatrix(
+    model: Path, imatrix: Path, tmp_path: Path
+) -> None:
     clean = sculpt(model, tmp_path / "clean", SculptOptions(jobs=1, imatrix=imatrix))
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
@@ -218,15 +240,17 @@ def test_resume_is_byte_identical_and_keyed_to_the_imatrix(model: Path, imatrix:
     assert len(lines) == 4 and all(len(ln.split(" ")) == 12 for ln in lines[1:])
     resumed = sculpt(model, out, SculptOptions(jobs=1, resume=True, imatrix=imatrix))
     assert (resumed.experts_resumed, resumed.experts_written) == (3, 5)
-    for a, b in ((clean.vault, resumed.vault), (clean.scout, resumed.scout),
-                 (Path(f"{clean.vault}.manifest.json"), Path(f"{resumed.vault}.manifest.json"))):
+    for a, b in (
+        (clean.vault, resumed.vault),
+        (clean.scout, resumed.scout),
+        (Path(f"{clean.vault}.manifest.json"), Path(f"{resumed.vault}.manifest.json")),
+    ):
         assert a.read_bytes() == b.read_bytes()
     # another importance matrix (or none) does not resume this run's experts
     other = write_gguf(tmp_path / "other.gguf", moe_entries(seed=5))
     for opts in (SculptOptions(jobs=1, imatrix=other), SculptOptions(jobs=1)):
         with pytest.raises(KeyboardInterrupt):
-            sculpt(model, out, SculptOptions(jobs=1, imatrix=imatrix),
-                   progress=interrupt_after(3))
+            sculpt(model, out, SculptOptions(jobs=1, imatrix=imatrix), progress=interrupt_after(3))
         again = sculpt(model, out, SculptOptions(**{**opts.__dict__, "resume": True}))
         assert again.experts_resumed == 0
 
@@ -234,36 +258,55 @@ def test_resume_is_byte_identical_and_keyed_to_the_imatrix(model: Path, imatrix:
 # ---- the command line ------------------------------------------------------------------------
 def test_command_line(model: Path, imatrix: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([*SMOE, "sculpt", str(model), str(out), "--imatrix", str(imatrix),
-                           "--json"], capture_output=True, text=True, env=ENV)
+    proc = subprocess.run(
+        [*SMOE, "sculpt", str(model), str(out), "--imatrix", str(imatrix), "--json"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     assert s["imatrix"]["path"] == str(imatrix)
     assert set(s["weighted_snr_db"]) == set(TENSORS)
-    proc = subprocess.run([*SMOE, "sculpt", str(model), str(tmp_path / "b"), "--imatrix",
-                           str(imatrix)], capture_output=True, text=True, env=ENV)
+    proc = subprocess.run(
+        [*SMOE, "sculpt", str(model), str(tmp_path / "b"), "--imatrix", str(imatrix)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "imatrix-weighted min" in proc.stdout
     assert "10 chunks of calibration.txt" in proc.stdout
-    verify = subprocess.run([*SMOE, "verify", "--deep", str(out / "qwen.smoe")],
-                            capture_output=True, text=True, env=ENV)
+    verify = subprocess.run(
+        [*SMOE, "verify", "--deep", str(out / "qwen.smoe")], capture_output=True, text=True, env=ENV
+    )
     assert verify.returncode == 0, verify.stdout
 
 
 def test_the_snr_floor_judges_weighted_tensors_by_their_weighted_snr() -> None:
-    r = SculptResult(Path("v"), Path("s"), 2, 0, 0, 1, 1, 1.0,
-                     snr={"gate_proj": [8.0, 8.0], "up_proj": [12.0, 12.0],
-                          "down_proj": [9.0, 15.0]},
-                     snr_keys=[(0, 0), (0, 1)], bits=4,
-                     weighted_snr={"gate_proj": [14.0, None], "up_proj": [9.5, 13.0],
-                                   "down_proj": [None, 16.0]})
+    r = SculptResult(
+        Path("v"),
+        Path("s"),
+        2,
+        0,
+        0,
+        1,
+        1,
+        1.0,
+        snr={"gate_proj": [8.0, 8.0], "up_proj": [12.0, 12.0], "down_proj": [9.0, 15.0]},
+        snr_keys=[(0, 0), (0, 1)],
+        bits=4,
+        weighted_snr={"gate_proj": [14.0, None], "up_proj": [9.5, 13.0], "down_proj": [None, 16.0]},
+    )
     floor = "is below the Q4 floor of 10 dB"
     assert r.snr_warnings() == [
         f"layer 0 expert 0 up_proj: importance-weighted SNR 9.50 dB {floor}",
         f"layer 0 expert 0 down_proj: SNR 9.00 dB {floor}",
-        f"layer 0 expert 1 gate_proj: SNR 8.00 dB {floor}"]
+        f"layer 0 expert 1 gate_proj: SNR 8.00 dB {floor}",
+    ]
     r.SHOW_EACH = 2
     assert r.snr_warnings() == [
         "3 expert tensors have an SNR (importance-weighted where an imatrix applies) below the "
         "Q4 floor of 10 dB; worst: layer 0 expert 1 gate_proj 8.00 dB, layer 0 expert 0 "
-        "down_proj 9.00 dB"]
+        "down_proj 9.00 dB"
+    ]

@@ -34,8 +34,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
     base = tmp_path_factory.mktemp("pipeline")
     out = {}
     for name, kw in CASES.items():
-        path = write_checkpoint(base / name, layers=2, experts=4, d_model=64, ffn=32, seed=3,
-                                **kw)
+        path = write_checkpoint(base / name, layers=2, experts=4, d_model=64, ffn=32, seed=3, **kw)
         out[name] = Checkpoint.open(path)
     return out
 
@@ -55,8 +54,7 @@ def whole_tensor_slice(ref: ExpertRef) -> list[np.ndarray]:
 def test_load_reads_exactly_each_matrix(ckpts: dict[str, Checkpoint], name: str) -> None:
     for ref in ckpts[name].experts.values():
         loaded = ref.load()
-        for (arr, src), want, (_, _, n) in zip(loaded, whole_tensor_slice(ref),
-                                                    ref.ranges()):
+        for (arr, src), want, (_, _, n) in zip(loaded, whole_tensor_slice(ref), ref.ranges()):
             assert arr.dtype == want.dtype and arr.shape == want.shape
             assert np.array_equal(arr.view(np.uint8), want.view(np.uint8))
             assert arr.nbytes == n
@@ -107,10 +105,12 @@ def test_reader_reuses_its_buffers_and_keeps_the_other_slot(
 
 
 def test_a_larger_expert_grows_the_buffer(tmp_path: Path) -> None:
-    small = Checkpoint.open(write_checkpoint(tmp_path / "s", layers=1, experts=2, d_model=64,
-                                             ffn=32, seed=1))
-    big = Checkpoint.open(write_checkpoint(tmp_path / "b", layers=1, experts=2, d_model=128,
-                                           ffn=64, seed=2))
+    small = Checkpoint.open(
+        write_checkpoint(tmp_path / "s", layers=1, experts=2, d_model=64, ffn=32, seed=1)
+    )
+    big = Checkpoint.open(
+        write_checkpoint(tmp_path / "b", layers=1, experts=2, d_model=128, ffn=64, seed=2)
+    )
     with ExpertReader(slots=1) as reader:
         for ref in (*small.experts.values(), *big.experts.values(), *small.experts.values()):
             mats, _ = reader.read(ref)
@@ -118,8 +118,9 @@ def test_a_larger_expert_grows_the_buffer(tmp_path: Path) -> None:
 
 
 def test_a_shard_that_shrinks_is_one_error_naming_it(tmp_path: Path) -> None:
-    ck = Checkpoint.open(write_checkpoint(tmp_path / "m", layers=1, experts=2, d_model=64,
-                                          ffn=32, seed=4))
+    ck = Checkpoint.open(
+        write_checkpoint(tmp_path / "m", layers=1, experts=2, d_model=64, ffn=32, seed=4)
+    )
     ref = ck.experts[(0, 1)]
     shard, offset, _ = ref.ranges()[0]
     with ExpertReader() as reader:
@@ -140,7 +141,8 @@ def test_file_order_follows_shard_and_offset(ckpts: dict[str, Checkpoint], name:
     jobs = [Job(r, slots[(r.layer, r.expert)], 4, "optimal") for r in reversed(refs)]
     ordered = file_order(jobs)
     assert sorted(j.ref.layer * 100 + j.ref.expert for j in ordered) == sorted(
-        r.layer * 100 + r.expert for r in refs)
+        r.layer * 100 + r.expert for r in refs
+    )
     starts = [min((str(p), o) for p, o, _ in j.ref.ranges()) for j in ordered]
     assert starts == sorted(starts)
 
@@ -160,8 +162,11 @@ def test_a_worker_that_dies_stops_the_run_and_leaves_nothing(
     out = tmp_path / "out"
     with pytest.raises(SmoeError) as info:
         sculpt(ck, out, SculptOptions(jobs=2))
-    assert re.fullmatch(r"sculpt: worker process \d+ died \(killed by SIGKILL\); nothing was "
-                        r"committed", str(info.value)), str(info.value)
+    assert re.fullmatch(
+        r"sculpt: worker process \d+ died \(killed by SIGKILL\); nothing was "
+        r"committed",
+        str(info.value),
+    ), str(info.value)
     assert sorted(p.name for p in out.iterdir()) == []  # no partial, journal or lock left
     monkeypatch.setattr(sculpt_mod, "encode_blob", real)
     res = sculpt(ck, out, SculptOptions(jobs=2))  # the lock was released
@@ -192,8 +197,9 @@ def test_a_worker_error_that_does_not_pickle_arrives_as_its_text(
 
 
 def test_a_shard_swapped_for_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
-    ck = Checkpoint.open(write_checkpoint(tmp_path / "m", layers=1, experts=2, d_model=64,
-                                          ffn=32, seed=8))
+    ck = Checkpoint.open(
+        write_checkpoint(tmp_path / "m", layers=1, experts=2, d_model=64, ffn=32, seed=8)
+    )
     ref = ck.experts[(0, 0)]
     shard = ref.ranges()[0][0]
     shard.unlink()
@@ -208,7 +214,10 @@ def test_name_sets_the_outputs_stem_and_must_be_a_plain_name(tmp_path: Path) -> 
     ck = write_checkpoint(tmp_path / "ck" / "m", layers=1, experts=2, d_model=64, ffn=32, seed=9)
     res = sculpt(ck, tmp_path / "out", SculptOptions(jobs=1, name="given"))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "given.scout.safetensors", "given.smoe", "given.smoe.manifest.json"]
+        "given.scout.safetensors",
+        "given.smoe",
+        "given.smoe.manifest.json",
+    ]
     assert res.vault == tmp_path / "out" / "given.smoe"
     for bad in ("../up", "", "..", "a/b"):
         with pytest.raises(SmoeError) as info:

@@ -546,13 +546,16 @@ def test_vault_writer_writes_a_deterministic_manifest(tmp_path: Path) -> None:
     assert listing(tmp_path / "a") == ["v.smoe"]
 
 
-def test_temporary_files_of_a_killed_run_are_swept(ckpts: Path, tmp_path: Path,
-                                                   clean: dict[str, list[bytes]]) -> None:
+def test_temporary_files_of_a_killed_run_are_swept(
+    ckpts: Path, tmp_path: Path, clean: dict[str, list[bytes]]
+) -> None:
     """Staged scout/manifest temporaries a SIGKILL left are removed; links are left alone."""
     out = tmp_path / "out"
     out.mkdir()
-    stale = [out / ".qwen.scout.safetensors.0123abcd.tmp",
-             out / ".qwen.smoe.manifest.json.89abcdef.tmp"]
+    stale = [
+        out / ".qwen.scout.safetensors.0123abcd.tmp",
+        out / ".qwen.smoe.manifest.json.89abcdef.tmp",
+    ]
     for p in stale:
         p.write_bytes(b"left by a killed run")
     target = tmp_path / "precious"
@@ -560,7 +563,8 @@ def test_temporary_files_of_a_killed_run_are_swept(ckpts: Path, tmp_path: Path,
     link = out / ".qwen.smoe.deadbeef.tmp"
     link.symlink_to(target)
     sculpt(ckpts / "qwen", out, SculptOptions(jobs=1))
-    assert listing(out) == sorted(["qwen.smoe", "qwen.scout.safetensors",
-                                   "qwen.smoe.manifest.json", link.name])
+    assert listing(out) == sorted(
+        ["qwen.smoe", "qwen.scout.safetensors", "qwen.smoe.manifest.json", link.name]
+    )
     assert target.read_bytes() == b"keep me"
     assert contents(out, "qwen") == clean["qwen"]

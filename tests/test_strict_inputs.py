@@ -666,19 +666,25 @@ def test_upgrade_refuses_a_family_the_format_cannot_hold(tmp_path: Path) -> None
     vault = tmp_path / "v1" / "ck.smoe"
     cfg = tmp_path / "config.json"
     for change, reason in (
-        ('"hidden_act": "gelu"', "hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts "
-         "can be represented"),
-        ('"model_type": "gpt_oss"', "model_type 'gpt_oss' refused: gpt-oss experts interleave "
-         "gate/up, carry biases and clamp the activation; only bias-free SiLU-gated (SwiGLU) "
-         "experts can be represented"),
+        (
+            '"hidden_act": "gelu"',
+            "hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts can be represented",
+        ),
+        (
+            '"model_type": "gpt_oss"',
+            "model_type 'gpt_oss' refused: gpt-oss experts interleave "
+            "gate/up, carry biases and clamp the activation; only bias-free SiLU-gated (SwiGLU) "
+            "experts can be represented",
+        ),
     ):
         text = json.loads((ck / "config.json").read_text())
         key, value = json.loads("{" + change + "}").popitem()
         text[key] = value
         cfg.write_text(json.dumps(text))
         out = tmp_path / "v2.smoe"
-        refused(["upgrade", vault, "--config", cfg, "--out", out], out, f"{cfg}: {reason}",
-                [vault, cfg])
+        refused(
+            ["upgrade", vault, "--config", cfg, "--out", out], out, f"{cfg}: {reason}", [vault, cfg]
+        )
 
 
 def test_upgrade_checks_the_config_it_is_given(tmp_path: Path) -> None:

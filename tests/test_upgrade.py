@@ -23,12 +23,29 @@ from smoe.verify import verify
 from fixtures_data import FIXTURES
 
 SMOE = [sys.executable, "-m", "smoe.cli"]
-ARCH = ArchInfo(rope_theta=10000.0, num_heads=4, num_kv_heads=4, head_dim=16, moe_top_k=2,
-                moe_ffn_dim=32, num_hidden_layers=2, rms_norm_eps=1e-6, model_type="olmoe")
-CONFIG = {"model_type": "olmoe", "hidden_size": 64, "num_attention_heads": 4,
-          "num_key_value_heads": 4, "num_hidden_layers": 2, "num_experts_per_tok": 2,
-          "moe_intermediate_size": 32, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-          "num_experts": 4}
+ARCH = ArchInfo(
+    rope_theta=10000.0,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=16,
+    moe_top_k=2,
+    moe_ffn_dim=32,
+    num_hidden_layers=2,
+    rms_norm_eps=1e-6,
+    model_type="olmoe",
+)
+CONFIG = {
+    "model_type": "olmoe",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "num_experts": 4,
+}
 
 
 def blobs(path: Path) -> bytes:
@@ -90,7 +107,8 @@ def test_no_room_refused_in_place_then_rewritten(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"{p}: no room for the arch block: the descriptors end at 16264, so the 128-byte block "
         "would need [16320, 16448) before data_offset 16384; use --out NEW to rewrite into a "
-        "new file (blobs shift by whole pages, the original is untouched)")
+        "new file (blobs shift by whole pages, the original is untouched)"
+    )
     assert p.read_bytes() == before
     out = tmp_path / "new.smoe"
     res = upgrade(p, arch, out=out)
@@ -112,8 +130,10 @@ def test_refusals_leave_the_file_untouched(tmp_path: Path) -> None:
     p.write_bytes(bytes(data))
     with pytest.raises(SmoeError) as info:
         upgrade(p, ARCH)
-    assert str(info.value) == (f"{p}: the gap between the descriptors and data_offset is not "
-                               "zero (byte 0x640 = 0x07); refusing to write into it")
+    assert str(info.value) == (
+        f"{p}: the gap between the descriptors and data_offset is not "
+        "zero (byte 0x640 = 0x07); refusing to write into it"
+    )
     assert p.read_bytes() == bytes(data)
     not_vault = tmp_path / "x.smoe"
     not_vault.write_bytes(b"\0" * 100)
@@ -201,8 +221,12 @@ def test_sigkill_at_every_step_leaves_a_valid_vault(tmp_path: Path) -> None:
         p = tmp_path / f"k{kill_at}.smoe"
         p.write_bytes((FIXTURES / "q4_v1.smoe").read_bytes())
         before = blobs(p)
-        proc = subprocess.Popen([sys.executable, "-c", script, str(p)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(p)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(kill_at):
             assert proc.stdout.readline() == "step\n"
             proc.stdin.write("\n")
@@ -220,24 +244,30 @@ def test_cli_upgrade_with_config_and_model(tmp_path: Path) -> None:
     p = copy_of("q4_v1.smoe", tmp_path)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CONFIG))
-    proc = subprocess.run([*SMOE, "upgrade", str(p), "--config", str(cfg), "--json"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [*SMOE, "upgrade", str(p), "--config", str(cfg), "--json"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mode"] == "in-place"
     assert state(p) == 2
-    again = subprocess.run([*SMOE, "upgrade", str(p), "--config", str(cfg)], capture_output=True,
-                           text=True)
+    again = subprocess.run(
+        [*SMOE, "upgrade", str(p), "--config", str(cfg)], capture_output=True, text=True
+    )
     assert again.returncode == 1
     assert "already version 2; --force re-stamps its arch block" in again.stderr
     noroom = copy_of("noroom_v1.smoe", tmp_path)
     cfg2 = tmp_path / "c2.json"
     cfg2.write_text(json.dumps({**CONFIG, "moe_intermediate_size": 8, "hidden_size": 8}))
-    refused = subprocess.run([*SMOE, "upgrade", str(noroom), "--config", str(cfg2)],
-                             capture_output=True, text=True)
+    refused = subprocess.run(
+        [*SMOE, "upgrade", str(noroom), "--config", str(cfg2)], capture_output=True, text=True
+    )
     assert refused.returncode == 1 and "use --out NEW" in refused.stderr
     out = tmp_path / "converted.smoe"
-    done = subprocess.run([*SMOE, "upgrade", str(noroom), "--config", str(cfg2), "--out",
-                           str(out)], capture_output=True, text=True)
+    done = subprocess.run(
+        [*SMOE, "upgrade", str(noroom), "--config", str(cfg2), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert state(out) == 2
 
@@ -249,8 +279,9 @@ def test_upgrade_flags_from_model_tensors(tmp_path: Path) -> None:
 
     res = sculpt(ck, tmp_path / "v1", SculptOptions(version=1))
     v1.write_bytes(res.vault.read_bytes())
-    proc = subprocess.run([*SMOE, "upgrade", str(v1), "--model", str(ck)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [*SMOE, "upgrade", str(v1), "--model", str(ck)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     v2 = sculpt(ck, tmp_path / "v2", SculptOptions(version=2)).vault
     assert v1.read_bytes() == v2.read_bytes()  # upgraded v1 == sculpted v2, byte for byte

@@ -69,15 +69,18 @@ def test_uniform_importance_gives_the_plain_bytes(kernel: str, bits: int, mode: 
     for w in tensors:
         plain = quant.encode(w, bits, mode, kernel=kernel)
         for value in (0.0, 1.0, 3.7, 1e-30, 1e30):
-            same = quant.encode(w, bits, mode, kernel=kernel,
-                                importance=np.full(w.shape[-1], value))
+            same = quant.encode(
+                w, bits, mode, kernel=kernel, importance=np.full(w.shape[-1], value)
+            )
             np.testing.assert_array_equal(same[0], plain[0])
             np.testing.assert_array_equal(same[1].view(np.uint16), plain[1].view(np.uint16))
     # values that round to the same bfloat16 are uniform too
     w = tensors[0]
     near = 1.0 + np.arange(w.shape[-1]) * 1e-7
-    np.testing.assert_array_equal(quant.encode(w, bits, mode, kernel=kernel, importance=near)[0],
-                                  quant.encode(w, bits, mode, kernel=kernel)[0])
+    np.testing.assert_array_equal(
+        quant.encode(w, bits, mode, kernel=kernel, importance=near)[0],
+        quant.encode(w, bits, mode, kernel=kernel)[0],
+    )
 
 
 # ---------------------------------------------------------------------------- quality
@@ -213,14 +216,16 @@ def test_chunks_dtypes_and_scaling_do_not_change_results(kernel: str, bits: int)
             assert np.mean(got[0] == ref[0]) > 0.99
     bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
     as_bits = quant.encode(bf16, bits, kernel=kernel, importance=imp, src_dtype="bf16")
-    as_float = quant.encode((bf16.astype(np.uint32) << 16).view(np.float32), bits,
-                            kernel=kernel, importance=imp)
+    as_float = quant.encode(
+        (bf16.astype(np.uint32) << 16).view(np.float32), bits, kernel=kernel, importance=imp
+    )
     np.testing.assert_array_equal(as_bits[0], as_float[0])
     np.testing.assert_array_equal(as_bits[1], as_float[1])
     as_f16 = w.astype(np.float16)
     np.testing.assert_array_equal(
         quant.encode(as_f16, bits, kernel=kernel, importance=imp)[0],
-        quant.encode(as_f16.astype(np.float32), bits, kernel=kernel, importance=imp)[0])
+        quant.encode(as_f16.astype(np.float32), bits, kernel=kernel, importance=imp)[0],
+    )
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -248,8 +253,9 @@ def test_weighted_snr_statistic(kernel: str, bits: int) -> None:
     scales = np.empty(quant.num_groups(w.size), "<f2")
     quant.encode_into(w, bits, packed, scales, stats=stats, kernel=kernel, importance=imp)
     w_hat = quant.decode(packed, scales, bits, w.shape)
-    expected = 10 * np.log10((h * np.square(w.astype(np.float64))).sum()
-                             / weighted_error(w, w_hat, h))
+    expected = 10 * np.log10(
+        (h * np.square(w.astype(np.float64))).sum() / weighted_error(w, w_hat, h)
+    )
     assert stats.weighted_snr_db == pytest.approx(expected, abs=1e-3)
     assert stats.weighted_n == w.size
     assert stats.snr_db == pytest.approx(quant.snr_db(w, w_hat), abs=1e-3)
@@ -257,8 +263,9 @@ def test_weighted_snr_statistic(kernel: str, bits: int) -> None:
     quant.encode_into(w, bits, packed, scales, stats=plain, kernel=kernel)
     assert plain.weighted_snr_db is None and plain.weighted_n == 0
     uniform = quant.QuantStats()  # uniform importance: the plain encode, no weighted figure
-    quant.encode_into(w, bits, packed, scales, stats=uniform, kernel=kernel,
-                      importance=np.ones(320))
+    quant.encode_into(
+        w, bits, packed, scales, stats=uniform, kernel=kernel, importance=np.ones(320)
+    )
     assert uniform.weighted_snr_db is None
 
 

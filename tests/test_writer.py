@@ -22,11 +22,22 @@ from smoe_gen.smoe_kaitai import Smoe
 
 import golden as g
 
-GOLDEN_MODEL = ModelInfo(num_moe_layers=4, max_experts_per_layer=8, d_model=8, vocab_size=1000,
-                         ffn_dim=16)
-GOLDEN_ARCH = ArchInfo(rope_theta=1_000_000.0, num_heads=4, num_kv_heads=2, head_dim=2,
-                       moe_top_k=8, moe_ffn_dim=8, num_hidden_layers=6, rms_norm_eps=1e-6,
-                       model_type="qwen3_moe", norm_topk_prob=True, has_qk_norm=True)
+GOLDEN_MODEL = ModelInfo(
+    num_moe_layers=4, max_experts_per_layer=8, d_model=8, vocab_size=1000, ffn_dim=16
+)
+GOLDEN_ARCH = ArchInfo(
+    rope_theta=1_000_000.0,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=2,
+    moe_top_k=8,
+    moe_ffn_dim=8,
+    num_hidden_layers=6,
+    rms_norm_eps=1e-6,
+    model_type="qwen3_moe",
+    norm_topk_prob=True,
+    has_qk_norm=True,
+)
 MODEL = ModelInfo(num_moe_layers=3, max_experts_per_layer=4, d_model=16, vocab_size=50, ffn_dim=8)
 ARCH = replace(GOLDEN_ARCH, moe_ffn_dim=8)
 SHAPES = [(8, 16), (8, 16), (16, 8)]
@@ -59,8 +70,13 @@ def test_writer_output_equals_golden_bytes(tmp_path: Path) -> None:
 def test_any_add_order_gives_identical_bytes(tmp_path: Path) -> None:
     experts = {(lay, e): weights(10 * lay + e) for lay in range(2) for e in range(3)}
     outputs = []
-    for i, order in enumerate([sorted(experts), sorted(experts, reverse=True),
-                               [(1, 0), (0, 2), (1, 2), (0, 0), (1, 1), (0, 1)]]):
+    for i, order in enumerate(
+        [
+            sorted(experts),
+            sorted(experts, reverse=True),
+            [(1, 0), (0, 2), (1, 2), (0, 0), (1, 1), (0, 1)],
+        ]
+    ):
         path = tmp_path / f"v{i}.smoe"
         with VaultWriter(path, MODEL, arch=ARCH) as w:
             for key in order:
@@ -82,8 +98,7 @@ def test_blobs_back_to_back_and_v1_layout(tmp_path: Path) -> None:
     for plan in (plan1, plan2):
         offsets = [e.byte_offset for e in plan.experts]
         assert offsets[0] == plan.data_offset
-        assert all(b == a + e.padded_size
-                   for a, b, e in zip(offsets, offsets[1:], plan.experts))
+        assert all(b == a + e.padded_size for a, b, e in zip(offsets, offsets[1:], plan.experts))
     # descriptors end at 64 + 3 * 48 + 9 * 44 = 604; the arch block goes at round_up(604, 64)
     assert (plan2.descriptors_end, plan2.reserved_ext, plan2.data_offset) == (604, 640, 16384)
     assert (plan1.reserved_ext, plan1.data_offset) == (0, 16384)
@@ -118,25 +133,47 @@ def test_state_machine_refuses_out_of_order_calls(tmp_path: Path) -> None:
     with exactly(WriterStateError, "commit: the writer is committed, it must be streaming"):
         w.commit()
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda w: w.add_expert(0, 0, SHAPES), "layer 0 expert 0: added twice (duplicate "
-     "(layer_id, expert_id))"),
-    (lambda w: w.add_expert(0, 1, [(8, 16), (8, 16), (8, 16)]),
-     "layer 0 expert 1: down_proj shape (8, 16) is not the transpose of gate_proj shape (8, 16)"),
-    (lambda w: w.add_expert(0, 1, [(8, 16), (4, 16), (16, 8)]),
-     "layer 0 expert 1: up_proj shape (4, 16) differs from gate_proj shape (8, 16)"),
-    (lambda w: w.add_expert(0, 1, [(8, 12), (8, 12), (12, 8)]),
-     "layer 0 expert 1: gate_proj has 12 columns, d_model is 16"),
-    (lambda w: w.add_expert(0, 1, [(4, 16), (4, 16), (16, 4)]),
-     "layer 0 expert 1: gate_proj has 4 rows, arch.moe_ffn_dim is 8"),
-    (lambda w: w.add_expert(0, 1, [(8, 16, 1), (8, 16), (16, 8)]),
-     "layer 0 expert 1: gate_proj shape (8, 16, 1) is not 2-D with positive uint32 dimensions"),
-    (lambda w: w.add_expert(0, 4, SHAPES),
-     "layer 0 expert 4: expert_id must be below max_experts_per_layer 4"),
-    (lambda w: w.add_expert(-1, 0, SHAPES), "layer -1 expert 0: layer_id -1 is not a uint32"),
-    (lambda w: [w.add_expert(lay, 0, SHAPES) for lay in (1, 2, 3)],
-     "layer 3 expert 0: more MoE layers than num_moe_layers 3"),
-])
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda w: w.add_expert(0, 0, SHAPES),
+            "layer 0 expert 0: added twice (duplicate (layer_id, expert_id))",
+        ),
+        (
+            lambda w: w.add_expert(0, 1, [(8, 16), (8, 16), (8, 16)]),
+            "layer 0 expert 1: down_proj shape (8, 16) is not the transpose of gate_proj shape "
+            "(8, 16)",
+        ),
+        (
+            lambda w: w.add_expert(0, 1, [(8, 16), (4, 16), (16, 8)]),
+            "layer 0 expert 1: up_proj shape (4, 16) differs from gate_proj shape (8, 16)",
+        ),
+        (
+            lambda w: w.add_expert(0, 1, [(8, 12), (8, 12), (12, 8)]),
+            "layer 0 expert 1: gate_proj has 12 columns, d_model is 16",
+        ),
+        (
+            lambda w: w.add_expert(0, 1, [(4, 16), (4, 16), (16, 4)]),
+            "layer 0 expert 1: gate_proj has 4 rows, arch.moe_ffn_dim is 8",
+        ),
+        (
+            lambda w: w.add_expert(0, 1, [(8, 16, 1), (8, 16), (16, 8)]),
+            "layer 0 expert 1: gate_proj shape (8, 16, 1) is not 2-D with positive uint32 "
+            "dimensions",
+        ),
+        (
+            lambda w: w.add_expert(0, 4, SHAPES),
+            "layer 0 expert 4: expert_id must be below max_experts_per_layer 4",
+        ),
+        (lambda w: w.add_expert(-1, 0, SHAPES), "layer -1 expert 0: layer_id -1 is not a uint32"),
+        (
+            lambda w: [w.add_expert(lay, 0, SHAPES) for lay in (1, 2, 3)],
+            "layer 3 expert 0: more MoE layers than num_moe_layers 3",
+        ),
+    ],
+)
 def test_input_validation_names_expert_and_field(tmp_path: Path, call, message) -> None:
     w = VaultWriter(tmp_path / "v.smoe", MODEL, arch=ARCH)
     w.add_expert(0, 0, SHAPES)
@@ -152,21 +189,28 @@ def test_shapes_consistent_within_a_layer(tmp_path: Path) -> None:
     w.add_expert(1, 0, [(4, 16), (4, 16), (16, 4)])  # another layer may differ
     with pytest.raises(SmoeError) as info:
         w.add_expert(0, 1, [(4, 16), (4, 16), (16, 4)])
-    assert str(info.value) == ("layer 0 expert 1: shapes [(4, 16), (4, 16), (16, 4)] differ "
-                               "from the other experts of layer 0 [(8, 16), (8, 16), (16, 8)]")
+    assert str(info.value) == (
+        "layer 0 expert 1: shapes [(4, 16), (4, 16), (16, 4)] differ "
+        "from the other experts of layer 0 [(8, 16), (8, 16), (16, 8)]"
+    )
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"moe_top_k": 0}, "arch.moe_top_k: 0 is outside 1..16"),
-    ({"moe_top_k": 17}, "arch.moe_top_k: 17 is outside 1..16"),
-    ({"head_dim": 300}, "arch.head_dim: 300 is outside 1..256"),
-    ({"num_kv_heads": 3}, "arch.num_heads: 4 is not divisible by num_kv_heads 3"),
-    ({"num_kv_heads": 0}, "arch.num_kv_heads: must be at least 1, got 0"),
-    ({"num_heads": 0}, "arch.num_heads: must be at least 1, got 0"),
-    ({"activation": 1}, "arch.activation: 1 is not 0 (SiLU), the only activation the kernels "
-     "implement"),
-    ({"rope_theta": float("inf")}, "arch.rope_theta: inf is not a finite float32"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"moe_top_k": 0}, "arch.moe_top_k: 0 is outside 1..16"),
+        ({"moe_top_k": 17}, "arch.moe_top_k: 17 is outside 1..16"),
+        ({"head_dim": 300}, "arch.head_dim: 300 is outside 1..256"),
+        ({"num_kv_heads": 3}, "arch.num_heads: 4 is not divisible by num_kv_heads 3"),
+        ({"num_kv_heads": 0}, "arch.num_kv_heads: must be at least 1, got 0"),
+        ({"num_heads": 0}, "arch.num_heads: must be at least 1, got 0"),
+        (
+            {"activation": 1},
+            "arch.activation: 1 is not 0 (SiLU), the only activation the kernels implement",
+        ),
+        ({"rope_theta": float("inf")}, "arch.rope_theta: inf is not a finite float32"),
+    ],
+)
 def test_arch_limits_of_d6(tmp_path: Path, change: dict, message: str) -> None:
     with pytest.raises(SmoeError) as info:
         VaultWriter(tmp_path / "v.smoe", MODEL, arch=replace(ARCH, **change))
@@ -237,8 +281,9 @@ def test_sigkill_midway_leaves_no_final_file(tmp_path: Path) -> None:
                 sys.stdin.readline()
         w.commit()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline() == "midway\n"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -267,8 +312,11 @@ def test_round_trip_through_kaitai(tmp_path: Path) -> None:
         s = Smoe.from_file(str(path))
         for e in s.experts:
             for d, w in zip(e.tensors, experts[(e.layer_id, e.expert_id)]):
-                got = quant.decode(np.frombuffer(d.packed, np.uint8),
-                                   np.frombuffer(d.scales, "<f2"), bits, (d.num_rows, d.num_cols))
+                got = quant.decode(
+                    np.frombuffer(d.packed, np.uint8),
+                    np.frombuffer(d.scales, "<f2"),
+                    bits,
+                    (d.num_rows, d.num_cols),
+                )
                 want_p, want_s = quant.encode(w, bits)
                 assert np.array_equal(got, quant.decode(want_p, want_s, bits, w.shape))
-

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -66,7 +66,9 @@ bool read_at(std::FILE* f, long off, void* out, size_t n) {
     return std::fseek(f, off, SEEK_SET) == 0 && std::fread(out, 1, n, f) == n;
 }
 
-std::string u(unsigned long long v) { return std::to_string(v); }
+std::string u(unsigned long long v) {
+    return std::to_string(v);
+}
 
 }  // namespace
 
@@ -88,30 +90,35 @@ int main(int argc, char** argv) {
     std::string out = "{\"header\": {";
     out += "\"version\": " + u(h.version) + ", \"num_moe_layers\": " + u(h.num_moe_layers) +
            ", \"max_experts_per_layer\": " + u(h.max_experts_per_layer) +
-           ", \"total_experts\": " + u(h.total_experts) + ", \"table_offset\": " + u(h.table_offset) +
-           ", \"data_offset\": " + u(h.data_offset) + ", \"group_size\": " + u(h.group_size) +
-           ", \"bits\": " + u(h.bits) + ", \"d_model\": " + u(h.d_model) +
-           ", \"vocab_size\": " + u(h.vocab_size) + ", \"ffn_dim\": " + u(h.ffn_dim) +
-           ", \"reserved_ext\": " + u(h.reserved_ext) + "}";
+           ", \"total_experts\": " + u(h.total_experts) +
+           ", \"table_offset\": " + u(h.table_offset) + ", \"data_offset\": " + u(h.data_offset) +
+           ", \"group_size\": " + u(h.group_size) + ", \"bits\": " + u(h.bits) +
+           ", \"d_model\": " + u(h.d_model) + ", \"vocab_size\": " + u(h.vocab_size) +
+           ", \"ffn_dim\": " + u(h.ffn_dim) + ", \"reserved_ext\": " + u(h.reserved_ext) + "}";
     if (h.total_experts > 0) {
         ExpertEntry e;
         TensorDescriptor d;
         if (!read_at(f, static_cast<long>(h.table_offset), &e, sizeof e) ||
-            !read_at(f, static_cast<long>(smoe::descriptor_offset(h.total_experts, 0, 2)), &d, sizeof d)) {
+            !read_at(f, static_cast<long>(smoe::descriptor_offset(h.total_experts, 0, 2)), &d,
+                     sizeof d)) {
             std::fprintf(stderr, "%s: short file in the table\n", argv[1]);
             return 1;
         }
-        out += ", \"expert0\": {\"layer_id\": " + u(e.layer_id) + ", \"expert_id\": " + u(e.expert_id) +
-               ", \"byte_offset\": " + u(e.byte_offset) + ", \"raw_size\": " + u(e.raw_size) +
-               ", \"padded_size\": " + u(e.padded_size) + ", \"num_groups\": " + u(e.num_groups) + "}";
-        out += ", \"expert0_down\": {\"tensor_type\": " + u(d.tensor_type) + ", \"rows\": " + u(d.rows) +
-               ", \"cols\": " + u(d.cols) + ", \"packed_offset\": " + u(d.packed_offset) +
-               ", \"packed_size\": " + u(d.packed_size) + ", \"scales_offset\": " + u(d.scales_offset) +
+        out += ", \"expert0\": {\"layer_id\": " + u(e.layer_id) +
+               ", \"expert_id\": " + u(e.expert_id) + ", \"byte_offset\": " + u(e.byte_offset) +
+               ", \"raw_size\": " + u(e.raw_size) + ", \"padded_size\": " + u(e.padded_size) +
+               ", \"num_groups\": " + u(e.num_groups) + "}";
+        out += ", \"expert0_down\": {\"tensor_type\": " + u(d.tensor_type) +
+               ", \"rows\": " + u(d.rows) + ", \"cols\": " + u(d.cols) +
+               ", \"packed_offset\": " + u(d.packed_offset) +
+               ", \"packed_size\": " + u(d.packed_size) +
+               ", \"scales_offset\": " + u(d.scales_offset) +
                ", \"scales_size\": " + u(d.scales_size) + "}";
     }
     if (h.version >= smoe::VERSION_WITH_ARCH) {
         SmoeArchBlock a;
-        if (!read_at(f, static_cast<long>(h.reserved_ext), &a, sizeof a) || !smoe::has_arch_magic(a)) {
+        if (!read_at(f, static_cast<long>(h.reserved_ext), &a, sizeof a) ||
+            !smoe::has_arch_magic(a)) {
             std::fprintf(stderr, "%s: no arch block at offset %u\n", argv[1], h.reserved_ext);
             return 1;
         }
@@ -119,8 +126,9 @@ int main(int argc, char** argv) {
         std::memcpy(name, a.model_type, sizeof a.model_type);
         out += ", \"arch\": {\"flags\": " + u(a.flags) + ", \"num_heads\": " + u(a.num_heads) +
                ", \"num_kv_heads\": " + u(a.num_kv_heads) + ", \"head_dim\": " + u(a.head_dim) +
-               ", \"moe_top_k\": " + u(a.moe_top_k) + ", \"rope_theta\": " + std::to_string(a.rope_theta) +
-               ", \"model_type\": \"" + name + "\"}";
+               ", \"moe_top_k\": " + u(a.moe_top_k) +
+               ", \"rope_theta\": " + std::to_string(a.rope_theta) + ", \"model_type\": \"" + name +
+               "\"}";
     }
     out += "}\n";
     std::fputs(out.c_str(), stdout);

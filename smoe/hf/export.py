@@ -70,13 +70,21 @@ class HfExportResult:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        return {"out": str(self.out), "files": self.files, "tensors": self.tensors,
-                "expert_tensors": self.expert_tensors, "bytes_out": self.bytes_out,
-                "expert_bytes_out": self.expert_bytes_out, "dtype": self.dtype,
-                "config": self.config, "seconds": self.seconds,
-                "throughput_mb_s": (self.expert_bytes_out / 1e6 / self.seconds
-                                    if self.seconds > 0 else None),
-                "notes": self.notes}
+        return {
+            "out": str(self.out),
+            "files": self.files,
+            "tensors": self.tensors,
+            "expert_tensors": self.expert_tensors,
+            "bytes_out": self.bytes_out,
+            "expert_bytes_out": self.expert_bytes_out,
+            "dtype": self.dtype,
+            "config": self.config,
+            "seconds": self.seconds,
+            "throughput_mb_s": (
+                self.expert_bytes_out / 1e6 / self.seconds if self.seconds > 0 else None
+            ),
+            "notes": self.notes,
+        }
 
 
 def stem(vault: Path) -> str:
@@ -114,8 +122,10 @@ def refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
     held = vault.layers()
     problems = []
     if len(held) < want_layers:
-        problems.append(f"it holds {len(held)} of the model's {want_layers} MoE layers "
-                        f"(layers {_ids(list(held))}; {want_layers - len(held)} missing)")
+        problems.append(
+            f"it holds {len(held)} of the model's {want_layers} MoE layers "
+            f"(layers {_ids(list(held))}; {want_layers - len(held)} missing)"
+        )
     short = []
     for lay in sorted(held):
         have = {int(e) for e in expert_ids[layer_ids == lay]}
@@ -128,12 +138,17 @@ def refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
     if not problems:
         return
     opts = ((doc or {}).get("tool") or {}).get("options") or {}
-    how = " ".join(f"--{k.replace('_', '-')} {opts[k]}" for k in ("max_layers", "max_experts")
-                   if isinstance(opts.get(k), int))
+    how = " ".join(
+        f"--{k.replace('_', '-')} {opts[k]}"
+        for k in ("max_layers", "max_experts")
+        if isinstance(opts.get(k), int)
+    )
     made = f" (sculpted with {how})" if how else ""
-    raise SmoeError(f"{vault.path}: a partial vault{made}: {'; '.join(problems)}; a "
-                    "checkpoint needs every expert: sculpt the model again without "
-                    "--max-layers/--max-experts")
+    raise SmoeError(
+        f"{vault.path}: a partial vault{made}: {'; '.join(problems)}; a "
+        "checkpoint needs every expert: sculpt the model again without "
+        "--max-layers/--max-experts"
+    )
 
 
 def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
@@ -149,18 +164,21 @@ def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
     rows = doc["experts"]
     size = doc["vault"]["size"]
     if size != len(vault.data) or len(rows) != len(vault):
-        raise SmoeError(f"{path}: describes another vault ({size} bytes, {len(rows)} experts; "
-                        f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)")
+        raise SmoeError(
+            f"{path}: describes another vault ({size} bytes, {len(rows)} experts; "
+            f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)"
+        )
     table = vault.table
     for i, row in enumerate(rows):
         e = table[i]
-        want = (int(e["layer_id"]), int(e["expert_id"]), int(e["byte_offset"]),
-                int(e["raw_size"]))
+        want = (int(e["layer_id"]), int(e["expert_id"]), int(e["byte_offset"]), int(e["raw_size"]))
         if (row["layer"], row["expert"], row["offset"], row["raw_size"]) != want:
-            raise SmoeError(f"{path}: experts[{i}] is layer {row['layer']} expert "
-                            f"{row['expert']} at offset {row['offset']}, but table entry {i} "
-                            f"of {vault.path} is layer {want[0]} expert {want[1]} at offset "
-                            f"{want[2]}: the manifest describes another vault")
+            raise SmoeError(
+                f"{path}: experts[{i}] is layer {row['layer']} expert "
+                f"{row['expert']} at offset {row['offset']}, but table entry {i} "
+                f"of {vault.path} is layer {want[0]} expert {want[1]} at offset "
+                f"{want[2]}: the manifest describes another vault"
+            )
     return doc, path
 
 
@@ -182,8 +200,13 @@ class Slot:
     """Decodes one vault tensor at a time into its own reused buffers, in the output dtype;
     the expert last read is kept (its three tensors are usually wanted in a row)."""
 
-    def __init__(self, vault: Vault, crcs: dict[tuple[int, int], int] | None,
-                 manifest_path: Path, checked: set[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        vault: Vault,
+        crcs: dict[tuple[int, int], int] | None,
+        manifest_path: Path,
+        checked: set[tuple[int, int]],
+    ) -> None:
         self.vault = vault
         self.crcs = crcs
         self.manifest_path = manifest_path
@@ -207,9 +230,11 @@ class Slot:
         off, raw = int(e["byte_offset"]), int(e["raw_size"])
         assert self.crcs is not None
         if manifest.checksum(self.vault.data[off : off + raw]) != self.crcs[key]:
-            raise SmoeError(f"{self.vault.path}: layer {key[0]} expert {key[1]}: the blob at "
-                            f"offset {off} differs from its CRC-32C in {self.manifest_path} "
-                            "(changed or damaged); refused")
+            raise SmoeError(
+                f"{self.vault.path}: layer {key[0]} expert {key[1]}: the blob at "
+                f"offset {off} differs from its CRC-32C in {self.manifest_path} "
+                "(changed or damaged); refused"
+            )
         self._checked.add(key)
 
     def decode(self, task: Task) -> np.ndarray:
@@ -223,16 +248,17 @@ class Slot:
             self._u32 = np.empty(n, np.uint32)
             self._u16 = np.empty(n, np.uint16)
         f32 = self._f32[:n]
-        quant.decode(view.packed, view.scales, view.bits, view.shape,
-                     out=f32.reshape(view.shape))
+        quant.decode(view.packed, view.scales, view.bits, view.shape, out=f32.reshape(view.shape))
         if dtype == "F32":
             return f32
         u16 = self._u16[:n]
         if dtype == "F16":
             np.copyto(u16.view(np.float16), f32, casting="same_kind")
             if not np.isfinite(u16.view(np.float16)).all():
-                raise SmoeError(f"{out.name}: dequantised values beyond the float16 range "
-                                "(65504); export with --dtype bf16 or f32")
+                raise SmoeError(
+                    f"{out.name}: dequantised values beyond the float16 range "
+                    "(65504); export with --dtype bf16 or f32"
+                )
             return u16
         u = f32.view(np.uint32)
         t = self._u32[:n]
@@ -251,8 +277,14 @@ class Decoder:
     only then is its slot given the next task. Memory: ``2 * threads`` slots' buffers.
     Workers only read the vault: every write stays in the calling thread."""
 
-    def __init__(self, vault: Vault, crcs: dict[tuple[int, int], int] | None,
-                 manifest_path: Path, tasks: list[Task], threads: int) -> None:
+    def __init__(
+        self,
+        vault: Vault,
+        crcs: dict[tuple[int, int], int] | None,
+        manifest_path: Path,
+        tasks: list[Task],
+        threads: int,
+    ) -> None:
         checked: set[tuple[int, int]] = set()
         self._slots = [Slot(vault, crcs, manifest_path, checked) for _ in range(2 * threads)]
         self._tasks = tasks
@@ -266,8 +298,11 @@ class Decoder:
         if self._next >= len(self._tasks):
             return
         i, self._next = self._next, self._next + 1
-        future = (None if self._pool is None  # decoded when taken
-                  else self._pool.submit(self._slots[slot].decode, self._tasks[i]))
+        future = (
+            None
+            if self._pool is None  # decoded when taken
+            else self._pool.submit(self._slots[slot].decode, self._tasks[i])
+        )
         self._ahead.append((slot, i, future))
 
     @contextlib.contextmanager
@@ -302,8 +337,9 @@ def pieces_in_order(o: OutTensor) -> list[Piece]:
     return sorted(o.pieces, key=lambda p: (p.index or 0, p.rows))
 
 
-def write_expert(fd: int, path: Path, o: OutTensor, dtype: str, offset: int,
-                 decoder: Decoder) -> None:
+def write_expert(
+    fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: Decoder
+) -> None:
     """Write output tensor ``o`` at ``offset``: each piece where its slab and rows lie."""
     row = o.cols * DTYPE_SIZES[dtype]
     slab = o.shape[-2] * row
@@ -341,8 +377,10 @@ def shard_names(count: int) -> list[str]:
 def refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
     if os.path.islink(out_dir):
-        raise SmoeError(f"{out_dir}: is a symlink; name the folder to write itself (the "
-                        "folder is renamed into place, never written through a link)")
+        raise SmoeError(
+            f"{out_dir}: is a symlink; name the folder to write itself (the "
+            "folder is renamed into place, never written through a link)"
+        )
     try:
         st = os.stat(out_dir)
     except FileNotFoundError:
@@ -353,20 +391,25 @@ def refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     for src in inputs:
         try:
             if st is not None and fileio.same_file(st, os.stat(src)):
-                raise SmoeError(f"{out_dir}: the output is the input {src} itself; refusing "
-                                "to overwrite an input")
+                raise SmoeError(
+                    f"{out_dir}: the output is the input {src} itself; refusing "
+                    "to overwrite an input"
+                )
         except FileNotFoundError:
             continue
         if os.path.realpath(src).startswith(real.rstrip(os.sep) + os.sep):
-            raise SmoeError(f"{out_dir}: the output folder holds the input {src}; refusing to "
-                            "replace an input")
+            raise SmoeError(
+                f"{out_dir}: the output folder holds the input {src}; refusing to replace an input"
+            )
     if st is None:
         return
     if not stat.S_ISDIR(st.st_mode):
         raise SmoeError(f"{out_dir}: exists and is not a folder")
     if os.listdir(out_dir):
-        raise SmoeError(f"{out_dir}: exists and is not empty; remove it or name a new folder "
-                        "(the checkpoint folder is written whole, never merged)")
+        raise SmoeError(
+            f"{out_dir}: exists and is not empty; remove it or name a new folder "
+            "(the checkpoint folder is written whole, never merged)"
+        )
 
 
 def _remove_tree(path: Path) -> None:
@@ -437,19 +480,20 @@ def _write_folder(tmp: Path, plan: Plan, decoder: Decoder, config_bytes: bytes) 
             path = tmp / file_name
             items = [(n, plan.dtype(n), plan.shape(n)) for n in tensors]
 
-            def fill(fd: int, i: int, offset: int, path: Path = path,
-                     tensors: list[str] = tensors) -> None:
+            def fill(
+                fd: int, i: int, offset: int, path: Path = path, tensors: list[str] = tensors
+            ) -> None:
                 name = tensors[i]
                 info = plan.scout.get(name)
                 if info is None:
-                    write_expert(fd, path, plan.experts[name], plan.dtypes[name], offset,
-                                 decoder)
+                    write_expert(fd, path, plan.experts[name], plan.dtypes[name], offset, decoder)
                     return
                 src = fds.get(info.path)
                 if src is None:
                     src = fds[info.path] = fileio.open_input(info.path)
-                copy_range(src, info.offset, fd, offset, info.nbytes, src_path=info.path,
-                           dst_path=path)
+                copy_range(
+                    src, info.offset, fd, offset, info.nbytes, src_path=info.path, dst_path=path
+                )
 
             write_safetensors(path, items, fill, metadata={"format": "pt"})
     finally:
@@ -460,8 +504,10 @@ def _write_folder(tmp: Path, plan: Plan, decoder: Decoder, config_bytes: bytes) 
         weight_map = {n: f for f, tensors in zip(names, plan.shards) for n in tensors}
         total = sum(plan.nbytes(n) for n in weight_map)
         params = sum(math.prod(plan.shape(n)) for n in weight_map)
-        index = {"metadata": {"total_parameters": params, "total_size": total},
-                 "weight_map": dict(sorted(weight_map.items()))}
+        index = {
+            "metadata": {"total_parameters": params, "total_size": total},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
         _write_small(tmp / INDEX_NAME, (_json(index)).encode())
         files.append(INDEX_NAME)
     _write_small(tmp / "config.json", config_bytes)
@@ -483,10 +529,16 @@ def _write_small(path: Path, data: bytes) -> None:
 
 
 # ---- the export -----------------------------------------------------------------------------
-def export_hf(vault_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-              scout: str | os.PathLike | None = None, config: str | os.PathLike | None = None,
-              dtype: str | None = None, max_shard_size: int = MAX_SHARD_SIZE,
-              threads: int | None = None) -> HfExportResult:
+def export_hf(
+    vault_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    scout: str | os.PathLike | None = None,
+    config: str | os.PathLike | None = None,
+    dtype: str | None = None,
+    max_shard_size: int = MAX_SHARD_SIZE,
+    threads: int | None = None,
+) -> HfExportResult:
     """Write the checkpoint folder ``out_dir`` for ``vault_path`` (see the module docstring).
 
     ``scout``: default ``<stem>.scout.safetensors`` beside the vault; ``config``: default
@@ -508,34 +560,49 @@ def export_hf(vault_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         refuse_partial(vault, doc)
         scout_path = Path(scout) if scout is not None else default_scout(vault_path)
         if scout is None and not os.path.lexists(scout_path):
-            raise SmoeError(f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
-                            "which the sculptor writes); name it with --scout")
+            raise SmoeError(
+                f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
+                "which the sculptor writes); name it with --scout"
+            )
         scout_info = read_header(scout_path)
         emb = scout_info.get("model.embed_tokens.weight")
         d_model = int(vault.header["d_model"])
         if emb is not None and emb.shape[-1] != d_model:
-            raise SmoeError(f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
-                            f"columns, but {vault_path} has d_model {d_model}: the scout "
-                            "belongs to another model")
-        model_type = ("" if vault.arch is None else
-                      bytes(vault.arch["model_type"]).rstrip(b"\0").decode("utf-8", "replace"))
+            raise SmoeError(
+                f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
+                f"columns, but {vault_path} has d_model {d_model}: the scout "
+                "belongs to another model"
+            )
+        model_type = (
+            ""
+            if vault.arch is None
+            else bytes(vault.arch["model_type"]).rstrip(b"\0").decode("utf-8", "replace")
+        )
         experts = manifest_layout(vault, doc, manifest_path) if doc is not None else None
         if experts is None:
             experts = family_layout(vault, set(scout_info), model_type)
             first = next(iter(experts))
-            why = ("no manifest beside the vault" if doc is None
-                   else f"{manifest_path.name} records no source tensors")
-            notes.append(f"{why}: experts named as the family's checkpoints name them "
-                         f"({first.replace('.0.', '.{L}.', 1)} ...)")
+            why = (
+                "no manifest beside the vault"
+                if doc is None
+                else f"{manifest_path.name} records no source tensors"
+            )
+            notes.append(
+                f"{why}: experts named as the family's checkpoints name them "
+                f"({first.replace('.0.', '.{L}.', 1)} ...)"
+            )
         clash = sorted(set(experts) & set(scout_info))
         if clash:
-            raise SmoeError(f"{scout_path}: already has {clash[0]!r}, which the vault's experts "
-                            "would write: the scout belongs to another vault")
+            raise SmoeError(
+                f"{scout_path}: already has {clash[0]!r}, which the vault's experts "
+                "would write: the scout belongs to another vault"
+            )
         explicit = hf_config.DTYPES[dtype] if dtype is not None else None
         fallback = scout_dtype(scout_info) or "BF16"
         dtypes = {n: explicit or o.dtype or fallback for n, o in experts.items()}
-        chosen = explicit or (dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1
-                              else "mixed")
+        chosen = explicit or (
+            dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
+        )
         cfg_path = Path(config) if config is not None else default_config(vault_path)
         if config is not None or os.path.lexists(cfg_path):
             config_bytes, more = hf_config.copied(cfg_path, explicit)
@@ -545,27 +612,48 @@ def export_hf(vault_path: str | os.PathLike, out_dir: str | os.PathLike, *,
             cfg, assumed = hf_config.rebuild(vault, scout_info, explicit or fallback)
             config_bytes = _json(cfg).encode()
             config_from = "rebuilt from the arch block and the scout"
-            notes.append(f"config.json rebuilt from {vault_path.name}'s arch block and the "
-                         f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
-                         f"assumed: {', '.join(assumed)}")
+            notes.append(
+                f"config.json rebuilt from {vault_path.name}'s arch block and the "
+                f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
+                f"assumed: {', '.join(assumed)}"
+            )
         inputs = [vault_path, manifest_path, scout_path, cfg_path]
         refuse_outputs(out_dir, inputs)
         order = sorted([*scout_info, *experts], key=natural_key)
         plan = Plan(scout_info, experts, dtypes, [])
         plan.shards = shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
-        crcs = ({(r["layer"], r["expert"]): r["crc32c"] for r in doc["experts"]}
-                if doc is not None else None)
-        decoder = Decoder(vault, crcs, manifest_path, expert_tasks(plan),
-                          usable_cores() if threads is None else threads)
+        crcs = (
+            {(r["layer"], r["expert"]): r["crc32c"] for r in doc["experts"]}
+            if doc is not None
+            else None
+        )
+        decoder = Decoder(
+            vault,
+            crcs,
+            manifest_path,
+            expert_tasks(plan),
+            usable_cores() if threads is None else threads,
+        )
         try:
             files = _commit_folder(
-                out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs)
+                out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs
+            )
         finally:
             decoder.close()
     expert_bytes = sum(plan.nbytes(n) for n in experts)
     total = sum(plan.nbytes(n) for n in order)
-    return HfExportResult(out_dir, files, len(order), len(experts), total, expert_bytes,
-                          chosen, config_from, time.perf_counter() - t0, notes)
+    return HfExportResult(
+        out_dir,
+        files,
+        len(order),
+        len(experts),
+        total,
+        expert_bytes,
+        chosen,
+        config_from,
+        time.perf_counter() - t0,
+        notes,
+    )
 
 
 def _commit_folder(out_dir: Path, write: Any, inputs: list[Path]) -> list[str]:

@@ -93,36 +93,50 @@ def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, 
         key = (row["layer"], row["expert"])
         tensors = row["tensors"]
         if len(tensors) != len(TENSOR_NAMES):
-            raise SmoeError(f"{_where(path, i)}: {len(tensors)} tensors, expected "
-                            f"{len(TENSOR_NAMES)} (gate, up, down)")
+            raise SmoeError(
+                f"{_where(path, i)}: {len(tensors)} tensors, expected "
+                f"{len(TENSOR_NAMES)} (gate, up, down)"
+            )
         for t, entry in enumerate(tensors):
             where = _where(path, i, t)
             if not isinstance(entry, dict):
                 raise SmoeError(f"{where}: not an object")
-            source, index, rows, dtype = (entry.get(k) for k in ("source", "index", "rows",
-                                                                 "dtype"))
+            source, index, rows, dtype = (
+                entry.get(k) for k in ("source", "index", "rows", "dtype")
+            )
             if not isinstance(source, str) or not source:
                 raise SmoeError(f"{where}.source is {source!r}, expected a tensor name")
             if dtype is not None and dtype not in FLOAT_DTYPES:
-                raise SmoeError(f"{where}.dtype is {dtype!r}, expected one of "
-                                f"{', '.join(FLOAT_DTYPES)}")
+                raise SmoeError(
+                    f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}"
+                )
             n_rows, cols = _shape(vault, key, t)
             if index is not None:
                 index = _uint(index, f"{where}.index")
             if rows is None:
                 span = (0, n_rows)
-            elif (isinstance(rows, list) and len(rows) == 2
-                  and _uint(rows[1], f"{where}.rows[1]") - _uint(rows[0], f"{where}.rows[0]")
-                  == n_rows):
+            elif (
+                isinstance(rows, list)
+                and len(rows) == 2
+                and _uint(rows[1], f"{where}.rows[1]") - _uint(rows[0], f"{where}.rows[0]")
+                == n_rows
+            ):
                 span = (rows[0], rows[1])
             else:
-                raise SmoeError(f"{where}.rows is {rows!r}, expected [start, start + {n_rows}] "
-                                f"for the vault's {n_rows} rows")
+                raise SmoeError(
+                    f"{where}.rows is {rows!r}, expected [start, start + {n_rows}] "
+                    f"for the vault's {n_rows} rows"
+                )
             o = out.setdefault(source, OutTensor(source, ()))
-            if o.pieces and ((o.pieces[0].index is None) != (index is None)
-                             or o.shape[-1] != cols or o.dtype != dtype):
-                raise SmoeError(f"{where}: {source!r} is given another index kind, width or "
-                                "dtype than by an earlier entry")
+            if o.pieces and (
+                (o.pieces[0].index is None) != (index is None)
+                or o.shape[-1] != cols
+                or o.dtype != dtype
+            ):
+                raise SmoeError(
+                    f"{where}: {source!r} is given another index kind, width or "
+                    "dtype than by an earlier entry"
+                )
             o.shape, o.dtype = (cols,), dtype
             o.pieces.append(Piece(key, t, index, span))
     for o in out.values():
@@ -146,14 +160,17 @@ def _tile(o: OutTensor, path: Path) -> None:
             at = stop
         if at != height:
             slab = "" if index is None else f" slab {index}"
-            raise SmoeError(f"{path}: the experts' sources do not tile {o.name!r}{slab}: rows "
-                            f"{sorted(spans)} of {height}")
+            raise SmoeError(
+                f"{path}: the experts' sources do not tile {o.name!r}{slab}: rows "
+                f"{sorted(spans)} of {height}"
+            )
     if None in slabs:
         o.shape = (height, cols)
         return
     count = max(slabs) + 1  # type: ignore[type-var]
     missing = sorted(set(range(count)) - set(slabs))  # type: ignore[arg-type]
     if missing:
-        raise SmoeError(f"{path}: {o.name!r} would have {count} slabs, but no expert fills "
-                        f"slab {missing[0]}")
+        raise SmoeError(
+            f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing[0]}"
+        )
     o.shape = (count, height, cols)
