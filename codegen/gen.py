@@ -85,6 +85,8 @@ def render_all(spec: Path) -> dict[str, str]:
         PARSER: files["python"][f"{m.meta['id']}.py"],
         "python/smoe_gen/__init__.py": env.get_template("init.py.j2").render(ctx),
         "python/smoe_gen/layout.py": env.get_template("layout.py.j2").render(ctx),
+        # the spec itself ships in the wheel (`smoe spec --ksy`)
+        "python/smoe_gen/smoe.ksy": spec.read_text(encoding="utf-8"),
         "cpp/common.hpp": env.get_template("common.hpp.j2").render(ctx),
         "docs/SPEC.md": env.get_template("SPEC.md.j2").render(ctx),
         "docs/smoe.dot": files["graphviz"][f"{m.meta['id']}.dot"],

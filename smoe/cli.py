@@ -231,7 +231,13 @@ def _warn(warnings: Sequence[str]) -> None:
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
-    """Print the format's constants and struct layouts (from the generated layout)."""
+    """Print the format's constants and struct layouts (from the generated layout), or with
+    ``--ksy`` the Kaitai Struct spec itself (shipped in the package)."""
+    if args.ksy:
+        from importlib.resources import files
+
+        sys.stdout.write(files("smoe_gen").joinpath("smoe.ksy").read_text(encoding="utf-8"))
+        return 0
     summary = _spec_summary()
     if args.json:
         _print_json(summary)
@@ -633,7 +639,9 @@ def build_parser() -> argparse.ArgumentParser:
     _debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("spec", help="show the format's constants and struct layouts")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="machine-readable output")
+    form.add_argument("--ksy", action="store_true", help="print the Kaitai Struct spec (.ksy)")
     p.set_defaults(func=cmd_spec)
 
     p = sub.add_parser("sculpt", help="convert a HuggingFace MoE checkpoint into a vault + scout")

@@ -101,7 +101,6 @@ __all__ = [
     "UnrepresentableWeights",
     "bf16_to_f32",
     "decode",
-    "dequantize",
     "encode",
     "encode_into",
     "fast_kernels",
@@ -1153,10 +1152,6 @@ def decode(
         if full < stop - start:
             np.multiply(levels[full:], s[-1], out=flat[start + full : stop])
     return out
-
-
-dequantize = decode
-"""Alias of :func:`decode`."""
 
 
 # ---------------------------------------------------------------------------- metrics

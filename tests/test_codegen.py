@@ -90,6 +90,7 @@ def test_wheel_ships_generated_parser_and_layout(tmp_path: Path) -> None:
         "smoe/__main__.py",
         "smoe/py.typed",
         "smoe/templates/report.html.j2",
+        "smoe_gen/smoe.ksy",
     } <= names
     from smoe import __version__
 

@@ -406,10 +406,17 @@ def test_download_fetches_only_config_index_and_shards(
 
 
 def test_no_progress_bars_when_stderr_is_not_a_terminal(
-    hf_home: Path, monkeypatch: pytest.MonkeyPatch
+    hf_home: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
-    from huggingface_hub.utils import are_progress_bars_disabled
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
 
+    if are_progress_bars_disabled():  # another test (e.g. transformers) turned them off
+        enable_progress_bars()
+        request.addfinalizer(disable_progress_bars)
     seen: list[bool] = []
     calls: list[dict] = []
     download = stand_in_hub(hf_home, monkeypatch, SINGLE, calls)

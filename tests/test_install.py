@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from smoe import __version__
 
@@ -42,3 +43,12 @@ def test_import_smoe_is_light_and_vault_is_lazy() -> None:
         [sys.executable, "-c", "import smoe; smoe.Nothing"], capture_output=True, text=True
     )
     assert "AttributeError: module 'smoe' has no attribute 'Nothing'" in missing.stderr
+
+
+def test_spec_ksy_prints_the_shipped_spec() -> None:
+    """`smoe spec --ksy` prints the .ksy the package ships, identical to spec/smoe.ksy."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "smoe", "spec", "--ksy"], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout == (root / "spec" / "smoe.ksy").read_text(encoding="utf-8")
