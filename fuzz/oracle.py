@@ -79,7 +79,19 @@ def _where(e: BaseException) -> str:
 
 
 def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    """Open descriptors, not counting multiprocessing's shared-memory arenas (/dev/shm/pym-*),
+    which the first shared value of a process creates and keeps for its lifetime."""
+    if not os.path.isdir("/proc/self/fd"):
+        return 0
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if not target.startswith("/dev/shm/pym-"):
+            count += 1
+    return count
 
 
 def attempt(fn: Callable[[], object], seconds: float) -> Outcome:

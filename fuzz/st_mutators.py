@@ -15,23 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SIZES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
+from smoe.safetensors_io import DTYPE_SIZES
+
+SIZES = DTYPE_SIZES  # one table of safetensors dtype sizes
 HUGE = [2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30]
 
 
