@@ -1166,18 +1166,11 @@ def snr_db(w: np.ndarray, w_hat: np.ndarray, *, chunk_weights: int = CHUNK_WEIGH
     b = np.asarray(w_hat).reshape(-1)
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch: {np.shape(w)} vs {np.shape(w_hat)}")
-    sig = _Moments()
-    err = _Moments()
+    stats = QuantStats()  # the encoder's own accumulator, fed float64 chunks
     for start in range(0, a.size, chunk_weights):
         x = a[start : start + chunk_weights].astype(np.float64)
-        sig.add(x)
-        x -= b[start : start + chunk_weights]
-        err.add(x)
-    if err.m2 == 0:
-        return float("inf")
-    if sig.m2 == 0:
-        return float("-inf")
-    return float(10 * np.log10(sig.m2 / err.m2))
+        stats.add(x, x - b[start : start + chunk_weights])
+    return stats.snr_db
 
 
 class QuantStats:
@@ -1271,24 +1264,3 @@ class QuantStats:
             return None
         v = float(10 * np.log10(sig / err))
         return v if np.isfinite(v) else None
-
-
-class _Moments:
-    """Streaming count / mean / sum of squared deviations (Chan et al. merge)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.mean = 0.0
-        self.m2 = 0.0
-
-    def add(self, x: np.ndarray) -> None:
-        nb = x.size
-        if nb == 0:
-            return
-        mb = float(x.mean())
-        m2b = float(np.square(x - mb).sum())
-        n = self.n + nb
-        delta = mb - self.mean
-        self.m2 += m2b + delta * delta * self.n * nb / n
-        self.mean += delta * nb / n
-        self.n = n
