@@ -35,8 +35,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from smoe.quant import _Q4W_FACTORS
-from smoe_gen.layout import GROUP_SIZE
+from smoe.quant import _Q4_FACTORS, _Q4W_FACTORS
+from smoe_gen.layout import GROUP_SIZE, code_centre
 
 __all__ = ["NEEDS_REFERENCE", "OK", "REFUSED", "TILE", "einsum_order_holds", "encode_chunk"]
 
@@ -60,9 +60,9 @@ _MAG = np.uint32(0x7FFFFFFF)
 _HUGE = np.uint32(np.float32(2.0**60).view(np.uint32))
 """Tiles with a ``|w|`` pattern at or above this sum their stats in float64: below it,
 sums of 16 squares in float32 cannot overflow."""
-_Q4_F0 = _F32(0.96)  # quant._Q4_FACTORS as numpy applies them: float32 factors
-_Q4_F1 = _F32(0.89)
-_Q4_REL_INV = _F32(1) / _F32(0.89 / 0.96)  # numpy: 1 / np.float32(0.89 / 0.96)
+_Q4_F0, _Q4_F1 = (_F32(f) for f in _Q4_FACTORS)  # as numpy applies them: float32 factors
+_Q4_REL_INV = _F32(1) / _F32(_Q4_FACTORS[1] / _Q4_FACTORS[0])  # numpy: 1 / np.float32(rel)
+_C4 = _F32(code_centre(4))  # the Q4 decoding centre (7.5), from the spec
 _Q4W_F = np.array(_Q4W_FACTORS, np.float32)  # the ladder with importance, as numpy has it
 _Q4W_K = np.array([_F32(1) / _F32(f / _Q4W_FACTORS[0]) for f in _Q4W_FACTORS], np.float32)
 """Per rung, the factor from the first rung's ``t`` to its own (numpy: 1 / rel)."""
@@ -669,7 +669,7 @@ def _q4_scales(y, amax, scales, inv4, sums, which):
     groups ``g`` with ``which[g]``."""
     for g in range(TILE):
         base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4_F0
-        inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+        inv = _C4 / base if base != _F32(0) else _F32(0)
         for lane in range(_LANES):
             inv4[_LANES * g + lane] = inv
     _q4_sums(y, inv4, sums)
@@ -693,7 +693,7 @@ def _q4w_scales(y, hy, amax, plain, scales, inv4, sums, wsums):
     weighted choice, or the plain one for the groups whose weighted signal is 0."""
     for g in range(TILE):
         base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4W_F[0]
-        inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+        inv = _C4 / base if base != _F32(0) else _F32(0)
         for lane in range(_LANES):
             inv4[_LANES * g + lane] = inv
     _q4w_sums(y, hy, inv4, wsums)
@@ -807,7 +807,7 @@ def _q4_group(w, absmax):
     """Q4 ``optimal`` scale of one group ``w`` (float32, fewer than 64 weights)."""
     n = w.size
     base = _f16_round(absmax) * _Q4_F0
-    inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+    inv = _C4 / base if base != _F32(0) else _F32(0)
     a = np.zeros(_LANES, np.float32)
     b = np.zeros(_LANES, np.float32)
     svv0 = _F32(0)
@@ -839,7 +839,7 @@ def _q4w_group(w, h, absmax):
     the ladder's sums in numpy's einsum order for a short row (:func:`_q4_group`)."""
     n = w.size
     base = _f16_round(absmax) * _Q4W_F[0]
-    inv = _F32(7.5) / base if base != _F32(0) else _F32(0)
+    inv = _C4 / base if base != _F32(0) else _F32(0)
     a = np.zeros((_NF, _LANES), np.float32)
     c = np.zeros((_NF, _LANES), np.float32)
     for j in range(0, n, 16):

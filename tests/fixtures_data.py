@@ -5,9 +5,36 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from smoe.records import ArchInfo
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CORRUPT = FIXTURES / "corrupt"
 MANIFEST: dict = json.loads((FIXTURES / "MANIFEST.json").read_text())
 EXPECTED: dict = json.loads((CORRUPT / "EXPECTED.json").read_text())
 GOOD = sorted(MANIFEST)
 BAD = sorted(EXPECTED)
+
+# The arch block and config.json of the v1 fixtures (olmoe-shaped), for the upgrade tests.
+OLMOE_ARCH = ArchInfo(
+    rope_theta=10000.0,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=16,
+    moe_top_k=2,
+    moe_ffn_dim=32,
+    num_hidden_layers=2,
+    rms_norm_eps=1e-6,
+    model_type="olmoe",
+)
+OLMOE_CONFIG = {
+    "model_type": "olmoe",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "num_experts": 4,
+}

@@ -16,36 +16,14 @@ import pytest
 
 from smoe.errors import SmoeError
 from smoe.reader import Vault
-from smoe.records import ArchInfo
 from smoe.upgrade import OsOps, has_room, upgrade
 from smoe.verify import verify
 
 from fixtures_data import FIXTURES
+from fixtures_data import OLMOE_ARCH as ARCH
+from fixtures_data import OLMOE_CONFIG as CONFIG
 
 SMOE = [sys.executable, "-m", "smoe.cli"]
-ARCH = ArchInfo(
-    rope_theta=10000.0,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=16,
-    moe_top_k=2,
-    moe_ffn_dim=32,
-    num_hidden_layers=2,
-    rms_norm_eps=1e-6,
-    model_type="olmoe",
-)
-CONFIG = {
-    "model_type": "olmoe",
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "num_experts": 4,
-}
 
 
 def blobs(path: Path) -> bytes:

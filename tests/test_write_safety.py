@@ -24,37 +24,15 @@ from smoe import fileio, manifest
 from smoe.errors import SmoeError
 from smoe.export import export
 from smoe.reader import Vault
-from smoe.records import ArchInfo
 from smoe.safetensors_io import TensorInfo, read_header, write_file, write_streaming
 from smoe.upgrade import OsOps, lock_path, upgrade
 
 from fixtures_data import FIXTURES
+from fixtures_data import OLMOE_ARCH as ARCH
+from fixtures_data import OLMOE_CONFIG as CONFIG
 
 SMOE = [sys.executable, "-m", "smoe.cli"]
 ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"}
-ARCH = ArchInfo(
-    rope_theta=10000.0,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=16,
-    moe_top_k=2,
-    moe_ffn_dim=32,
-    num_hidden_layers=2,
-    rms_norm_eps=1e-6,
-    model_type="olmoe",
-)
-CONFIG = {
-    "model_type": "olmoe",
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "num_hidden_layers": 2,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "num_experts": 4,
-}
 ENOSPC_LINE = r"error: {}: cannot write \d+ bytes at offset \d+: No space left on device"
 ROLLED_BACK = "; rolled back, the vault is unchanged"
 
