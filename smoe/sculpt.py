@@ -68,8 +68,9 @@ from typing import TYPE_CHECKING, Any
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
-from smoe.checkpoint import Checkpoint, ExpertReader, ExpertRef
+from smoe.checkpoint import Checkpoint, ExpertRef
 from smoe.errors import SmoeError
+from smoe.expert_reader import ExpertReader
 from smoe.hub import output_stem
 from smoe.manifest import checksum, path_for, tool_info
 from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, make_plan

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from smoe import sculpt as sculpt_mod
-from smoe.checkpoint import Checkpoint, ExpertReader, ExpertRef
+from smoe.checkpoint import Checkpoint, ExpertRef
 from smoe.errors import SmoeError
+from smoe.expert_reader import ExpertReader
 from smoe.manifest import checksum
 from smoe.plan import make_plan
 from smoe.safetensors_io import read_array
