@@ -86,6 +86,7 @@ CXX_SOURCES := $(wildcard harness/*.cpp harness/*.hpp harness/tests/*.cpp harnes
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	@command -v clang-format >/dev/null || { \
 		echo "lint: installing clang-format (Debian package)"; \
 		(apt-get install -y -q clang-format >/dev/null 2>&1 \

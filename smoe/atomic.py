@@ -12,9 +12,13 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from smoe import fileio
 from smoe.fileio import current_umask, fsync_dir
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
 
 __all__ = ["AtomicFile", "current_umask", "fsync_dir", "sweep_stale"]
 
@@ -69,7 +73,7 @@ class AtomicFile:
         if exc_type is not None:
             self.abort()
 
-    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> None:
+    def pwrite(self, data: Buffer, offset: int) -> None:
         """Write all of ``data`` at ``offset`` (checked; see :func:`fileio.pwrite_all`)."""
         assert self.fd is not None, "write to a closed AtomicFile"
         fileio.pwrite_all(self.fd, data, offset, self.path)

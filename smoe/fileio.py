@@ -19,8 +19,12 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from smoe.errors import SmoeError
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -42,9 +46,7 @@ def current_umask() -> int:
 
 
 # ---- writing ------------------------------------------------------------------------------
-def pwrite_all(
-    fd: int, data: bytes | bytearray | memoryview, offset: int, path: str | os.PathLike
-) -> None:
+def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> None:
     """Write all of ``data`` at ``offset``; short writes continue, errors raise SmoeError."""
     view = memoryview(data).cast("B")
     done = 0
@@ -66,7 +68,7 @@ def pwrite_all(
         done += n
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview, path: str | os.PathLike) -> None:
+def write_all(fd: int, data: Buffer, path: str | os.PathLike) -> None:
     """Write all of ``data`` at the file position; errors raise SmoeError."""
     view = memoryview(data).cast("B")
     done = 0
@@ -282,9 +284,7 @@ def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
     return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
-def preadv_exact(
-    fd: int, buf: memoryview | bytearray, offset: int, path: str | os.PathLike
-) -> None:
+def preadv_exact(fd: int, buf: Buffer, offset: int, path: str | os.PathLike) -> None:
     """Fill ``buf`` from ``offset`` (one copy, no intermediate bytes)."""
     view = memoryview(buf).cast("B")
     got = 0

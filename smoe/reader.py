@@ -40,6 +40,8 @@ from smoe.view import Data, FileView, Geometry, arch_view, header_view, table_vi
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES, Rule
 
+__all__ = ["ExpertView", "TensorView", "Vault", "VaultError"]
+
 _ID_LIMIT = 1 << 32  # layer and expert ids are u32
 _ML_DTYPES_FLOAT = re.compile(r"bfloat16|float[468]_e\w+")  # names ml_dtypes adds to numpy
 

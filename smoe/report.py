@@ -38,6 +38,19 @@ from smoe.view import FileView, Geometry, arch_view, header_view, table_views
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
+__all__ = [
+    "ReportResult",
+    "collect",
+    "colour_domain",
+    "fit_widths",
+    "human",
+    "layer_colour",
+    "manifest_for",
+    "render",
+    "viridis",
+    "write_report",
+]
+
 TEMPLATE = "report.html.j2"
 WIDTH = 1160  # drawing width of the maps, in CSS pixels
 MAX_RUNS = 512  # blob segments drawn on the file map at most (runs are merged beyond)

@@ -29,6 +29,18 @@ from smoe import fileio
 from smoe.errors import SmoeError
 from smoe_gen import layout
 
+__all__ = [
+    "FileView",
+    "Geometry",
+    "arch_block",
+    "arch_view",
+    "chunks",
+    "first_nonfinite_f16",
+    "first_nonzero",
+    "header_view",
+    "table_views",
+]
+
 CHUNK = 8 << 20  # large ranges are read in pieces of this size (memory stays bounded)
 
 

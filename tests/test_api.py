@@ -1,15 +1,12 @@
 """The numpy-style Python API of the reader: ``Vault`` as a mapping of experts, tensors as
-arrays, and the docstring examples of ``smoe.reader`` and ``smoe.view`` run as doctests."""
+arrays (the docstring examples run in tests/test_docstrings.py)."""
 
 from __future__ import annotations
 
-import doctest
-import inspect
 import os
 import subprocess
 import sys
 import textwrap
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -23,51 +20,6 @@ from fixtures_data import FIXTURES
 
 Q4 = FIXTURES / "q4_v2.smoe"
 MODULES = (reader, view)
-
-
-# ---- docstrings ----------------------------------------------------------------------------
-def _doctests() -> list[doctest.DocTest]:
-    finder = doctest.DocTestFinder()
-    return [t for m in MODULES for t in finder.find(m) if t.examples]
-
-
-@pytest.mark.parametrize("test", _doctests(), ids=lambda t: t.name)
-def test_docstring_examples_run(test: doctest.DocTest, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(FIXTURES.parent)  # the examples name fixtures/q4_v2.smoe
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    out: list[str] = []
-    result = runner.run(test, out=out.append)
-    assert result.attempted > 0
-    assert result.failed == 0, "".join(out)
-
-
-def _public(module: ModuleType) -> list[tuple[str, object]]:
-    """Public functions and classes defined in ``module``, with their public methods and
-    properties (dunder methods excepted)."""
-    found: list[tuple[str, object]] = []
-    for name, obj in vars(module).items():
-        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if inspect.isfunction(obj):
-            found.append((name, obj))
-        elif inspect.isclass(obj):
-            found.append((name, obj))
-            for attr, member in vars(obj).items():
-                if attr.startswith("_"):
-                    continue
-                if isinstance(member, (classmethod, staticmethod)):
-                    member = member.__func__
-                if inspect.isfunction(member) or isinstance(member, property):
-                    found.append((f"{name}.{attr}", member))
-    return found
-
-
-@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_every_public_function_and_class_has_an_example(module: ModuleType) -> None:
-    public = _public(module)
-    assert len(public) >= 10
-    missing = [name for name, obj in public if ">>>" not in (inspect.getdoc(obj) or "")]
-    assert missing == []
 
 
 # ---- the vault as a mapping of experts -----------------------------------------------------

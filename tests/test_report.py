@@ -4,7 +4,6 @@ small at Qwen3-235B scale, that it is written safely, and that a real headless b
 
 from __future__ import annotations
 
-import doctest
 import json
 import os
 import re
@@ -345,12 +344,6 @@ def test_fit_widths_keeps_small_regions_visible() -> None:
     assert min(widths) == pytest.approx(4)
     assert widths[-1] == pytest.approx(widths[-2]) and widths[-1] > 4
     assert fit_widths([1, 1, 1], 6, 4) == [2.0, 2.0, 2.0]  # too many to honour the minimum
-
-
-def test_docstring_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(FIXTURES.parent)  # the examples name fixtures/q4_v2.smoe
-    result = doctest.testmod(report, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted >= 10 and result.failed == 0
 
 
 # ---- writing safely ------------------------------------------------------------------------
