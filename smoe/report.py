@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 TEMPLATE = "report.html.j2"
+SCHEMA = "smoe-report/1"  # the "schema" key of `smoe report --json` (docs/JSON.md)
 WIDTH = 1160  # drawing width of the maps, in CSS pixels
 MAX_RUNS = 512  # blob segments drawn on the file map at most (runs are merged beyond)
 BLOB_DETAIL_MAX = 256  # up to this many blobs, the blob strip shows each (raw | padding)
@@ -119,11 +120,11 @@ class ReportResult:
         >>> import os, tempfile
         >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
         >>> doc = write_report("fixtures/q4_v2.smoe", out).to_dict()
-        >>> doc["report"] == out, doc["vault"], doc["manifest"]
-        (True, 'fixtures/q4_v2.smoe', None)
+        >>> doc["schema"], doc["report"] == out, doc["vault"], doc["manifest"]
+        ('smoe-report/1', True, 'fixtures/q4_v2.smoe', None)
         """
         return {
-            "schema": 1,
+            "schema": SCHEMA,
             "report": str(self.path),
             "vault": str(self.vault),
             "bytes": self.bytes,

@@ -384,7 +384,12 @@ def test_cli_json_and_exit_codes(demo: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["report"] == str(out) and doc["vault"] == str(demo)
-    assert (doc["schema"], doc["experts"], doc["snr"], doc["ok"]) == (1, 16, True, True)
+    assert (doc["schema"], doc["experts"], doc["snr"], doc["ok"]) == (
+        "smoe-report/1",
+        16,
+        True,
+        True,
+    )
     assert doc["bytes"] == out.stat().st_size
     proc = run("report", demo, "-o", tmp_path / "t.html")
     assert proc.returncode == 0 and proc.stdout.startswith(f"wrote {tmp_path / 't.html'} (")
