@@ -26,19 +26,46 @@ from smoe.errors import SmoeError
 if TYPE_CHECKING:
     from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
 
+__all__ = [
+    "Lock",
+    "NotRegular",
+    "create_new",
+    "ensure_dir",
+    "fsync",
+    "fsync_dir",
+    "open_input",
+    "open_owned",
+    "pread_exact",
+    "preadv_exact",
+    "pwrite_all",
+    "refuse_same_file",
+    "rename",
+    "require_regular",
+    "same_file",
+    "truncate",
+    "unlink_owned",
+]
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class NotRegular(SmoeError):
-    """An input is not a regular file, or cannot be opened at all (CLI exit status 2)."""
+    """An input is not a regular file, or cannot be opened at all (CLI exit status 2).
+
+    >>> try:
+    ...     open_input("fixtures")
+    ... except NotRegular as e:
+    ...     print(e)
+    fixtures: not a regular file (a folder)
+    """
 
 
 def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def current_umask() -> int:
+def _current_umask() -> int:
     """The process umask (read without changing it for longer than two calls)."""
     mask = os.umask(0)
     os.umask(mask)
@@ -47,7 +74,17 @@ def current_umask() -> int:
 
 # ---- writing ------------------------------------------------------------------------------
 def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> None:
-    """Write all of ``data`` at ``offset``; short writes continue, errors raise SmoeError."""
+    """Write all of ``data`` (any buffer) at ``offset``; short writes continue, errors raise
+    SmoeError.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> pwrite_all(fd, np.arange(3, dtype="<u2"), 2, path)
+    >>> os.close(fd)
+    >>> open(path, "rb").read().hex(" ")
+    '00 00 00 00 01 00 02 00'
+    """
     view = memoryview(data).cast("B")
     done = 0
     while done < len(view):
@@ -68,24 +105,17 @@ def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> N
         done += n
 
 
-def write_all(fd: int, data: Buffer, path: str | os.PathLike) -> None:
-    """Write all of ``data`` at the file position; errors raise SmoeError."""
-    view = memoryview(data).cast("B")
-    done = 0
-    while done < len(view):
-        try:
-            n = os.write(fd, view[done:])
-        except InterruptedError:
-            continue
-        except OSError as e:
-            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes: {_why(e)}") from None
-        if n <= 0:
-            raise SmoeError(f"{path}: cannot write {len(view) - done} bytes: no progress")
-        done += n
-
-
 def truncate(fd: int, size: int, path: str | os.PathLike) -> None:
-    """``ftruncate`` with a one-line error."""
+    """``ftruncate`` with a one-line error.
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> truncate(fd, 16384, path)
+    >>> os.fstat(fd).st_size
+    16384
+    >>> os.close(fd)
+    """
     try:
         os.ftruncate(fd, size)
     except OSError as e:
@@ -93,7 +123,15 @@ def truncate(fd: int, size: int, path: str | os.PathLike) -> None:
 
 
 def fsync(fd: int, path: str | os.PathLike) -> None:
-    """``fsync`` with a one-line error (a failed fsync means the data may be lost)."""
+    """``fsync`` with a one-line error (a failed fsync means the data may be lost).
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> pwrite_all(fd, b"data", 0, path)
+    >>> fsync(fd, path)
+    >>> os.close(fd)
+    """
     try:
         os.fsync(fd)
     except OSError as e:
@@ -101,7 +139,14 @@ def fsync(fd: int, path: str | os.PathLike) -> None:
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename in ``path`` durable."""
+    """Make a rename in the folder ``path`` durable (``fsync`` of the folder).
+
+    >>> import tempfile
+    >>> fsync_dir(tempfile.mkdtemp())
+    >>> fsync_dir("no/such/folder")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: no/such/folder: cannot open the folder to flush it: No such file ...
+    """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
     except OSError as e:
@@ -113,7 +158,15 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """``os.replace`` with a one-line error."""
+    """``os.replace`` with a one-line error.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(create_new(f"{d}/.a.tmp"))
+    >>> rename(f"{d}/.a.tmp", f"{d}/a")
+    >>> os.listdir(d)
+    ['a']
+    """
     try:
         os.replace(src, dst)
     except OSError as e:
@@ -121,7 +174,15 @@ def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
-    """Create the output folder (and parents); refuse a non-folder in its place."""
+    """Create the output folder (and parents); refuse a non-folder in its place.
+
+    >>> import tempfile
+    >>> ensure_dir(tempfile.mkdtemp() + "/a/b").is_dir()
+    True
+    >>> ensure_dir("fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: exists and is not a folder
+    """
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -136,7 +197,15 @@ def ensure_dir(path: str | os.PathLike) -> Path:
 
 # ---- creating files without following links ------------------------------------------------
 def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
-    """Create ``path`` exclusively (never through a symlink); returns a read-write fd."""
+    """Create ``path`` exclusively (never through a symlink); returns a read-write fd.
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/new.bin"
+    >>> os.close(create_new(path))
+    >>> create_new(path)
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: /...new.bin: already exists (refusing to overwrite or follow it)
+    """
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
     try:
         fd = os.open(path, flags, mode)
@@ -145,7 +214,7 @@ def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
     except OSError as e:
         raise SmoeError(f"{path}: cannot create: {_why(e)}") from None
     with contextlib.suppress(OSError):  # e.g. a filesystem without modes: still ours
-        os.fchmod(fd, mode & ~current_umask())
+        os.fchmod(fd, mode & ~_current_umask())
     return fd
 
 
@@ -154,10 +223,18 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
 
     Refused, and neither followed nor deleted: a symlink, anything that is not a regular
     file, a file with more than one hard link or owned by another user.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(open_owned(f"{d}/job.partial"))  # created, or reused: a file of ours
+    >>> os.symlink("job.partial", f"{d}/link")
+    >>> open_owned(f"{d}/link")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: /...link: is a symlink, not a file smoe made; refused, ...
     """
     flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags, 0o666 & ~current_umask())
+        fd = os.open(path, flags, 0o666 & ~_current_umask())
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise SmoeError(
@@ -185,7 +262,16 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
 
 
 def unlink_owned(path: str | os.PathLike) -> None:
-    """Remove a working file if it is a regular file (a symlink there is left alone)."""
+    """Remove a working file if it is a regular file (a symlink there is left alone).
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(create_new(f"{d}/job.partial"))
+    >>> os.symlink("job.partial", f"{d}/link")
+    >>> unlink_owned(f"{d}/link"); unlink_owned(f"{d}/job.partial"); unlink_owned(f"{d}/gone")
+    >>> os.listdir(d)
+    ['link']
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -199,13 +285,25 @@ def unlink_owned(path: str | os.PathLike) -> None:
 
 # ---- inputs ------------------------------------------------------------------------------
 def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two ``stat`` results are the same file (device and inode).
+
+    >>> import os
+    >>> same_file(os.stat("fixtures/q4_v2.smoe"), os.stat("fixtures/../fixtures/q4_v2.smoe"))
+    True
+    """
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def refuse_same_file(
     out: str | os.PathLike, inputs: Iterable[str | os.PathLike], what: str = "output"
 ) -> None:
-    """Refuse an output that is (through symlinks or hard links) one of the inputs."""
+    """Refuse an output that is (through symlinks or hard links) one of the inputs.
+
+    >>> refuse_same_file("fixtures/../fixtures/q4_v2.smoe", ["fixtures/q4_v2.smoe"])
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/../fixtures/q4_v2.smoe: the output is the input ...
+    >>> refuse_same_file("no/such/output.smoe", ["fixtures/q4_v2.smoe"])  # a new file: fine
+    """
     try:
         st_out = os.stat(out)
     except OSError:
@@ -222,7 +320,17 @@ def refuse_same_file(
 
 
 def open_input(path: str | os.PathLike) -> int:
-    """Open an input read-only; anything but a regular file is refused without blocking."""
+    """Open an input read-only; anything but a regular file is refused without blocking.
+
+    >>> import os
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> os.pread(fd, 4, 0)
+    b'SMOE'
+    >>> os.close(fd)
+    >>> open_input("/dev/null")
+    Traceback (most recent call last):
+    smoe.fileio.NotRegular: /dev/null: not a regular file (a character device)
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
     except OSError as e:
@@ -239,7 +347,14 @@ def open_input(path: str | os.PathLike) -> int:
 
 
 def require_regular(path: str | os.PathLike) -> os.stat_result:
-    """``stat`` an input (through symlinks) and refuse anything but a regular file."""
+    """``stat`` an input (through symlinks) and refuse anything but a regular file.
+
+    >>> require_regular("fixtures/q4_v2.smoe").st_size
+    147456
+    >>> require_regular("fixtures")
+    Traceback (most recent call last):
+    smoe.fileio.NotRegular: fixtures: not a regular file (a folder)
+    """
     try:
         st = os.stat(path)
     except OSError as e:
@@ -263,7 +378,17 @@ def _kind(mode: int) -> str:
 
 
 def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
-    """Exactly ``n`` bytes at ``offset``; a file that shrank gives a clean error."""
+    """Exactly ``n`` bytes at ``offset``; a file that shrank gives a clean error.
+
+    >>> import os
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> pread_exact(fd, 4, 0, "fixtures/q4_v2.smoe")
+    b'SMOE'
+    >>> pread_exact(fd, 8, 147452, "fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: file shrank while reading: 8 bytes at ...
+    >>> os.close(fd)
+    """
     parts = []
     got = 0
     while got < n:
@@ -285,7 +410,16 @@ def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
 
 
 def preadv_exact(fd: int, buf: Buffer, offset: int, path: str | os.PathLike) -> None:
-    """Fill ``buf`` from ``offset`` (one copy, no intermediate bytes)."""
+    """Fill ``buf`` (any writable buffer) from ``offset`` (one copy, no intermediate bytes).
+
+    >>> import os, numpy as np
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> buf = np.empty(4, np.uint8)
+    >>> preadv_exact(fd, buf, 0, "fixtures/q4_v2.smoe")
+    >>> os.close(fd)
+    >>> buf.tobytes()
+    b'SMOE'
+    """
     view = memoryview(buf).cast("B")
     got = 0
     while got < len(view):
@@ -312,6 +446,15 @@ class Lock:
     The kernel drops the lock when the process dies, so a killed run never blocks the next
     one. A clean release removes the file; a run that finds the file replaced after locking
     it (a racing release) simply locks the new one.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with Lock(f"{d}/.out.smoe.lock", "out.smoe"):
+    ...     Lock(f"{d}/.out.smoe.lock", "out.smoe").__enter__()
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: out.smoe: another smoe process (pid ...) is writing it; wait ...
+    >>> os.listdir(d)  # released: the lock file is gone
+    []
     """
 
     def __init__(self, path: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -359,7 +502,16 @@ class Lock:
         self.release()
 
     def release(self) -> None:
-        """Remove the lock file and drop the lock (still held while the file is removed)."""
+        """Remove the lock file and drop the lock (still held while the file is removed).
+
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> lock = Lock(f"{d}/.out.smoe.lock", "out.smoe").__enter__()
+        >>> os.listdir(d)
+        ['.out.smoe.lock']
+        >>> lock.release(); os.listdir(d)
+        []
+        """
         if self.fd is not None:
             try:
                 st = os.lstat(self.path)

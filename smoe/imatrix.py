@@ -47,8 +47,10 @@ import numpy as np
 
 from smoe.errors import SmoeError
 from smoe.manifest import checksum
-from smoe.plan import TENSOR_NAMES
 from smoe.view import FileView, chunks
+from smoe_gen.layout import TENSOR_NAMES
+
+__all__ = ["Fallback", "ImatrixInfo", "ImportanceMatrix"]
 
 MAX_ARRAY = 1 << 30  # ggml's GGUF_MAX_ARRAY_ELEMENTS
 MAX_STRING = 1 << 30  # ggml's GGUF_MAX_STRING_LENGTH
@@ -76,7 +78,18 @@ def _gguf() -> Any:
 
 @dataclass(frozen=True)
 class ImatrixInfo:
-    """What the summary and the manifest record about the file."""
+    """What the summary and the manifest record about the file.
+
+    >>> import struct, tempfile, numpy as np
+    >>> from pathlib import Path
+    >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+    >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+    >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+    >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+    >>> info = ImportanceMatrix.open(dat).info
+    >>> info.format, info.size, info.entries, info.chunk_count, info.sha256[:12]
+    ('dat', 554, 1, None, 'c053cf568240')
+    """
 
     path: str
     format: str  # "gguf" or "dat"
@@ -89,6 +102,18 @@ class ImatrixInfo:
     entries: int  # weights the file has data for
 
     def as_json(self) -> dict[str, Any]:
+        """The fields as a JSON object (the manifest's ``imatrix`` record).
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> doc = ImportanceMatrix.open(dat).info.as_json()
+        >>> {k: doc[k] for k in ("format", "crc32c", "datasets", "chunk_size")}
+        {'format': 'dat', 'crc32c': 3813154962, 'datasets': [], 'chunk_size': None}
+        """
         return {
             "path": self.path,
             "format": self.format,
@@ -104,7 +129,11 @@ class ImatrixInfo:
 
 @dataclass(frozen=True)
 class Fallback:
-    """An expert tensor quantised without importance, and why."""
+    """An expert tensor quantised without importance, and why.
+
+    >>> Fallback(layer=0, expert=3, tensor="up_proj", reason=NO_COUNT)
+    Fallback(layer=0, expert=3, tensor='up_proj', reason='count 0')
+    """
 
     layer: int
     expert: int
@@ -137,6 +166,22 @@ class ImportanceMatrix:
     hashes the file (CRC-32C and SHA-256, in :attr:`info`); :meth:`check` maps a
     checkpoint's experts onto the file (refusing a wrong model) and lists the fallbacks;
     :meth:`for_expert` returns one tensor's per-column importance with one ``pread``.
+
+    >>> import struct, tempfile, numpy as np
+    >>> from pathlib import Path
+    >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+    >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+    >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+    >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+    >>> with ImportanceMatrix.open(dat) as imatrix:
+    ...     print(imatrix)
+    ...     fallbacks = imatrix.check([(0, e, [(32, 64), (32, 64), (64, 32)]) for e in range(4)])
+    ...     print(imatrix.fallback_warning(fallbacks, 12))
+    ...     imatrix.for_expert(0, 1, "down_proj", cols=32)[:3]  # expert 1's sums / ncall
+    ImportanceMatrix('/...imatrix.dat', dat, 1 entries)
+    /...imatrix.dat: 8 of 12 expert tensors have no importance data (8 not in the file); \
+they are quantised unweighted
+    array([3.3, 3.4, 3.5], dtype=float32)
     """
 
     def __init__(self, view: FileView, info: ImatrixInfo, entries: dict[str, _Entry]) -> None:
@@ -149,12 +194,37 @@ class ImportanceMatrix:
 
     @property
     def path(self) -> Path:
+        """The file's path, as opened.
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> ImportanceMatrix.open(dat).path.name
+        'imatrix.dat'
+        """
         return self.view.path
 
     # ---- opening ---------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ImportanceMatrix:
-        """Open and validate ``path`` (GGUF or legacy ``.dat``); refusals are one line."""
+        """Open and validate ``path`` (GGUF or legacy ``.dat``); refusals are one line.
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> ImportanceMatrix.open(dat)
+        ImportanceMatrix('/...imatrix.dat', dat, 1 entries)
+        >>> ImportanceMatrix.open("fixtures/q4_v2.smoe")
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: fixtures/q4_v2.smoe: not a llama.cpp importance matrix: no GGUF \
+magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot fit in 147456 bytes
+        """
         gguf = _gguf()
         view = FileView.open(path)
         try:
@@ -162,6 +232,8 @@ class ImportanceMatrix:
                 raise SmoeError(
                     f"{view.path}: {view.size} bytes, too short for an importance matrix"
                 )
+            chunk_count: int | None
+            chunk_size: int | None
             if bytes(view.read(0, 4)) == b"GGUF":
                 fmt = "gguf"
                 entries, datasets, chunk_count, chunk_size = _GgufParser(view, gguf).parse()
@@ -187,6 +259,18 @@ class ImportanceMatrix:
             raise
 
     def close(self) -> None:
+        """Close the file (also on leaving a ``with`` block).
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> imatrix = ImportanceMatrix.open(dat)
+        >>> imatrix.close(); imatrix.view.closed
+        True
+        """
         self.view.close()
 
     def __enter__(self) -> ImportanceMatrix:
@@ -315,6 +399,23 @@ class ImportanceMatrix:
         for any of them; returns the expert tensors that will be quantised unweighted. Pass
         ``n_experts`` (experts per layer): a legacy file stores a layer's experts as one
         run of values, which only the expert count tells from another model's.
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> imatrix = ImportanceMatrix.open(dat)
+        >>> shapes = [(32, 64), (32, 64), (64, 32)]  # gate, up, down
+        >>> imatrix.check([(0, e, shapes) for e in range(4)], n_experts=4)[:2]
+        [Fallback(layer=0, expert=0, tensor='gate_proj', reason='not in the file'),
+         Fallback(layer=0, expert=0, tensor='up_proj', reason='not in the file')]
+        >>> imatrix.check([(0, e, shapes) for e in range(8)], n_experts=8)
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: /...imatrix.dat: legacy entry 'blk.0.ffn_down_exps.weight' covers \
+4 experts of 32 input channels, but the checkpoint has 8 experts per layer: an importance \
+matrix of another model?
         """
         out: list[Fallback] = []
         mapped = wanted = 0
@@ -338,7 +439,21 @@ class ImportanceMatrix:
         return out
 
     def fallback_warning(self, fallbacks: Sequence[Fallback], total: int) -> str | None:
-        """The one warning line about ``fallbacks`` out of ``total`` expert tensors, or None."""
+        """The one warning line about ``fallbacks`` out of ``total`` expert tensors, or None.
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> imatrix = ImportanceMatrix.open(dat)
+        >>> print(imatrix.fallback_warning([Fallback(0, 1, "gate_proj", NO_ENTRY)], 12))
+        /...imatrix.dat: 1 of 12 expert tensors have no importance data (1 not in the file); \
+they are quantised unweighted
+        >>> imatrix.fallback_warning([], 12) is None
+        True
+        """
         if not fallbacks:
             return None
         reasons = Counter(f.reason for f in fallbacks)
@@ -357,6 +472,18 @@ class ImportanceMatrix:
         (d_model for gate/up, the expert FFN width for down); ``rows`` only names the shape
         in messages. A None is recorded in :attr:`fallbacks`. Call :meth:`check` first: it
         also checks the expert count.
+
+        >>> import struct, tempfile, numpy as np
+        >>> from pathlib import Path
+        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
+        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
+        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
+        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> imatrix = ImportanceMatrix.open(dat)
+        >>> imatrix.for_expert(0, 0, "down_proj", cols=32)[:4]  # the sums of x^2 / ncall
+        array([0.1, 0.2, 0.3, 0.4], dtype=float32)
+        >>> imatrix.for_expert(0, 0, "gate_proj", cols=64) is None, imatrix.fallbacks
+        (True, [Fallback(layer=0, expert=0, tensor='gate_proj', reason='not in the file')])
         """
         found = self._locate(layer, expert, tensor, rows, cols)
         if found is None:

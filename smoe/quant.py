@@ -175,6 +175,13 @@ class UnrepresentableWeights(SmoeError, ValueError):
     (in the input's shape) of the first non-finite weight, or of the largest ``|w|``;
     ``value``: the weight there; ``bits``. Pickles with its message and fields (sculpt
     workers run in other processes). :meth:`within` adds where it happened.
+
+    >>> import numpy as np
+    >>> try:
+    ...     encode(np.array([1.0, np.nan, np.inf], np.float32), 4)
+    ... except UnrepresentableWeights as e:
+    ...     print(type(e).__name__, e.count, e.position, isinstance(e, ValueError))
+    NonFiniteWeights 2 (1,) True
     """
 
     def __init__(
@@ -192,7 +199,14 @@ class UnrepresentableWeights(SmoeError, ValueError):
         self.value, self.bits = value, bits
 
     def within(self, where: str) -> UnrepresentableWeights:
-        """The same error with ``where: `` (e.g. ``layer 3 expert 5 down_proj``) prepended."""
+        """The same error with ``where: `` (e.g. ``layer 3 expert 5 down_proj``) prepended.
+
+        >>> e = ScaleOverflow("1 group needs a scale above 65504", count=1, groups=1, bits=4)
+        >>> e2 = e.within("layer 3 expert 5 down_proj")
+        >>> print(e2); e2.count, type(e2).__name__
+        layer 3 expert 5 down_proj: 1 group needs a scale above 65504
+        (1, 'ScaleOverflow')
+        """
         return type(self)(
             f"{where}: {self}",
             count=self.count,
@@ -204,11 +218,34 @@ class UnrepresentableWeights(SmoeError, ValueError):
 
 
 class NonFiniteWeights(UnrepresentableWeights):
-    """NaN or ±Inf weights: the format stores finite values only."""
+    """NaN or ±Inf weights: the format stores finite values only.
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> w[1, 5], w[1, 7] = np.nan, np.inf
+    >>> encode(w, 4)
+    Traceback (most recent call last):
+    smoe.quant.NonFiniteWeights: 2 weights are inf or nan, the first (nan) at row 1 col 5; the \
+format stores finite values only
+    """
 
 
 class ScaleOverflow(UnrepresentableWeights):
-    """``|w| > 65504``: the group would need a scale above the largest float16."""
+    """``|w| > 65504``: the group would need a scale above the largest float16.
+
+    Raised with ``overflow="raise"`` only; ``"clip"`` clips the scale to 65504.
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> w[0, 3] = 70000
+    >>> encode(w, 4, overflow="raise")
+    Traceback (most recent call last):
+    smoe.quant.ScaleOverflow: 1 group needs a scale above 65504 (the largest float16): 1 weight \
+has |w| > 65504, up to 70000.0 at row 0 col 3; the largest magnitude Q4 can hold is 65504 \
+(top level 1.0 x scale 65504)
+    >>> float(encode(w, 4, "absmax")[1][0])  # the default, overflow="clip"
+    65504.0
+    """
 
 
 def _where(position: tuple[int, ...]) -> str:
@@ -282,7 +319,11 @@ def _refuse(
 
 
 def level_center(bits: int) -> float:
-    """The ``c`` of ``w = (code - c) / c * scale``: ``(2**bits - 1) / 2``."""
+    """The ``c`` of ``w = (code - c) / c * scale``: ``(2**bits - 1) / 2``.
+
+    >>> level_center(4), level_center(2)
+    (7.5, 1.5)
+    """
     _check_bits(bits)
     return ((1 << bits) - 1) / 2
 
@@ -298,7 +339,12 @@ def _check_bits(bits: int) -> None:
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen raw bfloat16 bit patterns (``uint16``/``int16``) to ``float32`` exactly."""
+    """Widen raw bfloat16 bit patterns (``uint16``/``int16``) to ``float32`` exactly.
+
+    >>> import numpy as np
+    >>> bf16_to_f32(np.array([0x3F80, 0xC000, 0x7F80], np.uint16))
+    array([ 1., -2., inf], dtype=float32)
+    """
     u16 = np.asarray(bits)
     if u16.dtype.itemsize != 2 or u16.dtype.kind not in "ui":
         raise TypeError(f"bfloat16 bit patterns must be 16-bit integers, got {u16.dtype}")
@@ -829,6 +875,14 @@ def encode_into(
     importance-weighted powers (``stats.weighted_snr_db``).
     See :func:`encode` for the other arguments. Working memory is ``O(chunk_weights)``
     (plus the importance's columns).
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> blob = np.zeros(packed_size(w.size, 4) + scales_size(w.size), np.uint8)
+    >>> stats = QuantStats()
+    >>> encode_into(w, 4, blob[:64], blob[64:], stats=stats)  # packed, then the scales' bytes
+    >>> blob[64:].view("<f2"), round(stats.snr_db, 1)
+    (array([0.9604, 0.9604], dtype=float16), 24.0)
     """
     _check_bits(bits)
     if scale not in ("optimal", "absmax"):
@@ -920,6 +974,11 @@ def fast_kernels(
 ) -> ModuleType | None:
     """The compiled encoder (:mod:`smoe.quant_kernels`) if it should encode ``n`` weights at
     ``bits`` / ``scale`` with ``kernel`` (default: ``$SMOE_KERNEL`` or ``auto``), else None.
+
+    >>> fast_kernels(4, "optimal", n=4096, kernel="auto") is None  # too small to be worth it
+    True
+    >>> fast_kernels(4, "optimal", kernel="numpy") is None
+    True
     """
     choice = kernel or os.environ.get(KERNEL_ENV, "") or "auto"
     if choice not in ("auto", "numpy", "fast"):
@@ -927,13 +986,14 @@ def fast_kernels(
     if choice == "numpy" or (choice == "auto" and n < FAST_MIN_WEIGHTS):
         return None
     if "module" not in _FAST:
+        loaded: ModuleType | None
         try:
-            from smoe import quant_kernels
+            from smoe import quant_kernels as loaded
         except ImportError:
-            quant_kernels = None
-        _FAST["module"] = quant_kernels
+            loaded = None
+        _FAST["module"] = loaded
     module = _FAST["module"]
-    if module is None:
+    if not isinstance(module, ModuleType):  # None: the kernels could not be imported
         if choice == "fast":
             raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
         return None
@@ -942,14 +1002,21 @@ def fast_kernels(
             _FAST["q4"] = module.einsum_order_holds()
         if not _FAST["q4"]:
             return None  # this numpy sums in another order: only the reference matches it
-    return module  # type: ignore[return-value]
+    return module
 
 
 def prepare_fast(bits: int, scale: ScaleMode = "optimal", *, importance: bool = False) -> bool:
     """Compile (or load from the disk cache) the compiled encoder for ``bits`` / ``scale``
     (and with ``importance``, its weighted form too) now if large tensors will use it;
     whether they will. Call it before forking workers: they then inherit the compiled code
-    instead of each compiling or loading it."""
+    instead of each compiling or loading it.
+
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"SMOE_KERNEL": "numpy"}):  # the numpy encoder only
+    ...     prepare_fast(4)
+    False
+    """
     if fast_kernels(bits, scale) is None:
         return False
     for src in (np.zeros(GROUP_SIZE * 2, np.uint16), np.zeros(GROUP_SIZE * 2 + 1, np.float32)):
@@ -993,6 +1060,7 @@ def _encode_fast(
             part = src[start:stop]
             tail = bf16_to_f32(part[full:])
         else:
+            assert buf is not None  # allocated unless the input is read as bf16 words
             part = _read_chunk(src, kind, start, stop, buf)
             tail = part[full:]
         words = part[:full].view(np.uint64)
@@ -1068,6 +1136,18 @@ def encode(
     Returns ``(packed, scales)``: ``uint8[packed_size(n, bits)]`` and little-endian
     ``float16[num_groups(n)]``. Raises :class:`NonFiniteWeights` (a ``SmoeError`` and a
     ``ValueError``) on inf/nan weights.
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> packed, scales = encode(w, 4)
+    >>> packed.nbytes, scales  # 4 bits per weight; one fp16 scale per group of 64
+    (64, array([0.9604, 0.9604], dtype=float16))
+    >>> round(snr_db(w, decode(packed, scales, 4, w.shape)), 1)
+    24.0
+    >>> imp = np.r_[np.ones(32), np.full(32, 100.0)]  # the right half's inputs are larger
+    >>> packed, scales = encode(w, 4, importance=imp)
+    >>> round(snr_db(w, decode(packed, scales, 4, w.shape)), 1)  # plain error: worse
+    19.2
     """
     n = np.asarray(weights).size
     packed = np.empty(packed_size(n, bits), np.uint8)
@@ -1117,6 +1197,15 @@ def decode(
     ``packed``: ``uint8`` bytes; ``scales``: fp16 values or their raw ``uint8`` bytes.
     Both must have exactly the D2 sizes for ``prod(shape)`` weights. ``out`` optionally
     receives the result (float32, C-contiguous, ``shape``).
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> packed, scales = encode(w, 2)
+    >>> back = decode(packed, scales, 2, w.shape)
+    >>> back.shape, back.dtype
+    ((2, 64), dtype('float32'))
+    >>> np.unique(back)  # Q2: four levels, +-scale and +-scale/3
+    array([-0.7558594 , -0.25195312,  0.25195312,  0.7558594 ], dtype=float32)
     """
     _check_bits(bits)
     if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
@@ -1161,6 +1250,11 @@ def snr_db(w: np.ndarray, w_hat: np.ndarray, *, chunk_weights: int = CHUNK_WEIGH
     """Signal-to-noise ratio ``10 * log10(var(w) / var(w - w_hat))`` in dB (float64 sums).
 
     ``inf`` when the error is exactly constant (e.g. zero). Computed in chunks.
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> round(snr_db(w, w + 0.01 * np.cos(np.arange(64))), 1), snr_db(w, w + 0.5)
+    (38.2, inf)
     """
     a = np.asarray(w).reshape(-1)
     b = np.asarray(w_hat).reshape(-1)
@@ -1186,6 +1280,15 @@ class QuantStats:
     :attr:`weighted_snr_db` is their ratio, the expected SNR of the output ``W x`` for
     inputs whose channels are uncorrelated with mean squares ``h`` (what an importance
     matrix holds). Powers, not variances: the output's mean is part of its signal.
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> stats = QuantStats()
+    >>> for bits in (4, 2):  # one accumulator over several encodes
+    ...     _ = encode_into(w, bits, np.empty(packed_size(w.size, bits), np.uint8),
+    ...                     np.empty(2, "<f2"), stats=stats)
+    >>> stats.n, round(stats.snr_db, 1), stats.weighted_snr_db
+    (256, 14.8, None)
     """
 
     _RESOLUTION = 1e-4
@@ -1200,7 +1303,14 @@ class QuantStats:
 
     def add_sums(self, n: int, sums: np.ndarray, unit: float = 1.0) -> None:
         """Add ``sum(w), sum(w^2), sum(err), sum(err^2)`` of ``n`` weights, and if ``sums``
-        has six, ``sum(h w^2), sum(h err^2)`` (``h`` in units of ``unit``)."""
+        has six, ``sum(h w^2), sum(h err^2)`` (``h`` in units of ``unit``).
+
+        >>> import numpy as np
+        >>> stats = QuantStats()
+        >>> stats.add_sums(128, np.array([0.0, 43.0, 0.0, 0.043]))  # error power 1/1000
+        >>> round(stats.snr_db, 1)
+        30.0
+        """
         self.n += int(n)
         for k in range(4):
             self.sums[k] += float(sums[k])
@@ -1212,6 +1322,17 @@ class QuantStats:
     def add(
         self, w: np.ndarray, err: np.ndarray, h: np.ndarray | None = None, unit: float = 1.0
     ) -> None:
+        """Add weights ``w`` and their errors ``err`` (float32 or float64, any shape), with
+        per-weight importance ``h`` (shaped like ``w``, in units of ``unit``) if given.
+
+        >>> import numpy as np
+        >>> w = np.linspace(-1, 1, 128, dtype=np.float32)
+        >>> stats = QuantStats()
+        >>> err = 0.01 * np.cos(np.arange(128, dtype=np.float32))
+        >>> stats.add(w, err, h=np.ones(128, np.float32))
+        >>> round(stats.snr_db, 1), round(stats.weighted_snr_db, 1)
+        (38.3, 38.3)
+        """
         x, e = w.reshape(-1), err.reshape(-1)
         self.n += x.size
         with np.errstate(over="ignore", invalid="ignore"):
@@ -1239,7 +1360,15 @@ class QuantStats:
     @property
     def snr_db(self) -> float:
         """``10 * log10(var(w) / var(w - w_hat))`` as :func:`snr_db` gives it: ``inf`` when
-        the error has no variance, ``-inf`` when only the signal has none."""
+        the error has no variance, ``-inf`` when only the signal has none.
+
+        >>> import numpy as np
+        >>> stats = QuantStats()
+        >>> encode_into(np.zeros(64, np.float32), 4, np.empty(32, np.uint8), np.empty(1, "<f2"),
+        ...             stats=stats)
+        >>> stats.snr_db  # all zeros: encoded exactly
+        inf
+        """
         sig = self._m2(self.sums[0], self.sums[1])
         err = self._m2(self.sums[2], self.sums[3])
         if err == 0:
@@ -1251,14 +1380,32 @@ class QuantStats:
     @property
     def finite_snr_db(self) -> float | None:
         """:attr:`snr_db`, or ``None`` (JSON ``null``) when it is not finite: the encode is
-        exact up to a constant offset (e.g. an all-zero tensor) or the tensor is constant."""
+        exact up to a constant offset (e.g. an all-zero tensor) or the tensor is constant.
+
+        >>> import numpy as np
+        >>> stats = QuantStats()
+        >>> encode_into(np.zeros(64, np.float32), 4, np.empty(32, np.uint8), np.empty(1, "<f2"),
+        ...             stats=stats)
+        >>> stats.finite_snr_db is None
+        True
+        """
         v = self.snr_db
         return v if np.isfinite(v) else None
 
     @property
     def weighted_snr_db(self) -> float | None:
         """``10 * log10(sum(h w^2) / sum(h err^2))``, ``None`` (JSON ``null``) when no encode
-        had importance or the ratio is not finite (no error, or no weighted signal)."""
+        had importance or the ratio is not finite (no error, or no weighted signal).
+
+        >>> import numpy as np
+        >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+        >>> stats = QuantStats()
+        >>> imp = np.r_[np.ones(32), np.full(32, 100.0)]
+        >>> encode_into(w, 4, np.empty(64, np.uint8), np.empty(2, "<f2"), stats=stats,
+        ...             importance=imp)
+        >>> round(stats.weighted_snr_db, 1), round(stats.snr_db, 1)  # output SNR, weight SNR
+        (24.4, 19.2)
+        """
         sig, err = self.wsums
         if not self.weighted_n or err <= 0 or sig <= 0:
             return None

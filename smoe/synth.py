@@ -17,6 +17,8 @@ import numpy as np
 from smoe import fileio
 from smoe.safetensors_io import write_file
 
+__all__ = ["main", "write_checkpoint", "write_sparse_vault"]
+
 _NP = {"F32": np.float32, "F16": np.float16}
 
 
@@ -35,7 +37,7 @@ def _values(name: str, shape: tuple[int, ...], seed: int, dtype: str) -> bytes:
     return w.astype(_NP[dtype]).astype(np.dtype(_NP[dtype]).newbyteorder("<")).tobytes()
 
 
-def tensor_list(
+def _tensor_list(
     model_type: str,
     layers: int,
     experts: int,
@@ -90,7 +92,7 @@ def tensor_list(
     return out
 
 
-def write_safetensors(
+def _write_safetensors(
     path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int
 ) -> None:
     """One shard; each tensor generated and written at its place, one at a time."""
@@ -118,10 +120,21 @@ def write_checkpoint(
     fused: bool = False,
     shards: int = 1,
 ) -> Path:
-    """Write a checkpoint directory; returns it."""
+    """Write a checkpoint directory (``config.json``, safetensors shards and, with several,
+    their index) of ``model_type`` (``qwen3_moe``, ``mixtral`` or ``olmoe``); returns it.
+
+    ``fused``: the experts of a layer as 3-D ``gate_up_proj`` / ``down_proj`` tensors, as
+    recent ``transformers`` saves them; ``seed``: the same arguments give the same bytes.
+
+    >>> import os, tempfile
+    >>> root = write_checkpoint(tempfile.mkdtemp() + "/ckpt", layers=1, experts=2, shards=2)
+    >>> sorted(os.listdir(root))  # doctest: +NORMALIZE_WHITESPACE
+    ['config.json', 'model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors',
+     'model.safetensors.index.json']
+    """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    tensors = tensor_list(model_type, layers, experts, d_model, ffn, vocab, fused)
+    tensors = _tensor_list(model_type, layers, experts, d_model, ffn, vocab, fused)
     config = {
         "architectures": [
             {
@@ -154,14 +167,14 @@ def write_checkpoint(
         )
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if shards <= 1:
-        write_safetensors(root / "model.safetensors", tensors, dtype, seed)
+        _write_safetensors(root / "model.safetensors", tensors, dtype, seed)
         return root
     per = -(-len(tensors) // shards)
     weight_map = {}
     for i in range(shards):
         name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = tensors[i * per : (i + 1) * per]
-        write_safetensors(root / name, part, dtype, seed)
+        _write_safetensors(root / name, part, dtype, seed)
         weight_map.update({n: name for n, _ in part})
     index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -183,6 +196,15 @@ def write_sparse_vault(
 
     Header, table, descriptors and arch block are real; every blob reads as zeros and
     takes no disk space, so a ~113 GB vault costs a few MB.
+
+    >>> import tempfile
+    >>> from smoe.reader import Vault
+    >>> path = write_sparse_vault(tempfile.mkdtemp() + "/sparse.smoe", layers=2, experts=4)
+    >>> path.stat().st_size, path.stat().st_blocks * 512 < 100_000  # bytes, bytes on disk
+    (80232448, True)
+    >>> with Vault.open(path) as v:
+    ...     len(v), v[1, 3]["down_proj"].shape, v[1, 3]["down_proj"].scales.max()
+    (8, (4096, 1536), np.float16(0.0))
     """
     from smoe.atomic import AtomicFile
     from smoe.plan import make_plan
@@ -220,7 +242,13 @@ def write_sparse_vault(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m smoe.synth sparse-vault OUT [--version 1]`` or ``checkpoint OUT ...``."""
+    """``python -m smoe.synth sparse-vault OUT [--version 1]`` or ``checkpoint OUT ...``.
+
+    >>> import tempfile
+    >>> main(["checkpoint", tempfile.mkdtemp() + "/tiny", "--model-type", "mixtral"])
+    /...tiny: synthetic mixtral checkpoint
+    0
+    """
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m smoe.synth", description=__doc__)

@@ -6,3 +6,5 @@
   and the scout's shapes, naming what it had to assume);
 * :mod:`smoe.hf.export`: the streamed, atomic writer of the folder (shards, index, config).
 """
+
+__all__ = ["config", "export", "names"]

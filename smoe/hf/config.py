@@ -23,6 +23,8 @@ from smoe.reader import Vault
 from smoe.safetensors_io import TensorInfo
 from smoe_gen import layout
 
+__all__ = ["DTYPES", "copied", "rebuild"]
+
 DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
 """``--dtype`` -> safetensors dtype."""
 TORCH_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
@@ -43,7 +45,7 @@ DENSE_MLP = re.compile(r"^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$")
 MAX_POSITIONS = 4096
 
 
-def config_dtype(cfg: dict[str, Any]) -> str | None:
+def _config_dtype(cfg: dict[str, Any]) -> str | None:
     """The safetensors dtype a config names (``dtype`` or ``torch_dtype``), if any."""
     for key in ("dtype", "torch_dtype"):
         name = cfg.get(key)
@@ -55,11 +57,23 @@ def config_dtype(cfg: dict[str, Any]) -> str | None:
 
 def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
     """The bytes of ``path`` (checked: UTF-8 JSON, an object, no key twice), with ``dtype``
-    (a safetensors dtype) set when given and different; and the notes to print."""
+    (a safetensors dtype) set when given and different; and the notes to print.
+
+    >>> import json
+    >>> from pathlib import Path
+    >>> path = Path("fixtures/checkpoints/qwen3_moe/config.json")
+    >>> data, notes = copied(path, "F32")
+    >>> json.loads(data)["dtype"]
+    'float32'
+    >>> print(*notes)
+    config.json: dtype set to 'float32' (was "bfloat16") to match --dtype
+    >>> copied(path, "BF16") == (path.read_bytes(), [])  # already bfloat16: the bytes as they are
+    True
+    """
     cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise SmoeError(f"{path}: not a JSON object")
-    if dtype is None or config_dtype(cfg) == dtype:
+    if dtype is None or _config_dtype(cfg) == dtype:
         return path.read_bytes(), []
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
     was = json.dumps(cfg[keys[0]]) if keys[0] in cfg else "absent"
@@ -83,7 +97,17 @@ def rebuild(
     vault: Vault, scout: dict[str, TensorInfo], dtype: str
 ) -> tuple[dict[str, Any], list[str]]:
     """A config.json for ``vault`` + ``scout`` (arch block, header, tensor shapes) and the
-    fields it had to assume. Refused: a v1 vault (no arch block) and unknown families."""
+    fields it had to assume. Refused: a v1 vault (no arch block) and unknown families.
+
+    >>> from smoe.safetensors_io import read_header
+    >>> scout = read_header("fixtures/checkpoints/qwen3_moe/model.safetensors")
+    >>> with Vault.open("fixtures/qwen3_v2.smoe") as vault:
+    ...     cfg, assumed = rebuild(vault, scout, "BF16")
+    >>> cfg["architectures"], cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
+    (['Qwen3MoeForCausalLM'], 64, 4, 48)
+    >>> assumed[:2]
+    ["rope_type 'default' (no rope scaling)", 'max_position_embeddings 4096']
+    """
     a = vault.arch
     if a is None:
         raise SmoeError(

@@ -30,7 +30,7 @@ import secrets
 import stat
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,8 @@ from smoe.safetensors_io import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo, copy_rang
 from smoe.safetensors_io import write_file as write_safetensors
 from smoe.sculpt import usable_cores
 
+__all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
+
 MAX_SHARD_SIZE = 5 * 10**9
 """Default bytes of tensor data per shard (``save_pretrained``'s ``max_shard_size`` "5GB")."""
 INDEX_NAME = "model.safetensors.index.json"
@@ -56,7 +58,17 @@ _TMP_DIR = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
 
 @dataclass
 class HfExportResult:
-    """What an export wrote; :meth:`summary` is what the CLI prints."""
+    """What an export wrote; :meth:`summary` is what the CLI prints.
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+    >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
+    >>> result.files, result.tensors, result.expert_tensors, result.dtype
+    (['model.safetensors', 'config.json'], 25, 24, 'F32')
+    """
 
     out: Path
     files: list[str]
@@ -70,6 +82,18 @@ class HfExportResult:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
+        """The result as a JSON object (``smoe export --hf --json``), with the throughput.
+
+        >>> import tempfile, numpy as np
+        >>> from safetensors.numpy import save_file
+        >>> d = tempfile.mkdtemp()
+        >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+        >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+        >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
+        >>> doc = result.summary()
+        >>> doc["bytes_out"], doc["config"], doc["throughput_mb_s"] > 0
+        (229376, 'rebuilt from the arch block and the scout', True)
+        """
         return {
             "out": str(self.out),
             "files": self.files,
@@ -87,18 +111,18 @@ class HfExportResult:
         }
 
 
-def stem(vault: Path) -> str:
+def _stem(vault: Path) -> str:
     """``qwen3_moe`` for ``qwen3_moe.smoe``: the name the sculptor's companions share."""
     return vault.name.removesuffix(".smoe") or vault.name
 
 
-def default_scout(vault: Path) -> Path:
-    return vault.with_name(f"{stem(vault)}.scout.safetensors")
+def _default_scout(vault: Path) -> Path:
+    return vault.with_name(f"{_stem(vault)}.scout.safetensors")
 
 
 def default_config(vault: Path) -> Path:
     """Where the sculptor stages the model's config.json beside the vault."""
-    return vault.with_name(f"{stem(vault)}.config.json")
+    return vault.with_name(f"{_stem(vault)}.config.json")
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -113,7 +137,7 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
-def refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
+def _refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
     """Every MoE layer the header counts, each with all its experts, or refused naming
     what is missing."""
     want_layers = int(vault.header["num_moe_layers"])
@@ -151,7 +175,7 @@ def refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
     )
 
 
-def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
+def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
     """The manifest beside the vault (None if there is none), checked to describe it:
     size, table entries, offsets and raw sizes (blob CRCs are checked while exporting)."""
     path = manifest.path_for(vault.path)
@@ -170,8 +194,8 @@ def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
         )
     table = vault.table
     for i, row in enumerate(rows):
-        e = table[i]
-        want = (int(e["layer_id"]), int(e["expert_id"]), int(e["byte_offset"]), int(e["raw_size"]))
+        t = table[i]
+        want = (int(t["layer_id"]), int(t["expert_id"]), int(t["byte_offset"]), int(t["raw_size"]))
         if (row["layer"], row["expert"], row["offset"], row["raw_size"]) != want:
             raise SmoeError(
                 f"{path}: experts[{i}] is layer {row['layer']} expert "
@@ -182,7 +206,7 @@ def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
     return doc, path
 
 
-def scout_dtype(scout: dict[str, TensorInfo]) -> str | None:
+def _scout_dtype(scout: dict[str, TensorInfo]) -> str | None:
     """The float dtype holding most of the scout's bytes (None if it has no float tensor)."""
     by: dict[str, int] = {}
     for t in scout.values():
@@ -192,11 +216,11 @@ def scout_dtype(scout: dict[str, TensorInfo]) -> str | None:
 
 
 # ---- decoding expert tensors ----------------------------------------------------------------
-Task = tuple[OutTensor, Piece, str]
+_Task = tuple[OutTensor, Piece, str]
 """One vault tensor to decode: the output tensor it fills, its place there, the dtype."""
 
 
-class Slot:
+class _Slot:
     """Decodes one vault tensor at a time into its own reused buffers, in the output dtype;
     the expert last read is kept (its three tensors are usually wanted in a row)."""
 
@@ -237,7 +261,7 @@ class Slot:
             )
         self._checked.add(key)
 
-    def decode(self, task: Task) -> np.ndarray:
+    def decode(self, task: _Task) -> np.ndarray:
         """The task's tensor as ``dtype`` values (a view of this slot's buffers, valid until
         its next decode); rounding to 16 bits is to nearest even, as torch rounds."""
         out, piece, dtype = task
@@ -271,7 +295,7 @@ class Slot:
         return u16
 
 
-class Decoder:
+class _Decoder:
     """Decodes the tasks, in order, ahead of the writer in ``threads`` worker threads
     (numpy releases the GIL); the writer takes each result with :meth:`take`, writes it, and
     only then is its slot given the next task. Memory: ``2 * threads`` slots' buffers.
@@ -282,11 +306,11 @@ class Decoder:
         vault: Vault,
         crcs: dict[tuple[int, int], int] | None,
         manifest_path: Path,
-        tasks: list[Task],
+        tasks: list[_Task],
         threads: int,
     ) -> None:
         checked: set[tuple[int, int]] = set()
-        self._slots = [Slot(vault, crcs, manifest_path, checked) for _ in range(2 * threads)]
+        self._slots = [_Slot(vault, crcs, manifest_path, checked) for _ in range(2 * threads)]
         self._tasks = tasks
         self._next = 0
         self._pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
@@ -321,7 +345,7 @@ class Decoder:
         self._ahead.clear()
 
 
-def expert_tasks(plan: Plan) -> list[Task]:
+def _expert_tasks(plan: _Plan) -> list[_Task]:
     """Every vault tensor in the order the shards' writers want them: shard by shard,
     tensor names sorted as in the safetensors file, pieces in place order."""
     out = []
@@ -329,32 +353,32 @@ def expert_tasks(plan: Plan) -> list[Task]:
         for name in sorted(names):
             o = plan.experts.get(name)
             if o is not None:
-                out += [(o, p, plan.dtypes[name]) for p in pieces_in_order(o)]
+                out += [(o, p, plan.dtypes[name]) for p in _pieces_in_order(o)]
     return out
 
 
-def pieces_in_order(o: OutTensor) -> list[Piece]:
+def _pieces_in_order(o: OutTensor) -> list[Piece]:
     return sorted(o.pieces, key=lambda p: (p.index or 0, p.rows))
 
 
 def write_expert(
-    fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: Decoder
+    fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: _Decoder
 ) -> None:
     """Write output tensor ``o`` at ``offset``: each piece where its slab and rows lie."""
     row = o.cols * DTYPE_SIZES[dtype]
     slab = o.shape[-2] * row
-    for p in pieces_in_order(o):
+    for p in _pieces_in_order(o):
         with decoder.take(o, p) as data:
             fileio.pwrite_all(fd, data, offset + (p.index or 0) * slab + p.rows[0] * row, path)
 
 
 # ---- the output folder ----------------------------------------------------------------------
-def natural_key(name: str) -> list[Any]:
+def _natural_key(name: str) -> list[Any]:
     """``model.layers.10`` after ``model.layers.9``: numbers compared as numbers."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def shard(items: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+def _shard(items: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
     """Names in order, split greedily into shards of at most ``max_bytes`` of data (a tensor
     larger than that gets a shard of its own), as huggingface_hub splits a state dict."""
     shards: list[list[str]] = [[]]
@@ -368,13 +392,13 @@ def shard(items: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
     return shards
 
 
-def shard_names(count: int) -> list[str]:
+def _shard_names(count: int) -> list[str]:
     if count == 1:
         return ["model.safetensors"]
     return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
-def refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
+def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
     if os.path.islink(out_dir):
         raise SmoeError(
@@ -452,7 +476,7 @@ def _make_tmp_dir(out_dir: Path) -> Path:
 
 
 @dataclass
-class Plan:
+class _Plan:
     """Every output tensor (scout copies and experts), its dtype and shard."""
 
     scout: dict[str, TensorInfo]
@@ -472,8 +496,8 @@ class Plan:
         return t.dtype if t is not None else self.dtypes[name]
 
 
-def _write_folder(tmp: Path, plan: Plan, decoder: Decoder, config_bytes: bytes) -> list[str]:
-    names = shard_names(len(plan.shards))
+def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes) -> list[str]:
+    names = _shard_names(len(plan.shards))
     fds: dict[Path, int] = {}
     try:
         for file_name, tensors in zip(names, plan.shards):
@@ -545,6 +569,19 @@ def export_hf(
     ``<stem>.config.json`` beside it, else rebuilt; ``dtype`` (``bf16``, ``f16``, ``f32``):
     the experts' dtype, default the source's (manifest), else the scout's, else bf16;
     ``threads``: decoding threads (default: the usable cores).
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+    >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", dtype="bf16")
+    >>> sorted(os.listdir(result.out)), result.expert_bytes_out
+    (['config.json', 'model.safetensors'], 98304)
+    >>> export_hf("fixtures/partial_vault.smoe", f"{d}/hf2", scout=f"{d}/scout.st")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/partial_vault.smoe: a partial vault...: sculpt the model \
+again without --max-layers/--max-experts
     """
     t0 = time.perf_counter()
     vault_path, out_dir = Path(vault_path), Path(out_dir)
@@ -556,9 +593,9 @@ def export_hf(
         raise SmoeError(f"--max-shard-size: must be at least 1 byte, got {max_shard_size}")
     notes: list[str] = []
     with Vault.open(vault_path) as vault:
-        doc, manifest_path = load_manifest(vault)
-        refuse_partial(vault, doc)
-        scout_path = Path(scout) if scout is not None else default_scout(vault_path)
+        doc, manifest_path = _load_manifest(vault)
+        _refuse_partial(vault, doc)
+        scout_path = Path(scout) if scout is not None else _default_scout(vault_path)
         if scout is None and not os.path.lexists(scout_path):
             raise SmoeError(
                 f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
@@ -598,7 +635,7 @@ def export_hf(
                 "would write: the scout belongs to another vault"
             )
         explicit = hf_config.DTYPES[dtype] if dtype is not None else None
-        fallback = scout_dtype(scout_info) or "BF16"
+        fallback = _scout_dtype(scout_info) or "BF16"
         dtypes = {n: explicit or o.dtype or fallback for n, o in experts.items()}
         chosen = explicit or (
             dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
@@ -618,20 +655,20 @@ def export_hf(
                 f"assumed: {', '.join(assumed)}"
             )
         inputs = [vault_path, manifest_path, scout_path, cfg_path]
-        refuse_outputs(out_dir, inputs)
-        order = sorted([*scout_info, *experts], key=natural_key)
-        plan = Plan(scout_info, experts, dtypes, [])
-        plan.shards = shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
+        _refuse_outputs(out_dir, inputs)
+        order = sorted([*scout_info, *experts], key=_natural_key)
+        plan = _Plan(scout_info, experts, dtypes, [])
+        plan.shards = _shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
         crcs = (
             {(r["layer"], r["expert"]): r["crc32c"] for r in doc["experts"]}
             if doc is not None
             else None
         )
-        decoder = Decoder(
+        decoder = _Decoder(
             vault,
             crcs,
             manifest_path,
-            expert_tasks(plan),
+            _expert_tasks(plan),
             usable_cores() if threads is None else threads,
         )
         try:
@@ -656,13 +693,15 @@ def export_hf(
     )
 
 
-def _commit_folder(out_dir: Path, write: Any, inputs: list[Path]) -> list[str]:
+def _commit_folder(
+    out_dir: Path, write: Callable[[Path], list[str]], inputs: list[Path]
+) -> list[str]:
     """Run ``write(tmp)`` in a temporary folder beside ``out_dir``, then rename it onto
     ``out_dir``; under ``.<name>.lock``; the temporary folder is removed on any failure."""
     parent = fileio.ensure_dir(out_dir.parent if str(out_dir.parent) else Path("."))
     with fileio.Lock(parent / f".{out_dir.name}.lock", out_dir):
         _sweep_stale_dirs(out_dir)
-        refuse_outputs(out_dir, inputs)  # again, under the lock
+        _refuse_outputs(out_dir, inputs)  # again, under the lock
         tmp = _make_tmp_dir(out_dir)
         try:
             files = write(tmp)

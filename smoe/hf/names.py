@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from smoe.errors import SmoeError
-from smoe.plan import TENSOR_NAMES
 from smoe.reader import Vault
 from smoe.safetensors_io import FLOAT_DTYPES
+from smoe_gen.layout import TENSOR_NAMES
+
+__all__ = ["OutTensor", "Piece", "family_layout", "manifest_layout"]
 
 PER_EXPERT = "model.layers.{L}.mlp.experts.{E}.{role}.weight"
 MIXTRAL = "model.layers.{L}.block_sparse_moe.experts.{E}.{role}.weight"
@@ -29,7 +31,13 @@ MIXTRAL_ROUTER = re.compile(r"^model\.layers\.\d+\.block_sparse_moe\.gate\.weigh
 
 @dataclass(frozen=True)
 class Piece:
-    """One vault tensor's place in an output tensor."""
+    """One vault tensor's place in an output tensor.
+
+    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
+    ...     out = family_layout(vault, set(), "olmoe")
+    >>> out["model.layers.1.mlp.experts.2.down_proj.weight"].pieces
+    [Piece(key=(1, 2), tensor=2, index=None, rows=(0, 64))]
+    """
 
     key: tuple[int, int]  # (layer, expert) in the vault
     tensor: int  # 0 gate, 1 up, 2 down
@@ -39,7 +47,14 @@ class Piece:
 
 @dataclass
 class OutTensor:
-    """An expert tensor of the output checkpoint and the vault tensors that fill it."""
+    """An expert tensor of the output checkpoint and the vault tensors that fill it.
+
+    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
+    ...     out = family_layout(vault, set(), "mixtral")
+    >>> o = out["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
+    >>> o.shape, len(o.pieces), o.dtype
+    ((64, 32), 1, None)
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -48,6 +63,11 @@ class OutTensor:
 
     @property
     def cols(self) -> int:
+        """The width of the tensor's rows (its last dimension).
+
+        >>> OutTensor("model.layers.0.mlp.experts.down_proj", (4, 64, 32)).cols
+        32
+        """
         return self.shape[-1]
 
 
@@ -59,7 +79,15 @@ def _shape(vault: Vault, key: tuple[int, int], t: int) -> tuple[int, int]:
 def family_layout(vault: Vault, scout_names: set[str], model_type: str) -> dict[str, OutTensor]:
     """Standard per-expert names: Mixtral's ``w1/w3/w2`` for the mixtral family (by the
     arch block's model_type or the scout's ``block_sparse_moe`` routers), else
-    ``mlp.experts.{E}.{gate,up,down}_proj``."""
+    ``mlp.experts.{E}.{gate,up,down}_proj``.
+
+    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
+    ...     names = list(family_layout(vault, set(), "mixtral"))
+    >>> len(names), names[:3]  # doctest: +NORMALIZE_WHITESPACE
+    (24, ['model.layers.0.block_sparse_moe.experts.0.w1.weight',
+          'model.layers.0.block_sparse_moe.experts.0.w3.weight',
+          'model.layers.0.block_sparse_moe.experts.0.w2.weight'])
+    """
     mixtral = model_type == "mixtral" or any(MIXTRAL_ROUTER.match(n) for n in scout_names)
     pattern, roles = (MIXTRAL, MIXTRAL_ROLES) if mixtral else (PER_EXPERT, TENSOR_NAMES)
     out: dict[str, OutTensor] = {}
@@ -84,7 +112,27 @@ def _uint(value: Any, what: str) -> int:
 def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, OutTensor] | None:
     """The source's names and layout from a manifest that matches ``vault`` (checked by the
     caller); None when it records no ``tensors`` (e.g. written by ``upgrade --out`` from an
-    old manifest). Refused: sources that do not tile their tensor exactly once."""
+    old manifest). Refused: sources that do not tile their tensor exactly once.
+
+    >>> from smoe import manifest
+    >>> vault = Vault.open("fixtures/q4_v2.smoe")
+    >>> path = Path("fixtures/q4_v2.smoe.manifest.json")
+    >>> doc = manifest.load(path, len(vault))
+    >>> manifest_layout(vault, doc, path) is None  # these fixtures record no sources
+    True
+    >>> for row in doc["experts"]:  # as the sculptor records fused 3-D sources
+    ...     p, e = f"model.layers.{row['layer']}.mlp.experts.", row["expert"]
+    ...     row["tensors"] = [
+    ...         {"source": p + "gate_up_proj", "index": e, "rows": [0, 32]},
+    ...         {"source": p + "gate_up_proj", "index": e, "rows": [32, 64]},
+    ...         {"source": p + "down_proj", "index": e},
+    ...     ]
+    >>> out = manifest_layout(vault, doc, path)
+    >>> {name: o.shape for name, o in out.items() if ".0." in name}
+    {'model.layers.0.mlp.experts.gate_up_proj': (4, 64, 64), \
+'model.layers.0.mlp.experts.down_proj': (4, 64, 32)}
+    >>> vault.close()
+    """
     rows_of = doc["experts"]
     if not all(isinstance(r.get("tensors"), list) for r in rows_of):
         return None
@@ -167,8 +215,9 @@ def _tile(o: OutTensor, path: Path) -> None:
     if None in slabs:
         o.shape = (height, cols)
         return
-    count = max(slabs) + 1  # type: ignore[type-var]
-    missing = sorted(set(range(count)) - set(slabs))  # type: ignore[arg-type]
+    indices = [i for i in slabs if i is not None]  # all of them: the pieces are 3-D slabs
+    count = max(indices) + 1
+    missing = sorted(set(range(count)) - set(indices))
     if missing:
         raise SmoeError(
             f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing[0]}"
