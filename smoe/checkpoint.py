@@ -51,33 +51,44 @@ from smoe.safetensors_io import (
     read_header,
 )
 
-PER_EXPERT = re.compile(
+__all__ = ["Checkpoint", "ExpertRef"]
+
+_PER_EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
 )
-MIXTRAL = re.compile(
+_MIXTRAL = re.compile(
     r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w3|w2)\.weight$"
 )
-FUSED = re.compile(
+_FUSED = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
     r"(gate_up_proj|down_proj)$"
 )
-FUSED_BIAS = re.compile(
+_FUSED_BIAS = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
     r"(gate_up_proj_bias|down_proj_bias)$"
 )
-EXPERT_BIAS = re.compile(
+_EXPERT_BIAS = re.compile(
     r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
     r"\w+\.bias$"
 )
-LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
-MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
-ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
+_MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
+_ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 
 
 @dataclass(frozen=True)
 class ExpertRef:
-    """Where one expert's three matrices come from: a 2-D tensor, or a slice of a 3-D one."""
+    """Where one expert's three matrices come from: a 2-D tensor, or a slice of a 3-D one
+    (an expert's index, and for gate and up a half of ``gate_up_proj``'s rows).
+
+    >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+    >>> for info, idx, rows in ref.sources:
+    ...     print(info.name, idx, rows)
+    model.layers.0.mlp.experts.gate_up_proj 1 slice(0, 48, None)
+    model.layers.0.mlp.experts.gate_up_proj 1 slice(48, 96, None)
+    model.layers.0.mlp.experts.down_proj 1 None
+    """
 
     layer: int
     expert: int
@@ -85,6 +96,11 @@ class ExpertRef:
 
     @property
     def shapes(self) -> tuple[tuple[int, int], ...]:
+        """The 2-D shape of gate, up and down.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].shapes
+        ((48, 64), (48, 64), (64, 48))
+        """
         out = []
         for info, idx, rows in self.sources:
             shape = info.shape if idx is None else info.shape[1:]
@@ -94,6 +110,11 @@ class ExpertRef:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the three matrices as stored.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].nbytes
+        18432
+        """
         total = 0
         for (r, c), (info, _, _) in zip(self.shapes, self.sources):
             total += r * c * np.dtype(FLOAT_DTYPES[info.dtype]).itemsize
@@ -101,7 +122,12 @@ class ExpertRef:
 
     def ranges(self) -> tuple[tuple[Path, int, int], ...]:
         """(shard, absolute offset, size) of each matrix's bytes, gate, up, down: a row
-        slice of a fused tensor is the contiguous run of just its rows."""
+        slice of a fused tensor is the contiguous run of just its rows.
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+        >>> [(offset, n) for path, offset, n in ref.ranges()]
+        [(96912, 6144), (103056, 6144), (41616, 6144)]
+        """
         out = []
         for info, idx, rows in self.sources:
             shape = info.shape if idx is None else info.shape[1:]
@@ -112,7 +138,13 @@ class ExpertRef:
         return tuple(out)
 
     def parts(self) -> tuple[TensorInfo, ...]:
-        """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape."""
+        """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape.
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+        >>> gate = ref.parts()[0]
+        >>> gate.dtype, gate.shape, gate.offset, gate.nbytes
+        ('BF16', (48, 64), 96912, 6144)
+        """
         return tuple(
             TensorInfo(info.name, path, info.dtype, shape, offset, n)
             for (info, _, _), (path, offset, n), shape in zip(
@@ -122,13 +154,40 @@ class ExpertRef:
 
     def load(self) -> list[tuple[np.ndarray, str | None]]:
         """The three matrices as (array, src_dtype): fresh arrays, each filled by positioned
-        reads of just its bytes (:class:`smoe.expert_reader.ExpertReader` reuses buffers)."""
+        reads of just its bytes (:class:`smoe.expert_reader.ExpertReader` reuses buffers).
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe_mixed_dtype").experts[(0, 0)]
+        >>> [(str(a.dtype), a.shape, src) for a, src in ref.load()]
+        [('uint16', (32, 64), 'bf16'), ('float16', (32, 64), None), ('float32', (64, 32), None)]
+        """
         return [(read_array(part), _src_dtype(part)) for part in self.parts()]
 
 
 def _src_dtype(info: TensorInfo) -> str | None:
     """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`."""
     return "bf16" if info.dtype == "BF16" else None
+
+
+_SCALE_SUFFIXES = ("_scale_inv", "_scale")  # weight_scale_inv (DeepSeek-V3), weight_scale
+
+
+def _refuse_unreadable(info: TensorInfo, tensors: dict[str, TensorInfo]) -> None:
+    """Expert weights must be BF16, F16 or F32 and carry no scales: FP8 is refused (neither
+    reader dequantises it), and so is any weight with a block-scale companion such as
+    DeepSeek-V3's ``weight_scale_inv``, which must never be read as if unscaled."""
+    scale = next((info.name + s for s in _SCALE_SUFFIXES if info.name + s in tensors), None)
+    if scale is not None:
+        raise SmoeError(
+            f"{info.path}: tensor {info.name!r} is {info.dtype} with block scales in "
+            f"{scale!r} (block-scaled FP8, as DeepSeek-V3 ships); refused: its values are "
+            "not the weights without the scales; convert the checkpoint to BF16 first"
+        )
+    if info.dtype not in FLOAT_DTYPES:
+        fp8 = " (FP8: convert the checkpoint to BF16 first)" if info.dtype.startswith("F8") else ""
+        raise SmoeError(
+            f"{info.path}: tensor {info.name!r} is {info.dtype}; refused: expert weights "
+            f"must be BF16, F16 or F32{fp8}"
+        )
 
 
 def _weight_map(index_path: Path) -> dict[str, str]:
@@ -182,7 +241,12 @@ def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
 
 @dataclass
 class Checkpoint:
-    """An opened HF checkpoint directory: config, tensor index, routed experts."""
+    """An opened HF checkpoint directory: config, tensor index, routed experts.
+
+    >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe_sharded")
+    >>> len(ck.tensors), len(ck.experts), len({t.path for t in ck.tensors.values()})
+    (69, 16, 3)
+    """
 
     root: Path
     config: dict
@@ -194,6 +258,15 @@ class Checkpoint:
     # ---- opening -----------------------------------------------------------------------
     @classmethod
     def open(cls, root: str | Path) -> Checkpoint:
+        """Read config.json and every shard header (validated by ``read_header``), find the
+        routed experts; refusals are one SmoeError line.
+
+        >>> Checkpoint.open("fixtures/checkpoints/mixtral").model_type
+        'mixtral'
+        >>> Checkpoint.open("fixtures/checkpoints/gpt_oss")
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: fixtures/checkpoints/gpt_oss: model_type 'gpt_oss' refused: ...
+        """
         root = Path(root)
         if not root.is_dir():
             raise SmoeError(f"{root}: not a checkpoint directory")
@@ -264,24 +337,24 @@ class Checkpoint:
         fused: dict[int, dict[str, TensorInfo]] = {}
         names: set[str] = set()
         for name, info in tensors.items():
-            if EXPERT_BIAS.match(name) or FUSED_BIAS.match(name):
+            if _EXPERT_BIAS.match(name) or _FUSED_BIAS.match(name):
                 raise SmoeError(
                     f"{root}: expert bias {name!r} refused: only bias-free "
                     "SiLU-gated (SwiGLU) experts can be represented"
                 )
-            m = PER_EXPERT.match(name) or MIXTRAL.match(name)
+            m = _PER_EXPERT.match(name) or _MIXTRAL.match(name)
             if m:
-                role = ROLES.get(m.group(3), MIXTRAL_ROLES.get(m.group(3)))
+                role = {**_ROLES, **_MIXTRAL_ROLES}[m.group(3)]  # the regexes allow no other
                 parts.setdefault((int(m.group(1)), int(m.group(2))), {})[role] = info
                 names.add(name)
                 continue
-            m = FUSED.match(name)
+            m = _FUSED.match(name)
             if m:
                 fused.setdefault(int(m.group(1)), {})[m.group(2)] = info
                 names.add(name)
         experts: dict[tuple[int, int], ExpertRef] = {}
         for key, roles in parts.items():
-            missing = [n for n, r in ROLES.items() if r not in roles]
+            missing = [n for n, r in _ROLES.items() if r not in roles]
             if missing:
                 raise SmoeError(
                     f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
@@ -296,10 +369,10 @@ class Checkpoint:
             )
         for layer, pair in fused.items():
             if set(pair) != {"gate_up_proj", "down_proj"}:
-                missing = {"gate_up_proj", "down_proj"} - set(pair)
+                absent = {"gate_up_proj", "down_proj"} - set(pair)
                 raise SmoeError(
                     f"{root}: layer {layer} has no fused experts "
-                    f"{' or '.join(sorted(missing))} tensor"
+                    f"{' or '.join(sorted(absent))} tensor"
                 )
             gu, down = pair["gate_up_proj"], pair["down_proj"]
             if (
@@ -333,35 +406,50 @@ class Checkpoint:
                 ".weight and fused mlp.experts.gate_up_proj/down_proj)"
             )
         for key, ref in experts.items():
-            gate, up, down = ref.shapes
-            if up != gate or down != (gate[1], gate[0]):
+            g, u, d = ref.shapes
+            if u != g or d != (g[1], g[0]):
                 raise SmoeError(
                     f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
-                    f"shapes gate {list(gate)}, up {list(up)}, down {list(down)}"
+                    f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
                 )
             for info, _, _ in ref.sources:
-                if info.dtype not in FLOAT_DTYPES:
-                    raise SmoeError(
-                        f"{root}: {info.name} is {info.dtype}; expert weights must be "
-                        "BF16, F16 or F32"
-                    )
+                _refuse_unreadable(info, tensors)
         return dict(sorted(experts.items())), names
 
     # ---- facts -----------------------------------------------------------------------------
     @property
     def model_type(self) -> str:
+        """config.json's ``model_type`` ("unknown" when absent).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v3").model_type
+        'deepseek_v3'
+        """
         return get_str(self.config, self.where, "model_type", default="unknown")
 
     @property
     def where(self) -> str:
-        """config.json's path, as messages name it."""
+        """config.json's path, as messages name it.
+
+        >>> Checkpoint.open("fixtures/checkpoints/olmoe").where
+        'fixtures/checkpoints/olmoe/config.json'
+        """
         return f"{self.root}/config.json"
 
     @property
     def moe_layers(self) -> list[int]:
+        """The layers that have routed experts, in order.
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").moe_layers
+        [1, 2]
+        """
         return sorted({lay for lay, _ in self.experts})
 
     def layer_experts(self, layer: int) -> list[int]:
+        """The expert numbers of ``layer``, in order.
+
+        >>> Checkpoint.open("fixtures/checkpoints/mixtral").layer_experts(0)
+        [0, 1, 2, 3]
+        """
         return [e for lay, e in self.experts if lay == layer]
 
     def _shape(self, name: str) -> tuple[int, ...] | None:
@@ -413,7 +501,11 @@ class Checkpoint:
         self._warn_if("hidden_size", hidden, d_model)
 
     def model_info(self) -> ModelInfo:
-        """Header facts (D5) for the whole model, whatever subset is written."""
+        """Header facts (D5) for the whole model, whatever subset is written.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").model_info()
+        ModelInfo(num_moe_layers=2, max_experts_per_layer=8, d_model=64, vocab_size=128, ffn_dim=96)
+        """
         vocab, d_model = self._embedding()
         self._check_hidden_size(d_model)
         widths = {lay: len(self.layer_experts(lay)) for lay in self.moe_layers}
@@ -431,10 +523,20 @@ class Checkpoint:
         )
 
     def dense_ffn_dim(self) -> int:
+        """Rows of a dense layer 0's gate_proj (0 when layer 0 is MoE).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").dense_ffn_dim()
+        96
+        """
         shape = self._shape("model.layers.0.mlp.gate_proj.weight")
         return int(shape[0]) if shape else 0
 
     def shared_expert_ffn_dim(self) -> int:
+        """Rows of the first MoE layer's shared expert gate_proj (0 without one).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").shared_expert_ffn_dim()
+        64
+        """
         for lay in self.moe_layers:
             for name in (
                 f"model.layers.{lay}.mlp.shared_expert.gate_proj.weight",
@@ -446,7 +548,11 @@ class Checkpoint:
         return 0
 
     def ffn_dim(self) -> int:
-        """D5: dense layer-0 rows, else shared expert rows, else config intermediate_size."""
+        """D5: dense layer-0 rows, else shared expert rows, else config intermediate_size.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").ffn_dim()
+        96
+        """
         return (
             self.dense_ffn_dim()
             or self.shared_expert_ffn_dim()
@@ -455,15 +561,29 @@ class Checkpoint:
         )
 
     def has_qk_norm(self) -> bool:
+        """Whether the attention has q/k norm weights.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").has_qk_norm()
+        True
+        """
         return any(n.endswith(".self_attn.q_norm.weight") for n in self.tensors)
 
     def structure(self) -> Structure:
-        """Structural facts from the tensors present (shapes win over config.json)."""
+        """Structural facts from the tensors present (shapes win over config.json).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").structure()
+        Structure(has_qk_norm=False, dense_ffn_dim=96, shared_expert_ffn_dim=64)
+        """
         return Structure(self.has_qk_norm(), self.dense_ffn_dim(), self.shared_expert_ffn_dim())
 
     def arch_info(self) -> ArchInfo:
         """The arch block (D6) from config.json, with shapes as the authority: structure,
-        layer count, head counts and head_dim (refused where the tensors are ambiguous)."""
+        layer count, head counts and head_dim (refused where the tensors are ambiguous).
+
+        >>> a = Checkpoint.open("fixtures/checkpoints/qwen3_moe").arch_info()
+        >>> a.num_heads, a.num_kv_heads, a.head_dim, a.moe_top_k, a.num_hidden_layers
+        (4, 2, 16, 2, 2)
+        """
         gate_rows = next(iter(self.experts.values())).shapes[0][0]
         emb = self._shape("model.embed_tokens.weight")
         if emb is not None and len(emb) == 2:
@@ -482,7 +602,7 @@ class Checkpoint:
     def _layers(self, arch: ArchInfo) -> ArchInfo:
         """num_hidden_layers: the tensors' count (highest model.layers.{L} + 1) wins over a
         smaller config value; a larger one, or a layer missing in between, is refused."""
-        present = {int(m.group(1)) for n in self.tensors if (m := LAYER.match(n))}
+        present = {int(m.group(1)) for n in self.tensors if (m := _LAYER.match(n))}
         count = max(present) + 1
         said = get_int(self.config, self.where, "num_hidden_layers")
         if said is not None and said > count:
@@ -522,7 +642,7 @@ class Checkpoint:
         layers (else refused)."""
         seen: dict[str, tuple[int, tuple[int, ...]]] = {}
         for name, info in sorted(self.tensors.items()):
-            m = ATTENTION.match(name)
+            m = _ATTENTION.match(name)
             if not m:
                 continue
             layer, role = int(m.group(1)), m.group(2)
@@ -587,5 +707,10 @@ class Checkpoint:
         return new
 
     def non_expert_tensors(self) -> list[TensorInfo]:
-        """Every tensor that is not a routed-expert weight: the scout's contents (D8)."""
+        """Every tensor that is not a routed-expert weight: the scout's contents (D8).
+
+        >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+        >>> [t.name for t in ck.non_expert_tensors()][:2]
+        ['lm_head.weight', 'model.embed_tokens.weight']
+        """
         return [t for n, t in sorted(self.tensors.items()) if n not in self.expert_tensor_names]

@@ -40,7 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import IO, TYPE_CHECKING, NoReturn, TextIO, cast
 
 import numpy as np
 from rich.console import Console
@@ -64,6 +64,8 @@ from smoe_gen import layout
 if TYPE_CHECKING:
     from smoe.verify import Report
 
+__all__ = ["dump_main", "main"]
+
 
 def _spec_summary() -> dict:
     structs = {}
@@ -74,10 +76,10 @@ def _spec_summary() -> dict:
                 {
                     "name": f,
                     "offset": st.offsets[f],
-                    "size": st.dtype.fields[f][0].itemsize,
+                    "size": st.dtype[f].itemsize,
                     "doc": st.docs[f],
                 }
-                for f in st.dtype.names
+                for f in st.dtype.names or ()  # a struct's dtype: names is set
             ],
         }
     return {
@@ -102,7 +104,7 @@ def _text(s: str) -> str:
     return s if s.isascii() else _SURROGATE.sub("\ufffd", s)
 
 
-def jsonable(obj: object) -> object:
+def _jsonable(obj: object) -> object:
     """``obj`` as plain JSON data: non-finite floats -> None, strings valid UTF-8 (lone
     surrogates -> U+FFFD), numpy scalars and arrays -> Python values, paths -> text, tuples ->
     lists, anything else -> its ``str``."""
@@ -115,13 +117,13 @@ def jsonable(obj: object) -> object:
     if isinstance(obj, float):
         return float(obj) if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {_json_key(k): jsonable(v) for k, v in obj.items()}
+        return {_json_key(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
+        return [_jsonable(v) for v in obj]
     if isinstance(obj, np.generic):
-        return jsonable(obj.item())
+        return _jsonable(obj.item())
     if isinstance(obj, np.ndarray):
-        return jsonable(obj.tolist())
+        return _jsonable(obj.tolist())
     if isinstance(obj, os.PathLike):
         return _text(os.fsdecode(obj))
     return _text(str(obj))
@@ -133,7 +135,7 @@ def _json_key(k: object) -> str:
 
 def to_json(obj: object, indent: int | None = 2) -> str:
     """One RFC 8259 document (ASCII, no NaN or Infinity): the only serialiser of the CLI."""
-    return json.dumps(jsonable(obj), indent=indent, allow_nan=False)
+    return json.dumps(_jsonable(obj), indent=indent, allow_nan=False)
 
 
 def _print_json(obj: object) -> None:
@@ -159,7 +161,7 @@ def _one_line(message: str) -> str:
 
 
 # ---- consoles: rich on a terminal, plain lines in a pipe ------------------------------------
-PIPE_WIDTH = 1 << 20  # the width of a pipe or file: wide enough that nothing wraps or is cut
+_PIPE_WIDTH = 1 << 20  # the width of a pipe or file: wide enough that nothing wraps or is cut
 
 
 class _TrimmedLines:
@@ -195,7 +197,7 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def make_console(stderr: bool = False, highlight: bool = False) -> Console:
+def _make_console(stderr: bool = False, highlight: bool = False) -> Console:
     """The Console of stdout (or stderr). On a terminal: rich's rendering at the terminal's
     width (``COLUMNS``), in colour unless ``NO_COLOR`` is set. Anywhere else (a pipe, a file):
     plain text, no colour, never wrapped or cut whatever ``COLUMNS`` says, and no spaces at
@@ -204,8 +206,9 @@ def make_console(stderr: bool = False, highlight: bool = False) -> Console:
     if _is_terminal(stream):
         return Console(stderr=stderr, highlight=highlight)
     return Console(
-        file=_TrimmedLines(stream),
-        width=PIPE_WIDTH,
+        # rich only writes, flushes and reads attributes, which _TrimmedLines forwards
+        file=cast(IO[str], _TrimmedLines(stream)),
+        width=_PIPE_WIDTH,
         soft_wrap=True,
         highlight=False,
         force_terminal=False,
@@ -225,7 +228,7 @@ def _table(console: Console, title: str, show_header: bool = True) -> Table:
 
 def _warn(warnings: Sequence[str]) -> None:
     """Each warning as one line on stderr: stdout holds only the command's output."""
-    err = make_console(stderr=True)
+    err = _make_console(stderr=True)
     for w in warnings:
         err.print(f"[yellow]warning:[/] {escape(_shown(w))}", soft_wrap=True)
 
@@ -242,7 +245,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(summary)
         return 0
-    console = make_console(highlight=True)
+    console = _make_console(highlight=True)
     console.print(
         f"[bold].smoe format[/] v{summary['versions'][0]}..v{summary['versions'][1]}  "
         f"magic [cyan]{summary['magic']}[/]  page {summary['page_size']} B  "
@@ -263,7 +266,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
 def cmd_sculpt(args: argparse.Namespace) -> int:
     """Convert a HuggingFace MoE checkpoint (a folder or a model id) into a vault and a scout."""
     from smoe.hub import resolve
-    from smoe.sculpt import SculptOptions, sculpt
+    from smoe.sculpt import SculptOptions, SculptResult, sculpt
 
     # the local folder from here on: an OSError inside it is an unreadable input (exit 2)
     args.model_dir, stem = resolve(args.model_dir, args.revision)
@@ -279,9 +282,10 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         name=args.name if args.name is not None else stem,
         imatrix=args.imatrix,
     )
-    err = make_console(stderr=True)
+    err = _make_console(stderr=True)
     if args.dry_run:
         plan = sculpt(args.model_dir, args.out_dir, opts)
+        assert isinstance(plan, dict)  # with dry_run: the planned layout
         if args.json:
             _print_json(plan)
         else:
@@ -308,6 +312,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, rate=f"{rate:7.1f} MB/s")
 
         result = sculpt(args.model_dir, args.out_dir, opts, progress=progress)
+    assert isinstance(result, SculptResult)  # without dry_run: what was written
     summary = result.summary()
     if args.json:
         _print_json(summary)
@@ -327,7 +332,7 @@ def _output_stem(text: str) -> str:
 
 
 def _show_dry_run(plan: dict) -> None:
-    c = make_console(highlight=True)
+    c = _make_console(highlight=True)
     t = _table(c, "planned vault (nothing written)", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -350,7 +355,7 @@ def _show_dry_run(plan: dict) -> None:
 
 
 def _show_summary(s: dict) -> None:
-    c = make_console(highlight=True)
+    c = _make_console(highlight=True)
     t = _table(c, "sculpt summary", show_header=False)
     t.add_column(style="bold")
     t.add_column()
@@ -407,7 +412,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         doc = findings.document(str(args.vault), report.size, args.deep, report.findings)
         _print_json(doc)
     else:
-        c = make_console()
+        c = _make_console()
         for f in report.findings:
             style = {"error": "bold red", "warning": "yellow", "info": "cyan"}[f.severity]
             c.print(f"[{style}]{escape(_shown(f.line()))}[/]", soft_wrap=True)
@@ -438,7 +443,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
         keys = ("file", "header", "arch", "experts", "findings")
         _print_json({"schema": findings.SCHEMA, **{k: dump[k] for k in keys}})
     else:
-        render(dump, make_console(), experts=args.experts, layer=args.layer)
+        render(dump, _make_console(), experts=args.experts, layer=args.layer)
     return _verdict(report)
 
 
@@ -455,7 +460,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"out": str(args.out), "tensors": names})
     else:
-        make_console().print(
+        _make_console().print(
             f"wrote {len(names)} float32 tensors "
             f"({len(names) // 3} experts) to "
             f"{escape(_shown(args.out))}",
@@ -488,7 +493,7 @@ def _export_hf(args: argparse.Namespace) -> int:
         _print_json(summary)
         return 0
     _warn_notes(summary["notes"])
-    make_console().print(
+    _make_console().print(
         f"wrote {escape(_shown(args.out))}: {len(summary['files'])} files, "
         f"{summary['tensors']} tensors ({summary['expert_tensors']} expert tensors in "
         f"{summary['dtype']}), {summary['bytes_out'] / 1e6:,.1f} MB; config.json "
@@ -500,7 +505,7 @@ def _export_hf(args: argparse.Namespace) -> int:
 
 def _warn_notes(notes: Sequence[str]) -> None:
     """Each note as one line on stderr (``note: ...``)."""
-    err = make_console(stderr=True)
+    err = _make_console(stderr=True)
     for n in notes:
         err.print(f"[cyan]note:[/] {escape(_shown(n))}", soft_wrap=True)
 
@@ -554,7 +559,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(info)
     else:
-        c = make_console()
+        c = _make_console()
         verb = {
             "in-place": "upgraded in place to v2",
             "re-stamp": "re-stamped the arch block of",
@@ -580,7 +585,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         snr = f"SNR from {_shown(result.manifest)}" if result.snr else "no SNR (no manifest)"
         errors = f"{result.errors} error{'' if result.errors == 1 else 's'}"
         verdict = "valid" if result.ok else f"INVALID ({errors})"
-        make_console().print(
+        _make_console().print(
             f"wrote {escape(_shown(result.path))} ({result.bytes:,} bytes): "
             f"{result.experts:,} experts in {result.layers} layers, {escape(snr)}; {verdict}",
             soft_wrap=True,
@@ -589,7 +594,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ---- command line --------------------------------------------------------------------------
-class UsageError(Exception):
+class _UsageError(Exception):
     """A command line argparse refuses (exit status 2, one line like every other failure)."""
 
 
@@ -597,7 +602,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a refused command line is one ``error:`` line, not usage + message."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        raise _UsageError(f"{message} (see {self.prog} --help)")
 
 
 def usable_cores() -> int:
@@ -608,7 +613,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def positive_int(text: str) -> int:
+def _positive_int(text: str) -> int:
     """argparse type: a whole number >= 1 (``--jobs``)."""
     try:
         n = int(text, 10)
@@ -633,7 +638,7 @@ def _version_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="smoe", description=__doc__.split("\n\n")[0])
     _version_flag(ap)
     _debug_flag(ap)
@@ -675,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-experts", type=int, help="only the first N experts of each layer")
     p.add_argument(
         "--jobs",
-        type=positive_int,
+        type=_positive_int,
         default=None,
         metavar="N",
         help=f"worker processes, at least 1 (default: the usable cores, "
@@ -826,9 +831,9 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
 
 
 # ---- failures ------------------------------------------------------------------------------
-INPUTS = ("vault", "manifest", "config", "model", "model_dir", "scout")  # args naming files read
-OUTPUTS = ("out", "out_dir")  # args naming files written
-READ_ERRNOS = frozenset(
+_INPUTS = ("vault", "manifest", "config", "model", "model_dir", "scout")  # args naming files read
+_OUTPUTS = ("out", "out_dir")  # args naming files written
+_READ_ERRNOS = frozenset(
     {
         errno.ENOENT,
         errno.ENOTDIR,
@@ -862,14 +867,14 @@ def _os_error(e: OSError, args: argparse.Namespace) -> tuple[str, int]:
     where = name if e.filename2 is None else f"{name} -> {os.fsdecode(e.filename2)}"
     full = os.path.abspath(name)
     is_input = (
-        e.errno in READ_ERRNOS
-        and _under(full, _paths(args, INPUTS))
-        and not _under(full, _paths(args, OUTPUTS))
+        e.errno in _READ_ERRNOS
+        and _under(full, _paths(args, _INPUTS))
+        and not _under(full, _paths(args, _OUTPUTS))
     )
     return f"{where}: {why}", 2 if is_input else 1
 
 
-def describe(e: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+def _describe(e: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     """The one-line message (without ``error:``) and exit status for a failure."""
     if isinstance(e, (NotRegular, Unreadable)):
         return str(e), 2
@@ -888,7 +893,7 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     """Print the one stderr line (and with --json the error document); return ``code``."""
     line = Text.assemble(("error:", "bold red"), " " + _shown(message))
     with contextlib.suppress(OSError):
-        make_console(stderr=True).print(line, soft_wrap=True)
+        _make_console(stderr=True).print(line, soft_wrap=True)
     if getattr(args, "json", False):
         _print_error_json(message, code)
     return code
@@ -962,7 +967,7 @@ def _run(args: argparse.Namespace) -> int:
             if getattr(args, "func", None) is cmd_sculpt
             else ""
         )
-        make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
+        _make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
         if getattr(args, "json", False):
             _print_error_json(f"interrupted{hint}", 130)
         return 130
@@ -970,7 +975,7 @@ def _run(args: argparse.Namespace) -> int:
         _silence_stdout()
         return 141
     except Exception as e:
-        message, code = describe(e, args)
+        message, code = _describe(e, args)
         if not _debug(args):
             return _fail(args, message, code)
         if getattr(args, "json", False):
@@ -987,7 +992,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     try:
         try:
             args = parser.parse_args(argv)
-        except UsageError as e:
+        except _UsageError as e:
             words = argv[: argv.index("--")] if "--" in argv else argv
             return _fail(argparse.Namespace(json="--json" in words), str(e), 2)
         return _run(args)
@@ -996,7 +1001,19 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 
 def dump_main(argv: list[str] | None = None) -> int:
-    """``smoe-dump VAULT``."""
+    """``smoe-dump VAULT [--experts] [--layer L] [--deep] [--json]``: the console script,
+    same as ``smoe dump``; returns the exit status (``argv`` default: ``sys.argv[1:]``).
+
+    >>> dump_main(["fixtures/q4_v1.smoe"])
+    fixtures/q4_v1.smoe  147,456 bytes  v1  Q4  group 64  data_offset 0x4000  full vault, 8 experts
+    ├── header (64 bytes at 0)
+    ...
+    ├── arch block: none (version 1)
+    ├── expert table (8 entries, 2 layers)
+    ...
+    └── findings (0)
+    0
+    """
     ap = _Parser(prog="smoe-dump", description=cmd_dump.__doc__)
     _dump_args(ap)
     _version_flag(ap)
@@ -1005,7 +1022,19 @@ def dump_main(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _main(build_parser(), argv)
+    """``smoe COMMAND ...``: the console script; returns the exit status (see the module
+    docstring; ``argv`` default: ``sys.argv[1:]``).
+
+    >>> main(["verify", "fixtures/q4_v1.smoe"])
+    fixtures/q4_v1.smoe: valid (0 errors, 0 warnings)
+    0
+    >>> import contextlib, io, json
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     code = main(["verify", "fixtures/corrupt/bad_magic.smoe", "--json"])
+    >>> code, json.loads(out.getvalue())["findings"][0]["code"]
+    (1, 'header.magic')
+    """
+    return _main(_build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,19 @@ from smoe import fileio
 from smoe.errors import SmoeError
 from smoe.records import ArchInfo
 
+__all__ = [
+    "Structure",
+    "arch_from_config",
+    "get_int",
+    "get_str",
+    "is_mla",
+    "load_config",
+    "read_json",
+    "refuse_unsupported",
+]
+
 # transformers' default of norm_topk_prob per model type when config.json has no key (D8)
-NORM_TOPK_DEFAULT = {
+_NORM_TOPK_DEFAULT = {
     "mixtral": True,
     "deepseek_v3": True,
     "qwen3_moe": False,
@@ -27,8 +38,8 @@ NORM_TOPK_DEFAULT = {
     "olmoe": False,
     "deepseek_v2": False,
 }
-QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
-MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
+_QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
+_MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
 
 
 def _json(value: object) -> str:
@@ -56,14 +67,25 @@ def _get(
 
 
 def get_int(cfg: dict, where: str, *keys: str, minimum: int = 1) -> int | None:
-    """A count: a JSON integer (not a boolean, not 2.0) of at least ``minimum`` (0 or 1)."""
+    """A count: a JSON integer (not a boolean, not 2.0) of at least ``minimum`` (0 or 1).
+
+    The first of ``keys`` present and not null is read; None if none is.
+
+    >>> get_int({"num_experts": None, "n_routed_experts": 64}, "config.json",
+    ...         "num_experts", "n_routed_experts")
+    64
+    >>> get_int({"num_experts": 2.0}, "config.json", "num_experts")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: config.json: num_experts is 2.0, expected a positive integer
+    """
     expected = "a positive integer" if minimum else "a non-negative integer"
     value = _get(cfg, where, keys, lambda v: type(v) is int and v >= minimum, expected)
     return value if isinstance(value, int) else None
 
 
 def _finite(v: object, positive: bool) -> bool:
-    if type(v) not in (int, float):
+    # exactly int or float, not bool (isinstance only narrows the type for the checker)
+    if type(v) not in (int, float) or not isinstance(v, (int, float)):
         return False
     try:
         f = float(v)
@@ -72,7 +94,7 @@ def _finite(v: object, positive: bool) -> bool:
     return math.isfinite(f) and (f > 0 if positive else f >= 0)
 
 
-def get_float(
+def _get_float(
     cfg: dict, where: str, *keys: str, positive: bool = True, prefix: str = ""
 ) -> float | None:
     """A finite JSON number (integers allowed), > 0 (or >= 0 unless ``positive``)."""
@@ -84,17 +106,23 @@ def get_float(
         f"a finite number {'>' if positive else '>='} 0",
         prefix,
     )
-    return None if value is None else float(value)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
-def get_bool(cfg: dict, where: str, key: str) -> bool | None:
+def _get_bool(cfg: dict, where: str, key: str) -> bool | None:
     """A JSON boolean: ``"false"`` or ``0`` is refused, not read as a flag."""
     value = _get(cfg, where, (key,), lambda v: type(v) is bool, "a JSON boolean (true or false)")
     return value if isinstance(value, bool) else None
 
 
 def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
-    """A string; one with a lone surrogate (a ``\\ud800`` escape) is refused."""
+    """A string; one with a lone surrogate (a ``\\ud800`` escape) is refused.
+
+    >>> get_str({"model_type": "olmoe"}, "config.json", "model_type")
+    'olmoe'
+    >>> get_str({}, "config.json", "hidden_act", default="silu")
+    'silu'
+    """
     value = _get(cfg, where, keys, lambda v: isinstance(v, str), "a string")
     if isinstance(value, str):
         try:
@@ -107,7 +135,7 @@ def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
     return value if isinstance(value, str) else default
 
 
-def get_object(cfg: dict, where: str, key: str) -> dict | None:
+def _get_object(cfg: dict, where: str, key: str) -> dict | None:
     value = _get(cfg, where, (key,), lambda v: isinstance(v, dict), "a JSON object")
     return value if isinstance(value, dict) else None
 
@@ -131,13 +159,20 @@ def read_json(path: Path) -> object:
     """A small JSON input (config.json, an index): a regular file, UTF-8, no key twice.
 
     FIFOs, folders and devices are refused without blocking (``fileio.open_input``).
+
+    >>> from pathlib import Path
+    >>> read_json(Path("fixtures/checkpoints/qwen3_moe/config.json"))["model_type"]
+    'qwen3_moe'
+    >>> read_json(Path("fixtures/q4_v2.smoe"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
     """
     fd = fileio.open_input(path)
     try:
         size = os.fstat(fd).st_size
-        if size > MAX_JSON:
+        if size > _MAX_JSON:
             raise SmoeError(
-                f"{path}: {size} bytes is too large for a JSON file (over {MAX_JSON >> 20} MiB)"
+                f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
             )
         raw = fileio.pread_exact(fd, size, 0, path)
     finally:
@@ -164,7 +199,13 @@ def read_json(path: Path) -> object:
 
 
 def load_config(path: Path) -> dict:
-    """config.json as a dict (its ``text_config`` for multimodal wrappers)."""
+    """config.json as a dict (its ``text_config`` for multimodal wrappers).
+
+    >>> from pathlib import Path
+    >>> cfg = load_config(Path("fixtures/checkpoints/qwen3_moe/config.json"))
+    >>> cfg["model_type"], cfg["num_experts_per_tok"]
+    ('qwen3_moe', 2)
+    """
     cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise SmoeError(f"{path}: not a JSON object")
@@ -173,15 +214,19 @@ def load_config(path: Path) -> dict:
 
 @dataclass(frozen=True)
 class Structure:
-    """Structural facts; from the tensors when available (they win), else from the config."""
+    """Structural facts; from the tensors when available (they win), else from the config.
+
+    >>> Structure(has_qk_norm=True, dense_ffn_dim=0, shared_expert_ffn_dim=0)
+    Structure(has_qk_norm=True, dense_ffn_dim=0, shared_expert_ffn_dim=0)
+    """
 
     has_qk_norm: bool
     dense_ffn_dim: int
     shared_expert_ffn_dim: int
 
 
-def structure_from_config(cfg: dict, where: str) -> Structure:
-    qk = get_bool(cfg, where, "use_qk_norm")
+def _structure_from_config(cfg: dict, where: str) -> Structure:
+    qk = _get_bool(cfg, where, "use_qk_norm")
     dense = 0
     if get_int(cfg, where, "first_k_dense_replace", minimum=0):
         dense = get_int(cfg, where, "intermediate_size") or 0
@@ -189,30 +234,36 @@ def structure_from_config(cfg: dict, where: str) -> Structure:
     if shared is None:
         n_shared = get_int(cfg, where, "n_shared_experts", minimum=0) or 0
         shared = n_shared * (get_int(cfg, where, "moe_intermediate_size") or 0)
-    qk_default = get_str(cfg, where, "model_type") in QK_NORM_FAMILIES
+    qk_default = get_str(cfg, where, "model_type") in _QK_NORM_FAMILIES
     return Structure(qk if qk is not None else qk_default, dense, shared)
 
 
 def is_mla(cfg: dict, where: str) -> bool:
-    """DeepSeek multi-head latent attention: q/k widths instead of one head_dim (R3)."""
+    """DeepSeek multi-head latent attention: q/k widths instead of one head_dim (R3).
+
+    >>> is_mla({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}, "config.json")
+    True
+    >>> is_mla({"head_dim": 128}, "config.json")
+    False
+    """
     nope = get_int(cfg, where, "qk_nope_head_dim", minimum=0)
     rope = get_int(cfg, where, "qk_rope_head_dim", minimum=0)
     return nope is not None and rope is not None
 
 
-def rope_theta(cfg: dict, where: str) -> float:
+def _rope_theta(cfg: dict, where: str) -> float:
     """``rope_theta``: top-level (old spelling) or in ``rope_parameters``/``rope_scaling``."""
-    theta = get_float(cfg, where, "rope_theta")
+    theta = _get_float(cfg, where, "rope_theta")
     for nested in ("rope_parameters", "rope_scaling"):
-        sub = get_object(cfg, where, nested)
+        sub = _get_object(cfg, where, nested)
         if theta is None and sub is not None:
-            theta = get_float(sub, where, "rope_theta", prefix=f"{nested}.")
+            theta = _get_float(sub, where, "rope_theta", prefix=f"{nested}.")
     if theta is None:
         raise SmoeError(f"{where}: no rope_theta (top-level or in rope_parameters)")
     return theta
 
 
-def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
+def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
     """(num_heads, num_kv_heads, head_dim); head_dim = hidden_size // heads when absent."""
     heads = get_int(cfg, where, "num_attention_heads")
     if heads is None:
@@ -244,8 +295,8 @@ def attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
     return heads, kv, head_dim
 
 
-SILU_ACTS = {"silu", "swish", "swiglu"}
-REFUSED_FAMILIES = {
+_SILU_ACTS = {"silu", "swish", "swiglu"}
+_REFUSED_FAMILIES = {
     "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
     "only bias-free SiLU-gated (SwiGLU) experts can be represented",
 }
@@ -256,15 +307,21 @@ def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> Non
 
     ``where`` (the config file) is named in type errors, ``subject`` (default ``where``,
     e.g. the model folder) in the refusal.
+
+    >>> refuse_unsupported({"model_type": "qwen3_moe", "hidden_act": "silu"}, "config.json")
+    >>> refuse_unsupported({"hidden_act": "gelu"}, "config.json", "ckpt")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: ckpt: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts can \
+be represented
     """
     subject = subject or where
     model_type = get_str(cfg, where, "model_type")
-    if model_type in REFUSED_FAMILIES:
+    if model_type in _REFUSED_FAMILIES:
         raise SmoeError(
-            f"{subject}: model_type {model_type!r} refused: {REFUSED_FAMILIES[model_type]}"
+            f"{subject}: model_type {model_type!r} refused: {_REFUSED_FAMILIES[model_type]}"
         )
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
-    if act not in SILU_ACTS:
+    if act not in _SILU_ACTS:
         raise SmoeError(
             f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
             "experts can be represented"
@@ -277,11 +334,19 @@ def arch_from_config(
     """The arch block from config values; ``shapes`` (from tensors) override structure.
 
     Returns the block and the warnings for every disagreement between config and shapes.
+
+    >>> from pathlib import Path
+    >>> cfg = load_config(Path("fixtures/checkpoints/qwen3_moe/config.json"))
+    >>> arch, warnings = arch_from_config(cfg, "config.json", moe_ffn_dim=48)
+    >>> arch.rope_theta, arch.num_heads, arch.head_dim, arch.moe_top_k, arch.has_qk_norm
+    (1000000.0, 4, 16, 2, True)
+    >>> arch_from_config(cfg, "config.json", moe_ffn_dim=32)[1]
+    ['moe_ffn_dim: config.json says 48, the tensors say 32; using the tensors']
     """
     warnings = []
     refuse_unsupported(cfg, where)
-    theta = rope_theta(cfg, where)
-    heads, kv, head_dim = attention_from_config(cfg, where)
+    theta = _rope_theta(cfg, where)
+    heads, kv, head_dim = _attention_from_config(cfg, where)
     top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
     if top_k is None:
         raise SmoeError(f"{where}: no num_experts_per_tok")
@@ -294,22 +359,22 @@ def arch_from_config(
             f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
             f"{moe_ffn_dim}; using the tensors"
         )
-    from_cfg = structure_from_config(cfg, where)
+    from_cfg = _structure_from_config(cfg, where)
     facts = shapes or from_cfg
     if shapes is not None:
         for name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
             c, s = getattr(from_cfg, name), getattr(shapes, name)
             cfg_has = (
-                name != "has_qk_norm" or "use_qk_norm" in cfg or model_type in QK_NORM_FAMILIES
+                name != "has_qk_norm" or "use_qk_norm" in cfg or model_type in _QK_NORM_FAMILIES
             )
             if cfg_has and c != s:
                 warnings.append(
                     f"{name}: config.json says {c!r}, the tensors say {s!r}; using the tensors"
                 )
-    norm_topk = get_bool(cfg, where, "norm_topk_prob")
+    norm_topk = _get_bool(cfg, where, "norm_topk_prob")
     if norm_topk is None:
-        norm_topk = NORM_TOPK_DEFAULT.get(model_type, False)
-    eps = get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
+        norm_topk = _NORM_TOPK_DEFAULT.get(model_type, False)
+    eps = _get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
     arch = ArchInfo(
         rope_theta=theta,
         num_heads=heads,

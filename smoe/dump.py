@@ -22,11 +22,20 @@ from smoe.view import Data, FileView, arch_view, header_view, table_views
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
+__all__ = ["collect", "collect_path", "render"]
+
 
 def collect_path(
     path: str | os.PathLike, deep: bool = False, manifest: str | os.PathLike | None = "auto"
 ) -> tuple[dict, Report]:
-    """Open ``path`` (``fileio.NotRegular`` if it is not a regular file) and :func:`collect`."""
+    """Open ``path`` (``fileio.NotRegular`` if it is not a regular file) and :func:`collect`.
+
+    >>> dump, report = collect_path("fixtures/q4_v2.smoe")
+    >>> dump["file"], report.ok
+    ({'path': 'fixtures/q4_v2.smoe', 'size': 147456, 'vault_type': 'full'}, True)
+    >>> dump["arch"]["model_type"], dump["experts"][7]["tensors"][2]["rows"]
+    ('olmoe', 64)
+    """
     with FileView.open(path) as view:
         return collect(Path(path), view, deep=deep, manifest=manifest)
 
@@ -38,6 +47,13 @@ def collect(
     docs/JSON.md says).
 
     ``manifest`` as for ``smoe.verify.verify_path`` (checked only with ``deep``).
+
+    >>> import numpy as np
+    >>> data = np.fromfile("fixtures/q4_v2.smoe", np.uint8)
+    >>> data[8] = 3  # header.version
+    >>> dump, report = collect(Path("v.smoe"), data)
+    >>> dump["header"]["version"], dump["experts"], [f["code"] for f in dump["findings"]]
+    (3, [], ['header.version'])
     """
     report = verify_file(data, path, deep=deep, manifest=manifest)
     geo = report.geometry
@@ -89,17 +105,35 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
     """The rich tree: summary, header, arch, table by layer, findings.
 
     Lines are as wide as they need: ``console`` decides whether they wrap (a terminal) or not
-    (``smoe.cli.make_console`` for a pipe), so no label is cut here.
+    (the CLI's console of a pipe), so no label is cut here.
+
+    >>> from rich.console import Console
+    >>> dump, report = collect_path("fixtures/q4_v2.smoe")
+    >>> render(dump, Console(width=200))
+    fixtures/q4_v2.smoe  147,456 bytes  v2  Q4  group 64  data_offset 0x4000  full vault, 8 experts
+    ├── header (64 bytes at 0)
+    │   └── offset  field                  value
+    │            0  magic                  534d4f45deea0001
+    │            8  version                2 (0x2)
+    ...
+    ├── expert table (8 entries, 2 layers)
+    │   ├── layer 0: 4 experts (ids 0-3), gate_proj 32x64 up_proj 32x64 down_proj 64x32, ...
+    │   ├── layer 1: 4 experts (ids 0-3), gate_proj 32x64 up_proj 32x64 down_proj 64x32, ...
+    │   └── (--experts to list every expert, --layer L for one layer)
+    └── findings (1)
+        └── warning: arch.rms_norm_eps at 0x638 (arch.rms_norm_eps): differs from the ...
     """
     f = dump["file"]
     h = dump["header"]
-    root = Tree(f"[bold]{_safe(f['path'])}[/]  {f['size']:,} bytes")
+    label = f"[bold]{_safe(f['path'])}[/]  {f['size']:,} bytes"
     if h is not None:
-        root.label += (
+        label += (
             f"  v{h['version']}  Q{h['bits']}  group {h['group_size']}  "
             f"data_offset {h['data_offset']:#x}  {f.get('vault_type', '?')} vault, "
             f"{h['total_experts']} experts"
         )
+    root = Tree(label)
+    if h is not None:
         ht = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         for col in ("offset", "field", "value"):
             ht.add_column(col, justify="right" if col == "offset" else "left")
@@ -177,15 +211,11 @@ def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> N
 
 
 def _ranges(ids: list[int]) -> str:
-    out, start, prev = [], None, None
+    """Runs of consecutive ids: ``0-3,5,7-8``."""
+    runs: list[list[int]] = []  # [first, last]
     for i in ids:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
         else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = i
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ",".join(out)
+            runs.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)

@@ -18,8 +18,11 @@ from smoe.errors import SmoeError
 from smoe.reader import Vault
 from smoe.safetensors_io import write_file
 
+__all__ = ["export"]
 
-def tensor_name(layer: int, expert: int, tensor: str) -> str:
+
+def _tensor_name(layer: int, expert: int, tensor: str) -> str:
+    """The name HF checkpoints give an expert's weight matrix."""
     return f"model.layers.{layer}.mlp.experts.{expert}.{tensor}.weight"
 
 
@@ -32,6 +35,15 @@ def export(
     """Write the selected experts' float32 weights; returns the tensor names written.
 
     One expert is dequantised at a time, straight into its place in the output file.
+
+    >>> import os, tempfile
+    >>> out = os.path.join(tempfile.mkdtemp(), "experts.safetensors")
+    >>> names = export("fixtures/q4_v2.smoe", out, layer=1, expert=0)
+    >>> names[0], len(names)
+    ('model.layers.1.mlp.experts.0.gate_proj.weight', 3)
+    >>> from safetensors.numpy import load_file
+    >>> load_file(out)[names[0]].dtype, load_file(out)[names[0]].shape
+    (dtype('float32'), (32, 64))
     """
     vault_path, out = Path(vault_path), Path(out)
     fileio.refuse_same_file(out, [vault_path, manifest.path_for(vault_path)])
@@ -50,7 +62,7 @@ def export(
     where: list[tuple[tuple[int, int], int]] = []
     for key in keys:  # checks each expert's descriptors; no view is kept (bounded memory)
         for t, view in enumerate(vault.expert(*key).tensors):
-            items.append((tensor_name(*key, view.name), "F32", (view.rows, view.cols)))
+            items.append((_tensor_name(*key, view.name), "F32", (view.rows, view.cols)))
             where.append((key, t))
     current: dict[tuple[int, int], Any] = {}  # the expert being written (one at a time)
 

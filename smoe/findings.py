@@ -10,6 +10,16 @@ from typing import Any
 
 from smoe_gen.layout import RULES, SEVERITIES, Rule
 
+__all__ = [
+    "SCHEMA",
+    "Finding",
+    "Value",
+    "display",
+    "document",
+    "error_document",
+    "json_value",
+]
+
 SCHEMA = "smoe-findings/1"
 """The ``"schema"`` key of every ``--json`` document of ``smoe verify``, ``smoe dump`` and
 ``smoe-stream check`` (and of every ``--json`` error document)."""
@@ -81,12 +91,21 @@ class Finding:
         expected: Value = None,
         actual: Value = None,
     ) -> Finding:
-        """A finding of ``rule`` (its code and severity)."""
+        """A finding of ``rule`` (its code and severity).
+
+        >>> f = Finding.of(Rule.HEADER_PARTIAL, 20, "header.total_experts", "partial")
+        >>> f.severity, f.code
+        ('info', 'header.partial')
+        """
         return cls(rule.severity, rule.code, offset, path, message, expected, actual)
 
     @property
     def rule(self) -> Rule:
-        """The registry's rule of this finding."""
+        """The registry's rule of this finding.
+
+        >>> Finding.of(Rule.HEADER_SIZE, 0, "header", "short").rule is Rule.HEADER_SIZE
+        True
+        """
         return RULES[self.code]
 
     def to_dict(self) -> dict[str, Any]:
@@ -108,7 +127,11 @@ class Finding:
         }
 
     def line(self) -> str:
-        """One line for terminals and error messages."""
+        """One line for terminals and error messages.
+
+        >>> Finding.of(Rule.HEADER_PARTIAL, 20, "header.total_experts", "partial").line()
+        'info: header.partial at offset 0x14 (header.total_experts): partial'
+        """
         text = (
             f"{self.severity}: {self.code} at offset {self.offset:#x} ({self.path}): {self.message}"
         )

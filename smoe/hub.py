@@ -27,9 +27,11 @@ from types import ModuleType
 from smoe.config import read_json
 from smoe.errors import SmoeError
 
-CONFIG = "config.json"
-INDEX = "model.safetensors.index.json"
-WEIGHTS = "*.safetensors"
+__all__ = ["check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
+
+_CONFIG = "config.json"
+_INDEX = "model.safetensors.index.json"
+_WEIGHTS = "*.safetensors"
 _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"({_PART})/({_PART})")
 _CACHE_REPO = re.compile(rf"models--(?:{_PART}--)?({_PART})")
@@ -162,14 +164,14 @@ def _cached(hf: ModuleType, repo_id: str, revision: str | None) -> tuple[Path | 
     try:
         folder = Path(
             hf.snapshot_download(
-                repo_id, revision=revision, local_files_only=True, allow_patterns=[CONFIG, INDEX]
+                repo_id, revision=revision, local_files_only=True, allow_patterns=[_CONFIG, _INDEX]
             )
         )
     except hf.utils.LocalEntryNotFoundError as e:
         partial = getattr(e, "snapshot_path", None)  # IncompleteSnapshotError (hub >= 1.x):
         if not partial:  # its tree listing names a config or index that is not cached
-            return None, [CONFIG]
-        return Path(partial), missing_files(Path(partial)) or [INDEX]
+            return None, [_CONFIG]
+        return Path(partial), missing_files(Path(partial)) or [_INDEX]
     return folder, missing_files(folder)
 
 
@@ -177,15 +179,15 @@ def missing_files(folder: Path) -> list[str]:
     """What a snapshot folder lacks to be sculpted: ``config.json``, a shard named by the
     index, or (without an index) any ``*.safetensors`` or the file of one (a symlink whose
     blob is gone); empty if nothing."""
-    if not (folder / CONFIG).is_file():
-        return [CONFIG]
-    if (folder / INDEX).is_file():
-        return [s for s in index_shards(folder / INDEX) if not (folder / s).is_file()]
-    weights = sorted(folder.glob(WEIGHTS))
-    return [p.name for p in weights if not p.is_file()] if weights else [WEIGHTS]
+    if not (folder / _CONFIG).is_file():
+        return [_CONFIG]
+    if (folder / _INDEX).is_file():
+        return [s for s in _index_shards(folder / _INDEX) if not (folder / s).is_file()]
+    weights = sorted(folder.glob(_WEIGHTS))
+    return [p.name for p in weights if not p.is_file()] if weights else [_WEIGHTS]
 
 
-def index_shards(index: Path) -> list[str]:
+def _index_shards(index: Path) -> list[str]:
     """The shard names of a ``model.safetensors.index.json``, in order, each once (the
     checkpoint reader checks them fully; what is not a string is left out here)."""
     doc = read_json(index)
@@ -202,17 +204,17 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
     try:
         with _progress_bars(hf):
             folder = Path(
-                hf.snapshot_download(repo_id, revision=revision, allow_patterns=[CONFIG, INDEX])
+                hf.snapshot_download(repo_id, revision=revision, allow_patterns=[_CONFIG, _INDEX])
             )
-            if (folder / INDEX).is_file():
-                shards, ignore = [_literal(s) for s in index_shards(folder / INDEX)], None
+            if (folder / _INDEX).is_file():
+                shards, ignore = [_literal(s) for s in _index_shards(folder / _INDEX)], None
             else:
-                shards, ignore = [WEIGHTS], ["*/*"]
+                shards, ignore = [_WEIGHTS], ["*/*"]
             folder = Path(
                 hf.snapshot_download(
                     repo_id,
                     revision=folder.name,
-                    allow_patterns=[CONFIG, INDEX, *shards],
+                    allow_patterns=[_CONFIG, _INDEX, *shards],
                     ignore_patterns=ignore,
                 )
             )
@@ -240,7 +242,7 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
             f"{what}: cannot download from the HuggingFace Hub: {_first_line(e)}"
         ) from None
     missing = missing_files(folder)
-    if CONFIG in missing or WEIGHTS in missing:
+    if _CONFIG in missing or _WEIGHTS in missing:
         raise SmoeError(
             f"{what}: the model on the HuggingFace Hub has no top-level "
             f"{missing[0]}; not a transformers checkpoint in safetensors"

@@ -22,27 +22,50 @@ from smoe.errors import SmoeError
 from smoe.findings import Finding
 from smoe_gen.layout import Rule
 
+__all__ = [
+    "CHECKSUM",
+    "SCHEMA",
+    "ManifestBuilder",
+    "ManifestError",
+    "check",
+    "checksum",
+    "encode",
+    "load",
+    "path_for",
+    "tool_info",
+]
+
 SCHEMA = "smoe-manifest/1"
+"""The manifest's ``"schema"`` key."""
 CHECKSUM = "crc32c"
-SUFFIX = ".manifest.json"
-MAX_BYTES = 64 << 20
-BYTES_PER_ENTRY = 4096
-MAX_DEPTH = 16
-CHUNK = 8 << 20  # bytes of a blob checksummed at a time
-U32, U64 = (1 << 32) - 1, (1 << 64) - 1
+"""The manifest's ``"checksum"`` key: the checksum of every blob."""
+_SUFFIX = ".manifest.json"
+_MAX_BYTES = 64 << 20
+_BYTES_PER_ENTRY = 4096
+_MAX_DEPTH = 16
+_CHUNK = 8 << 20  # bytes of a blob checksummed at a time
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
 
 def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
-    """CRC-32C of ``data`` (continuing from ``value``)."""
+    """CRC-32C of ``data`` (continuing from ``value``).
+
+    >>> hex(checksum(b"123456789")), checksum(b"6789", checksum(b"12345")) == 0xE3069283
+    ('0xe3069283', True)
+    """
     if isinstance(data, np.ndarray):
         data = memoryview(np.ascontiguousarray(data)).cast("B")
     return _crc32c.crc32c(data, value)
 
 
 def path_for(vault: str | os.PathLike) -> Path:
-    """Where the manifest of ``vault`` lives: its name with ``.manifest.json`` appended."""
+    """Where the manifest of ``vault`` lives: its name with ``.manifest.json`` appended.
+
+    >>> path_for("out/qwen3.smoe")
+    PosixPath('out/qwen3.smoe.manifest.json')
+    """
     vault = Path(vault)
-    return vault.with_name(vault.name + SUFFIX)
+    return vault.with_name(vault.name + _SUFFIX)
 
 
 def _finite(v: float | None) -> float | None:
@@ -50,6 +73,12 @@ def _finite(v: float | None) -> float | None:
 
 
 def tool_info(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``tool``: this package's name and version, the command and its options.
+
+    >>> info = tool_info("sculpt", {"version": 2, "bits": 4})
+    >>> info["name"], info["command"], info["options"]
+    ('smoe', 'sculpt', {'bits': 4, 'version': 2})
+    """
     from smoe import __version__
 
     return {
@@ -61,7 +90,16 @@ def tool_info(command: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 class ManifestBuilder:
-    """Collects per-expert entries while a vault is written; :meth:`encode` gives the bytes."""
+    """Collects per-expert entries while a vault is written; :meth:`document` gives the
+    manifest, :func:`encode` its bytes.
+
+    >>> builder = ManifestBuilder(tool_info("sculpt", {"bits": 4}))
+    >>> builder.add(0, 0, checksum(b"blob"), [{"name": "gate_proj", "snr_db": 18.123456}])
+    >>> doc = builder.document("v.smoe", 32768, 4, [(0, 0, 16384, 4)])
+    >>> doc["vault"], doc["experts"][0]["tensors"]
+    ({'name': 'v.smoe', 'size': 32768, 'experts': 1, 'bits': 4}, \
+[{'name': 'gate_proj', 'snr_db': 18.1235}])
+    """
 
     def __init__(self, tool: dict[str, Any], source: dict[str, Any] | None = None) -> None:
         self.tool = tool
@@ -71,7 +109,14 @@ class ManifestBuilder:
     def add(
         self, layer: int, expert: int, crc: int, tensors: list[dict[str, Any]] | None = None
     ) -> None:
-        """Record one blob's CRC-32C (offsets come from the plan at :meth:`encode`)."""
+        """Record one blob's CRC-32C and its tensors' provenance (SNR rounded to 4 places,
+        non-finite as None); offsets come from the table at :meth:`document`.
+
+        >>> builder = ManifestBuilder(tool_info("sculpt", {}))
+        >>> builder.add(1, 3, 0xE3069283)
+        >>> builder.experts
+        {(1, 3): {'crc32c': 3808858755}}
+        """
         entry: dict[str, Any] = {"crc32c": int(crc)}
         if tensors is not None:
             entry["tensors"] = [{**t, "snr_db": _finite(t.get("snr_db"))} for t in tensors]
@@ -80,7 +125,16 @@ class ManifestBuilder:
     def document(
         self, name: str, size: int, bits: int, slots: Iterable[tuple[int, int, int, int]]
     ) -> dict[str, Any]:
-        """The manifest for a vault whose table is ``slots`` = (layer, expert, offset, raw)."""
+        """The manifest for a vault whose table is ``slots`` = (layer, expert, offset, raw).
+
+        >>> builder = ManifestBuilder(tool_info("sculpt", {}))
+        >>> builder.add(0, 0, 0xE3069283)
+        >>> builder.document("v.smoe", 32768, 4, [(0, 0, 16384, 9)])["experts"]
+        [{'layer': 0, 'expert': 0, 'offset': 16384, 'raw_size': 9, 'crc32c': 3808858755}]
+        >>> builder.document("v.smoe", 32768, 4, [(0, 1, 16384, 9)])
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: manifest: no checksum recorded for layer 0 expert 1
+        """
         rows = []
         for layer, expert, offset, raw in slots:
             entry = self.experts.get((layer, expert))
@@ -100,7 +154,16 @@ class ManifestBuilder:
 
 
 def encode(doc: dict[str, Any]) -> bytes:
-    """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline."""
+    """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline.
+
+    >>> print(encode({"vault": {"name": "é.smoe"}, "schema": SCHEMA}).decode("ascii"), end="")
+    {
+      "schema": "smoe-manifest/1",
+      "vault": {
+        "name": "\\u00e9.smoe"
+      }
+    }
+    """
     return (
         json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n"
     ).encode("ascii")
@@ -108,7 +171,14 @@ def encode(doc: dict[str, Any]) -> bytes:
 
 # ---- reading and checking ---------------------------------------------------------------
 class ManifestError(SmoeError):
-    """The manifest cannot be used: ``finding`` says why (code ``manifest.malformed``)."""
+    """The manifest cannot be used: ``finding`` says why (code ``manifest.malformed``).
+
+    >>> try:
+    ...     load("fixtures/q4_v2.smoe", entries=8)  # the vault, not its manifest
+    ... except ManifestError as e:
+    ...     e.finding.code, e.finding.path
+    ('manifest.malformed', 'manifest')
+    """
 
     def __init__(self, finding: Finding) -> None:
         super().__init__(f"{finding.path}: {finding.message}")
@@ -139,9 +209,14 @@ def _reject_constant(name: str) -> None:
 
 
 def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
-    """Read and parse a manifest, bounded by the vault's table size; ManifestError if bad."""
+    """Read and parse a manifest, bounded by the vault's table size; ManifestError if bad.
+
+    >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
+    >>> doc["schema"], doc["vault"]["size"], len(doc["experts"]), sorted(doc["experts"][0])
+    ('smoe-manifest/1', 147456, 8, ['crc32c', 'expert', 'layer', 'offset', 'raw_size'])
+    """
     path = Path(path)
-    limit = MAX_BYTES + BYTES_PER_ENTRY * entries
+    limit = _MAX_BYTES + _BYTES_PER_ENTRY * entries
     fd = fileio.open_input(path)
     try:
         size = os.fstat(fd).st_size
@@ -158,8 +233,8 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _malformed("manifest", f"{path} is not UTF-8 JSON ({e})") from None
-    if _depth(doc, MAX_DEPTH) > MAX_DEPTH:
-        raise _malformed("manifest", f"{path} nests deeper than {MAX_DEPTH} levels")
+    if _depth(doc, _MAX_DEPTH) > _MAX_DEPTH:
+        raise _malformed("manifest", f"{path} nests deeper than {_MAX_DEPTH} levels")
     if not isinstance(doc, dict):
         raise _malformed("manifest", f"{path} is not a JSON object")
     for key, want in (("schema", SCHEMA), ("checksum", CHECKSUM)):
@@ -169,7 +244,7 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
     if not isinstance(vault, dict):
         raise _malformed("manifest/vault", "missing or not an object")
     for key in ("size", "experts"):
-        _uint(vault.get(key), f"manifest/vault/{key}", U64)
+        _uint(vault.get(key), f"manifest/vault/{key}", _U64)
     rows = doc.get("experts")
     if not isinstance(rows, list):
         raise _malformed("manifest/experts", "missing or not an array")
@@ -177,11 +252,11 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
         if not isinstance(row, dict):
             raise _malformed(f"manifest/experts/{i}", "not an object")
         for key, top in (
-            ("layer", U32),
-            ("expert", U32),
-            ("offset", U64),
-            ("raw_size", U64),
-            ("crc32c", U32),
+            ("layer", _U32),
+            ("expert", _U32),
+            ("offset", _U64),
+            ("raw_size", _U64),
+            ("crc32c", _U32),
         ):
             _uint(row.get(key), f"manifest/experts/{i}/{key}", top)
     return doc
@@ -202,6 +277,17 @@ def check(
     """Findings of a vault (its ``size``, its table, a blob reader) against a loaded manifest.
 
     ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank).
+
+    >>> from smoe.reader import Vault
+    >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     check(doc, len(v.data), v.table, lambda offset, n: v.data[offset : offset + n])
+    []
+    >>> other = load("fixtures/q2_v2.smoe.manifest.json", entries=8)
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     found = check(other, len(v.data), v.table, lambda o, n: v.data[o : o + n])
+    >>> [(f.code, f.path, f.expected, f.actual) for f in found]
+    [('manifest.expert', 'manifest/experts/0/raw_size', 1728, 3264)]
     """
     out: list[Finding] = []
     vault = doc["vault"]
@@ -255,8 +341,8 @@ def check(
                     )
                 ]
         crc = 0
-        for at in range(off, off + raw, CHUNK):
-            crc = checksum(read(at, min(CHUNK, off + raw - at)), crc)
+        for at in range(off, off + raw, _CHUNK):
+            crc = checksum(read(at, min(_CHUNK, off + raw - at)), crc)
         if crc != row["crc32c"]:
             out.append(
                 Finding.of(

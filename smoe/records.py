@@ -15,12 +15,29 @@ from smoe.errors import SmoeError
 from smoe.plan import Plan
 from smoe_gen import layout
 
+__all__ = [
+    "U32_MAX",
+    "ArchInfo",
+    "ModelInfo",
+    "arch_record",
+    "header_record",
+    "metadata_bytes",
+    "plain",
+    "plain_rows",
+    "table_records",
+]
+
 U32_MAX = 0xFFFFFFFF
+"""The largest value of a uint32 field."""
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Header facts about the model (ruling D5), the same for full and partial vaults."""
+    """Header facts about the model (ruling D5), the same for full and partial vaults.
+
+    >>> ModelInfo(num_moe_layers=2, max_experts_per_layer=4, d_model=64, vocab_size=320, ffn_dim=32)
+    ModelInfo(num_moe_layers=2, max_experts_per_layer=4, d_model=64, vocab_size=320, ffn_dim=32)
+    """
 
     num_moe_layers: int
     max_experts_per_layer: int
@@ -29,6 +46,12 @@ class ModelInfo:
     ffn_dim: int
 
     def check(self) -> None:
+        """Refuse values a header cannot hold, naming the field.
+
+        >>> ModelInfo(1, 8, d_model=0, vocab_size=0, ffn_dim=0).check()
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: header.d_model: must be at least 1, got 0
+        """
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, int) or not 0 <= value <= U32_MAX:
@@ -39,7 +62,13 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class ArchInfo:
-    """The v2 arch block's model constants (ruling D6)."""
+    """The v2 arch block's model constants (ruling D6).
+
+    >>> arch = ArchInfo(1e6, 4, 2, 16, moe_top_k=2, moe_ffn_dim=32, num_hidden_layers=2,
+    ...                 rms_norm_eps=1e-6, model_type="qwen3_moe", has_qk_norm=True)
+    >>> arch.head_dim, arch.flags, arch.activation
+    (16, 2, 0)
+    """
 
     rope_theta: float
     num_heads: int
@@ -59,6 +88,11 @@ class ArchInfo:
 
     @property
     def flags(self) -> int:
+        """The arch block's ``flags``: one bit per boolean fact.
+
+        >>> ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "mixtral", norm_topk_prob=True).flags
+        1
+        """
         return (
             (layout.FLAG_NORM_TOPK_PROB if self.norm_topk_prob else 0)
             | (layout.FLAG_HAS_QK_NORM if self.has_qk_norm else 0)
@@ -66,7 +100,13 @@ class ArchInfo:
         )
 
     def check(self) -> None:
-        """Refuse values the engine refuses (D6), naming the field."""
+        """Refuse values the engine refuses (D6), naming the field.
+
+        >>> ArchInfo(1e6, 4, 2, 16, moe_top_k=0, moe_ffn_dim=32, num_hidden_layers=2,
+        ...          rms_norm_eps=1e-6, model_type="qwen3_moe").check()
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: arch.moe_top_k: 0 is outside 1..16
+        """
         for name in (
             "num_heads",
             "num_kv_heads",
@@ -109,7 +149,13 @@ class ArchInfo:
                 raise SmoeError(f"arch.{name}: {value!r} underflows to 0 as a float32")
 
     def model_type_bytes(self) -> bytes:
-        """``model_type`` as UTF-8, cut to 24 bytes without splitting a character (D6)."""
+        """``model_type`` as UTF-8, cut to 24 bytes without splitting a character (D6).
+
+        >>> ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe").model_type_bytes()
+        b'qwen3_moe'
+        >>> len(ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "é" * 20).model_type_bytes())
+        24
+        """
         raw = self.model_type.encode("utf-8")
         cut = raw[: layout.MODEL_TYPE_SIZE]
         while True:
@@ -121,6 +167,15 @@ class ArchInfo:
 
 
 def header_record(plan: Plan, model: ModelInfo) -> np.ndarray:
+    """The 64-byte file header of a vault laid out by ``plan`` (a 0-d array of
+    ``layout.HEADER_DTYPE``).
+
+    >>> from smoe.plan import make_plan
+    >>> plan = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2)
+    >>> h = header_record(plan, ModelInfo(1, 1, d_model=64, vocab_size=0, ffn_dim=0))
+    >>> bytes(h["magic"][:4]), int(h["total_experts"]), int(h["data_offset"])
+    (b'SMOE', 1, 16384)
+    """
     h = np.zeros((), layout.HEADER_DTYPE)
     h["magic"] = np.frombuffer(layout.MAGIC, np.uint8)
     h["version"] = plan.version
@@ -139,6 +194,12 @@ def header_record(plan: Plan, model: ModelInfo) -> np.ndarray:
 
 
 def arch_record(arch: ArchInfo) -> np.ndarray:
+    """The 128-byte arch block of ``arch`` (a 0-d array of ``layout.ARCH_BLOCK_DTYPE``).
+
+    >>> block = arch_record(ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe"))
+    >>> len(block.tobytes()), bytes(block["magic"]), int(block["num_kv_heads"])
+    (128, b'SARC', 2)
+    """
     a = np.zeros((), layout.ARCH_BLOCK_DTYPE)
     a["magic"] = np.frombuffer(layout.ARCH_MAGIC, np.uint8)
     a["block_version"] = layout.ARCH_BLOCK_VERSION
@@ -163,7 +224,14 @@ def arch_record(arch: ArchInfo) -> np.ndarray:
 
 
 def table_records(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """The expert table and the descriptors, as structured arrays in table order."""
+    """The expert table and the descriptors, as structured arrays in table order.
+
+    >>> from smoe.plan import make_plan
+    >>> shapes = ((32, 64), (32, 64), (64, 32))
+    >>> table, descs = table_records(make_plan({(0, 0): shapes, (0, 1): shapes}, 4, 2))
+    >>> table["byte_offset"].tolist(), descs["rows"].tolist()
+    ([16384, 32768], [32, 32, 64, 32, 32, 64])
+    """
     n = len(plan.experts)
     table = np.zeros(n, layout.EXPERT_ENTRY_DTYPE)
     descs = np.zeros(n * layout.TENSORS_PER_EXPERT, layout.TENSOR_DESCRIPTOR_DTYPE)
@@ -185,7 +253,15 @@ def table_records(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 
 
 def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes:
-    """Everything before ``data_offset``: header, table, descriptors, arch block, zero gap."""
+    """Everything before ``data_offset``: header, table, descriptors, arch block, zero gap.
+
+    >>> from smoe.plan import make_plan
+    >>> plan = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2)
+    >>> model = ModelInfo(1, 1, d_model=64, vocab_size=0, ffn_dim=0)
+    >>> meta = metadata_bytes(plan, model, ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe"))
+    >>> len(meta) == plan.data_offset, meta[:4], meta[plan.reserved_ext :][:4]
+    (True, b'SMOE', b'SARC')
+    """
     out = bytearray(plan.data_offset)
     out[: layout.HEADER_SIZE] = header_record(plan, model).tobytes()
     table, descs = table_records(plan)
@@ -201,11 +277,18 @@ def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes
 
 
 def plain(rec: np.void | np.ndarray) -> dict:
-    """One structured record as JSON-ready values: ints, floats, strings, hex for bytes."""
+    """One structured record as JSON-ready values: ints, floats, strings, hex for bytes.
+
+    >>> from smoe.view import FileView, header_view
+    >>> with FileView.open("fixtures/q4_v2.smoe") as view:
+    ...     header = plain(header_view(view))
+    >>> header["magic"], header["version"], header["total_experts"], header["data_offset"]
+    ('534d4f45deea0001', 2, 8, 16384)
+    """
     if isinstance(rec, np.ndarray):
         rec = rec[()]
     out = {}
-    for name in rec.dtype.names:
+    for name in rec.dtype.names or ():  # a structured record: names is set
         v = rec[name]
         if isinstance(v, bytes):
             out[name] = v.decode("utf-8", "replace")
@@ -217,9 +300,17 @@ def plain(rec: np.void | np.ndarray) -> dict:
 
 
 def plain_rows(arr: np.ndarray) -> list[dict]:
-    """A structured array as a list of ``plain`` dicts, converted per field (fast)."""
+    """A structured array as a list of ``plain`` dicts, converted per field (fast).
+
+    >>> from smoe.reader import Vault
+    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
+    ...     rows = plain_rows(vault.table)
+    >>> len(rows), rows[1]
+    (8, {'layer_id': 0, 'expert_id': 1, 'byte_offset': 32768, 'raw_size': 3264, \
+'padded_size': 16384, 'group_size': 64, 'num_groups': 96, 'reserved': '00000000'})
+    """
     cols = {}
-    for name in arr.dtype.names:
+    for name in arr.dtype.names or ():  # a structured array: names is set
         col = arr[name]
         cols[name] = [bytes(r).hex() for r in col] if col.ndim > 1 else col.tolist()
     return [dict(zip(cols, vals)) for vals in zip(*cols.values())]

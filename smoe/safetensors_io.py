@@ -13,17 +13,29 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import Literal, cast, overload
 
 import numpy as np
 
 from smoe import fileio
 from smoe.atomic import AtomicFile
 from smoe.errors import SmoeError
+
+__all__ = [
+    "DTYPE_SIZES",
+    "FLOAT_DTYPES",
+    "TensorInfo",
+    "copy_range",
+    "read_array",
+    "read_header",
+    "write_file",
+    "write_streaming",
+]
 
 DTYPE_SIZES = {
     "BOOL": 1,
@@ -42,15 +54,23 @@ DTYPE_SIZES = {
     "U64": 8,
     "F64": 8,
 }
-FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+FLOAT_DTYPES: dict[str, np.dtype] = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+}
 """Dtypes expert weights may have, with the numpy dtype their raw bytes are read as."""
-
-MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Where one tensor's bytes lie: shard, absolute offset, size, dtype and shape."""
+    """Where one tensor's bytes lie: shard, absolute offset, size, dtype and shape.
+
+    >>> shard = Path("fixtures/checkpoints/qwen3_moe/model.safetensors")
+    >>> info = read_header(shard)["lm_head.weight"]
+    >>> info.dtype, info.shape, info.offset, info.nbytes
+    ('BF16', (128, 64), 7472, 16384)
+    """
 
     name: str
     path: Path
@@ -96,8 +116,15 @@ def _int(text: str) -> int | float:
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique, parse_constant=_no_constant, parse_int=_int)
 
 
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder spells it
+_scanstring = cast(  # json.decoder.scanstring (CPython's, in C): the stubs leave it out
+    Callable[[str, int, bool], tuple[str, int]], vars(json.decoder)["scanstring"]
+)
+
+
 def _skip_ws(text: str, i: int) -> int:
-    return json.decoder.WHITESPACE.match(text, i).end()  # always matches (maybe empty)
+    m = _WHITESPACE.match(text, i)  # always matches (maybe empty)
+    return m.end() if m else i
 
 
 def _what(key: str) -> str:
@@ -111,7 +138,7 @@ def _member(text: str, i: int) -> tuple[str, object, int]:
     if text[i : i + 1] != '"':
         raise _HeaderFault(i, "header is not valid JSON", " (expecting a quoted key)")
     try:
-        key, j = json.decoder.scanstring(text, i + 1, True)
+        key, j = _scanstring(text, i + 1, True)
     except json.JSONDecodeError as e:
         raise _HeaderFault(e.pos, "header is not valid JSON", f" ({_reason(e)})") from None
     j = _skip_ws(text, j)
@@ -260,6 +287,16 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     integers and data_offsets holding exactly its bytes; and the tensors, sorted by
     offset, must tile the data (no overlap, no hole) up to the end of the file. Every
     message names the absolute byte offset at fault.
+
+    >>> tensors = read_header(Path("fixtures/checkpoints/mixtral/model.safetensors"))
+    >>> len(tensors), tensors["model.norm.weight"].shape
+    (41, (64,))
+    >>> import tempfile
+    >>> bad = Path(tempfile.mkdtemp()) / "bad.safetensors"
+    >>> _ = bad.write_bytes((2).to_bytes(8, "little") + b"{]")
+    >>> read_header(bad)
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: .../bad.safetensors: header is not valid JSON at offset 9 ...
     """
     fd = fileio.open_input(path)
     try:
@@ -316,6 +353,11 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
 
     Reads loop until every byte is in (a single read returns at most about 2 GiB); a file
     that shrank or a read error is one SmoeError line naming the file and the offset.
+
+    >>> shard = Path("fixtures/checkpoints/qwen3_moe/model.safetensors")
+    >>> info = read_header(shard)["model.norm.weight"]
+    >>> read_array(info).dtype, read_array(info).shape
+    (dtype('uint16'), (64,))
     """
     if info.dtype not in FLOAT_DTYPES:
         raise SmoeError(
@@ -323,14 +365,13 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
             "must be BF16, F16 or F32"
         )
     buf = np.empty(info.nbytes, np.uint8)
-    own = fd is None
-    if own:
-        fd = fileio.open_input(info.path)  # never blocks on a FIFO put in a shard's place
+    # a descriptor of our own never blocks on a FIFO put in a shard's place
+    use = fileio.open_input(info.path) if fd is None else fd
     try:
-        fileio.preadv_exact(fd, buf, info.offset, info.path)
+        fileio.preadv_exact(use, buf, info.offset, info.path)
     finally:
-        if own:
-            os.close(fd)
+        if fd is None:
+            os.close(use)
     return buf.view(FLOAT_DTYPES[info.dtype]).reshape(info.shape)
 
 
@@ -349,6 +390,14 @@ def copy_range(
 
     Reads and writes are checked: a source that shrank or a failed write (ENOSPC, EIO)
     raises one SmoeError line naming the file and the offset.
+
+    >>> import tempfile
+    >>> src, dst = Path(tempfile.mkdtemp()) / "src", Path(tempfile.mkdtemp()) / "dst"
+    >>> _ = src.write_bytes(b"0123456789")
+    >>> with src.open("rb") as a, dst.open("wb") as b:
+    ...     copy_range(a.fileno(), 2, b.fileno(), 0, 5, chunk=2, src_path=src, dst_path=dst)
+    >>> dst.read_bytes()
+    b'23456'
     """
     buf = bytearray(min(chunk, max(n, 1)))
     view = memoryview(buf)
@@ -395,6 +444,17 @@ def write_file(
     file is removed and nothing appears under ``path``. Returns the file size; with
     ``stage=True`` the data is written and fsynced but not renamed, and ``(size, file)``
     is returned: the caller renames with ``file.commit()`` (or drops it with ``.abort()``).
+
+    >>> import tempfile
+    >>> from smoe import fileio
+    >>> out = Path(tempfile.mkdtemp()) / "one.safetensors"
+    >>> data = np.arange(6, dtype="<f4").reshape(2, 3)
+    >>> def fill(fd: int, i: int, at: int) -> None:
+    ...     fileio.pwrite_all(fd, data, at, out)
+    >>> write_file(out, [("w", "F32", (2, 3))], fill)
+    96
+    >>> read_array(read_header(out)["w"]).tolist()
+    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     """
     order = sorted(range(len(items)), key=lambda i: items[i][0])
     header: dict[str, object] = {}
@@ -462,6 +522,13 @@ def write_streaming(
 
     A source shard is never the output (refused by device and inode); ``stage`` as in
     :func:`write_file`.
+
+    >>> import tempfile
+    >>> src = read_header(Path("fixtures/checkpoints/qwen3_moe/model.safetensors"))
+    >>> out = Path(tempfile.mkdtemp()) / "norms.safetensors"
+    >>> size = write_streaming(out, [src["model.norm.weight"]], {"format": "pt"})
+    >>> list(read_header(out)), size == out.stat().st_size
+    (['model.norm.weight'], True)
     """
     items = list(tensors)
     fileio.refuse_same_file(path, sorted({t.path for t in items}))

@@ -43,39 +43,126 @@ from smoe.reader import Vault
 from smoe.records import ArchInfo, arch_record
 from smoe_gen import layout
 
-CHUNK = 8 << 20
+__all__ = ["FileOps", "OsOps", "UpgradeResult", "has_room", "upgrade"]
+
+_CHUNK = 8 << 20
 
 
 class FileOps(Protocol):
-    """The two primitive operations an in-place upgrade performs (replaced in fault tests)."""
+    """The two primitive operations an in-place upgrade performs (replaced in fault tests).
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int: ...
-    def fsync(self, fd: int) -> None: ...
+    A failed write is rolled back, the vault left as it was:
+
+    >>> import errno, os, shutil, tempfile
+    >>> from smoe.records import ArchInfo
+    >>> class FullDisk(OsOps):
+    ...     def pwrite(self, fd, data, offset):
+    ...         raise OSError(errno.ENOSPC, "No space left on device")
+    >>> vault = shutil.copy("fixtures/q4_v1.smoe", tempfile.mkdtemp())
+    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, moe_ffn_dim=32, num_hidden_layers=2,
+    ...                 rms_norm_eps=1e-6, model_type="qwen3_moe")
+    >>> try:
+    ...     upgrade(vault, arch, ops=FullDisk())
+    ... except SmoeError as e:
+    ...     print(str(e).removeprefix(vault))
+    : cannot write 128 bytes at offset 1536: No space left on device; rolled back, the vault \
+is unchanged
+    """
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """Write ``data`` at ``offset`` of ``fd``; the bytes written (a short count is
+        continued).
+
+        >>> import os, tempfile
+        >>> ops: FileOps = OsOps()
+        >>> fd = os.open(os.path.join(tempfile.mkdtemp(), "f"), os.O_RDWR | os.O_CREAT)
+        >>> ops.pwrite(fd, b"SARC", 64), os.fstat(fd).st_size
+        (4, 68)
+        >>> os.close(fd)
+        """
+        ...
+
+    def fsync(self, fd: int) -> None:
+        """Make the writes to ``fd`` durable.
+
+        >>> import os, tempfile
+        >>> ops: FileOps = OsOps()
+        >>> fd = os.open(os.path.join(tempfile.mkdtemp(), "f"), os.O_RDWR | os.O_CREAT)
+        >>> ops.fsync(fd)
+        >>> os.close(fd)
+        """
+        ...
 
 
 class OsOps:
+    """The :class:`FileOps` of the operating system: ``os.pwrite`` and ``os.fsync``.
+
+    >>> import shutil, tempfile
+    >>> from smoe.records import ArchInfo
+    >>> vault = shutil.copy("fixtures/q4_v1.smoe", tempfile.mkdtemp())
+    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe")
+    >>> upgrade(vault, arch, ops=OsOps()).mode  # the default ops
+    'in-place'
+    """
+
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """``os.pwrite``.
+
+        >>> import os, tempfile
+        >>> fd = os.open(os.path.join(tempfile.mkdtemp(), "f"), os.O_RDWR | os.O_CREAT)
+        >>> OsOps().pwrite(fd, b"SARC", 0)
+        4
+        >>> os.close(fd)
+        """
         return os.pwrite(fd, data, offset)
 
     def fsync(self, fd: int) -> None:
+        """``os.fsync``.
+
+        >>> import os, tempfile
+        >>> fd = os.open(os.path.join(tempfile.mkdtemp(), "f"), os.O_RDWR | os.O_CREAT)
+        >>> OsOps().fsync(fd)
+        >>> os.close(fd)
+        """
         os.fsync(fd)
 
 
 @dataclass(frozen=True)
 class UpgradeResult:
+    """What :func:`upgrade` did: the v2 vault's path, how (``"in-place"``, ``"re-stamp"`` or
+    ``"rewrite"``), where its arch block lies and its ``data_offset``.
+
+    >>> import shutil, tempfile
+    >>> from smoe.records import ArchInfo
+    >>> vault = shutil.copy("fixtures/q4_v1.smoe", tempfile.mkdtemp())
+    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, moe_ffn_dim=32, num_hidden_layers=2,
+    ...                 rms_norm_eps=1e-6, model_type="qwen3_moe")
+    >>> result = upgrade(vault, arch)
+    >>> result.mode, result.arch_offset, result.data_offset
+    ('in-place', 1536, 16384)
+    """
+
     path: Path
     mode: str  # "in-place", "re-stamp" or "rewrite"
     arch_offset: int
     data_offset: int
 
 
-def arch_slot(vault: Vault) -> int:
+def _arch_slot(vault: Vault) -> int:
     """Where a v2 writer puts the block: the 64-aligned end of the descriptors (D6)."""
     return layout.writer_reserved_ext(vault.geometry.total)
 
 
 def has_room(vault: Vault) -> bool:
-    return arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
+    """Whether a v1 vault's gap before ``data_offset`` holds the arch block (an in-place
+    upgrade), or the blobs must move (``upgrade(..., out=NEW)``).
+
+    >>> from smoe.reader import Vault
+    >>> with Vault.open("fixtures/q4_v1.smoe") as a, Vault.open("fixtures/noroom_v1.smoe") as b:
+    ...     has_room(a), has_room(b)
+    (True, False)
+    """
+    return _arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
 
 
 def lock_path(path: str | os.PathLike) -> Path:
@@ -117,11 +204,27 @@ def upgrade(
 
     ``inputs`` are the files the arch came from (config.json, a model folder): with
     ``out`` they, like the vault and its manifest, are refused as the output.
+
+    >>> import os, shutil, tempfile
+    >>> from smoe.records import ArchInfo
+    >>> from smoe.verify import verify_path
+    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, moe_ffn_dim=8, num_hidden_layers=2,
+    ...                 rms_norm_eps=1e-6, model_type="qwen3_moe")
+    >>> folder = tempfile.mkdtemp()
+    >>> vault = shutil.copy("fixtures/noroom_v1.smoe", folder)
+    >>> upgrade(vault, arch)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: ...noroom_v1.smoe: no room for the arch block: ...
+    >>> result = upgrade(vault, arch, out=os.path.join(folder, "v2.smoe"))
+    >>> result.mode, result.data_offset, verify_path(result.path, deep=True).ok
+    ('rewrite', 32768, True)
+    >>> sorted(os.listdir(folder))
+    ['noroom_v1.smoe', 'v2.smoe', 'v2.smoe.manifest.json']
     """
     path = Path(path)
     arch.check()
     if out is not None:
-        return rewrite(path, arch, Path(out), inputs=inputs)
+        return _rewrite(path, arch, Path(out), inputs=inputs)
     fileio.require_regular(path)
     fd = _open_for_writing(path)  # first: a read-only vault is named as such
     try:
@@ -192,12 +295,12 @@ def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) ->
             raise SmoeError(
                 f"{path}: no room for the arch block: the descriptors end at "
                 f"{g.descriptors_end}, so the {layout.ARCH_BLOCK_SIZE}-byte block would "
-                f"need [{arch_slot(vault)}, {arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) "
+                f"need [{_arch_slot(vault)}, {_arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) "
                 f"before data_offset {g.data_offset}; use --out NEW to rewrite into a new "
                 "file (blobs shift by whole pages, the original is untouched)"
             )
         _check_gap(vault)
-        slot, mode = arch_slot(vault), "in-place"
+        slot, mode = _arch_slot(vault), "in-place"
     del vault
     # The forward plan: writes (offset, bytes) and fsyncs (None), in this order.
     plan: list[tuple[int, bytes] | None] = [(slot, arch_record(arch).tobytes()), None]
@@ -273,8 +376,8 @@ def _old_manifest(path: Path, vault: Vault) -> dict[str, Any] | None:
             f"it belongs to another file; {hint}"
         )
     for i, row in enumerate(doc["experts"]):
-        e = vault.table[i]
-        want = (e["layer_id"], e["expert_id"], e["byte_offset"], e["raw_size"])
+        entry = vault.table[i]
+        want = (entry["layer_id"], entry["expert_id"], entry["byte_offset"], entry["raw_size"])
         got = (row["layer"], row["expert"], row["offset"], row["raw_size"])
         if tuple(int(x) for x in want) != got:
             raise SmoeError(
@@ -293,8 +396,8 @@ def _copy_blobs(vault: Vault, dst: AtomicFile, end: int, shift: int) -> list[int
     order = np.argsort(starts, kind="stable")
     crcs = [0] * len(t)
     first = 0  # the first blob (in offset order) not yet wholly behind the chunk
-    for pos in range(vault.geometry.data_offset, end, CHUNK):
-        stop = min(pos + CHUNK, end)
+    for pos in range(vault.geometry.data_offset, end, _CHUNK):
+        stop = min(pos + _CHUNK, end)
         piece = vault.data[pos:stop]
         if piece.any():
             dst.pwrite(np.ascontiguousarray(piece), pos + shift)
@@ -334,7 +437,7 @@ def _options(old: dict[str, Any] | None, bits: int) -> dict[str, Any]:
     return {**options, "version": layout.VERSION_WITH_ARCH}
 
 
-def rewrite(
+def _rewrite(
     path: Path, arch: ArchInfo, out: Path, inputs: Iterable[str | os.PathLike] = ()
 ) -> UpgradeResult:
     """A v2 copy in a new file, blobs shifted by whole pages; the original is untouched."""
@@ -351,7 +454,7 @@ def rewrite(
         _check_moe_ffn(vault, arch)
         old = _old_manifest(path, vault)
         g = vault.geometry
-        slot = arch_slot(vault)
+        slot = _arch_slot(vault)
         shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset, 0)
         header = vault.header.copy()
         header["version"] = layout.VERSION_WITH_ARCH

@@ -13,15 +13,16 @@ Offsets and sizes come from the generated layout's helpers.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from smoe import manifest as manifests
 from smoe.errors import SmoeError
-from smoe.findings import Finding
+from smoe.findings import Finding, Value
 from smoe.view import (
     Data,
     FileView,
@@ -36,14 +37,34 @@ from smoe.view import (
 from smoe_gen import layout
 from smoe_gen.layout import Rule
 
-MAX_PER_CODE = 20  # findings of one code listed one by one; the rest are summarised
-HEADER_AT = layout.HEADER_OFFSETS  # field -> offset, in the header and the arch block
-ARCH_AT = layout.ARCH_BLOCK_OFFSETS
+__all__ = [
+    "MAX_PER_CODE",
+    "Report",
+    "check_arch",
+    "check_descriptors",
+    "check_header",
+    "check_table",
+    "verify",
+    "verify_file",
+    "verify_path",
+]
+
+MAX_PER_CODE = 20
+"""Findings of one code listed one by one; the rest are summarised in one more (the C++
+harness lists as many)."""
+_HEADER_AT = layout.HEADER_OFFSETS  # field -> offset, in the header and the arch block
+_ARCH_AT = layout.ARCH_BLOCK_OFFSETS
 
 
 @dataclass
 class Report:
-    """The verdict on one file."""
+    """The verdict on one file: its size, the findings, and its geometry (None when the
+    header cannot locate anything else).
+
+    >>> report = verify_path("fixtures/q4_v2.smoe")
+    >>> report.ok, report.size, [f.code for f in report.findings]
+    (True, 147456, ['arch.rms_norm_eps'])
+    """
 
     size: int
     findings: list[Finding] = field(default_factory=list)
@@ -51,42 +72,80 @@ class Report:
 
     @property
     def errors(self) -> list[Finding]:
+        """The findings of severity ``error``.
+
+        >>> [f.code for f in verify_path("fixtures/corrupt/duplicate_expert.smoe").errors]
+        ['table.duplicate']
+        """
         return [f for f in self.findings if f.severity == "error"]
 
     @property
     def ok(self) -> bool:
+        """Whether no rule is broken (warnings and info allowed).
+
+        >>> verify_path("fixtures/q4_v2.smoe").ok, verify_path("fixtures/corrupt/truncated.smoe").ok
+        (True, False)
+        """
         return not self.errors
 
     def add(self, *items: Finding) -> None:
+        """Append findings (in the order given; :meth:`sort` orders them).
+
+        >>> report = Report(size=30)
+        >>> report.add(Finding.of(Rule.HEADER_SIZE, 0, "header", "short", 64, 30))
+        >>> report.ok
+        False
+        """
         self.findings.extend(items)
 
     def sort(self) -> None:
-        """Errors first, then warnings, then info; each by offset."""
+        """Errors first, then warnings, then info; each by offset.
+
+        >>> report = Report(size=100)
+        >>> report.add(Finding.of(Rule.HEADER_PARTIAL, 20, "header.total_experts", "partial"))
+        >>> report.add(Finding.of(Rule.HEADER_BITS, 24, "header.bits", "bits must be 2 or 4"))
+        >>> report.sort()
+        >>> [f.severity for f in report.findings]
+        ['error', 'info']
+        """
         self.findings.sort(key=lambda f: (layout.SEVERITIES.index(f.severity), f.offset))
 
 
-class Collector:
+_Given = Value | np.generic  # one expected or actual value, as found
+_Values = _Given | np.ndarray  # ... or one per item
+
+
+class _Collector:
     """Builds findings from vectorised masks, capping how many of one code are listed."""
 
     def __init__(self, report: Report) -> None:
         self.report = report
 
     def one(
-        self, rule: Rule, offset: int, path: str, message: str, expected=None, actual=None
+        self,
+        rule: Rule,
+        offset: int,
+        path: str,
+        message: str,
+        expected: _Given = None,
+        actual: _Given = None,
     ) -> None:
         self.report.add(Finding.of(rule, int(offset), path, message, _py(expected), _py(actual)))
 
     def many(
         self,
         rule: Rule,
-        where: np.ndarray,
-        offsets: np.ndarray,
-        paths,
-        message,
-        expected=None,
-        actual=None,
+        where: np.ndarray | np.bool,
+        offsets: np.ndarray | _EntryOffsets,
+        paths: Callable[[int], str],
+        message: str | Callable[[int], str],
+        expected: _Values | Callable[[], np.ndarray] = None,
+        actual: _Values = None,
     ) -> None:
-        """``where``: indices of bad items; the other arguments map an index to its parts."""
+        """``where``: a mask or the indices of bad items; the other arguments map an index to
+        its parts (``expected`` may be a function computing the array, called only when an
+        item is bad)."""
+        where = np.asarray(where)  # a mask from .any(axis=...) is an array
         idx = np.flatnonzero(where) if where.dtype == bool else where
         if not len(idx):
             return
@@ -112,7 +171,8 @@ class Collector:
             )
 
 
-def _py(v):
+def _py(v: _Given) -> Value:
+    """A numpy scalar as the Python value a finding holds."""
     if isinstance(v, np.generic):
         return v.item()
     return v
@@ -120,15 +180,22 @@ def _py(v):
 
 # ---------------------------------------------------------------------------- header
 def check_header(data: Data, report: Report) -> Geometry | None:
-    """Header rules; returns the geometry, or None when nothing else can be located."""
-    c = Collector(report)
+    """Header rules; returns the geometry, or None when nothing else can be located.
+
+    >>> with FileView.open("fixtures/q4_v2.smoe") as view:
+    ...     report = Report(size=len(view))
+    ...     geo = check_header(view, report)
+    >>> geo.version, geo.total, geo.bits, geo.data_offset, report.findings
+    (2, 8, 4, 16384, [])
+    """
+    c = _Collector(report)
     size = len(data)
     h = header_view(data)
     magic = bytes(h["magic"])
     if magic != layout.MAGIC:
         c.one(
             Rule.HEADER_MAGIC,
-            HEADER_AT["magic"],
+            _HEADER_AT["magic"],
             "header.magic",
             "not a .smoe vault (bad magic)",
             layout.MAGIC.hex(" "),
@@ -139,7 +206,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
         c.one(
             Rule.HEADER_VERSION,
-            HEADER_AT["version"],
+            _HEADER_AT["version"],
             "header.version",
             f"unsupported version; readers accept {layout.VERSION_MIN}..{layout.VERSION_MAX}",
             f"{layout.VERSION_MIN}..{layout.VERSION_MAX}",
@@ -151,7 +218,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if total > layers * width:
         c.one(
             Rule.HEADER_TOTAL_EXPERTS,
-            HEADER_AT["total_experts"],
+            _HEADER_AT["total_experts"],
             "header.total_experts",
             "more experts than num_moe_layers x max_experts_per_layer",
             layers * width,
@@ -160,14 +227,14 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     elif total < layers * width:
         c.one(
             Rule.HEADER_PARTIAL,
-            HEADER_AT["total_experts"],
+            _HEADER_AT["total_experts"],
             "header.total_experts",
             f"partial: {total} of {layers * width} experts",
         )
     if int(h["table_offset"]) != layout.TABLE_OFFSET:
         c.one(
             Rule.HEADER_TABLE_OFFSET,
-            HEADER_AT["table_offset"],
+            _HEADER_AT["table_offset"],
             "header.table_offset",
             "the expert table must start right after the header",
             layout.TABLE_OFFSET,
@@ -177,7 +244,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if int(h["group_size"]) != layout.GROUP_SIZE:
         c.one(
             Rule.HEADER_GROUP_SIZE,
-            HEADER_AT["group_size"],
+            _HEADER_AT["group_size"],
             "header.group_size",
             f"group size must be {layout.GROUP_SIZE}",
             layout.GROUP_SIZE,
@@ -187,7 +254,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if bits not in layout.SUPPORTED_BITS:
         c.one(
             Rule.HEADER_BITS,
-            HEADER_AT["bits"],
+            _HEADER_AT["bits"],
             "header.bits",
             f"bits must be one of {layout.SUPPORTED_BITS}",
             " or ".join(map(str, layout.SUPPORTED_BITS)),
@@ -196,7 +263,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if int(h["d_model"]) < 1:
         c.one(
             Rule.HEADER_D_MODEL,
-            HEADER_AT["d_model"],
+            _HEADER_AT["d_model"],
             "header.d_model",
             "d_model must be at least 1",
             ">= 1",
@@ -207,7 +274,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if data_offset % layout.PAGE_SIZE:
         c.one(
             Rule.HEADER_DATA_OFFSET_ALIGN,
-            HEADER_AT["data_offset"],
+            _HEADER_AT["data_offset"],
             "header.data_offset",
             f"data_offset must be a multiple of {layout.PAGE_SIZE}",
             layout.round_up(data_offset, layout.PAGE_SIZE),
@@ -216,7 +283,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if data_offset > size:
         c.one(
             Rule.HEADER_DATA_OFFSET_BOUNDS,
-            HEADER_AT["data_offset"],
+            _HEADER_AT["data_offset"],
             "header.data_offset",
             f"data_offset lies beyond the end of the file ({size} bytes)",
             f"<= {size}",
@@ -225,7 +292,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
     if d_end > data_offset:
         c.one(
             Rule.HEADER_TABLE_BOUNDS,
-            HEADER_AT["total_experts"],
+            _HEADER_AT["total_experts"],
             "header.total_experts",
             f"the table and descriptors of {total} experts end at {d_end}, past data_offset",
             f"<= {data_offset}",
@@ -237,7 +304,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
         if ext:
             c.one(
                 Rule.HEADER_RESERVED_EXT,
-                HEADER_AT["reserved_ext"],
+                _HEADER_AT["reserved_ext"],
                 "header.reserved_ext",
                 "non-zero in a v1 vault (ignored)",
                 0,
@@ -248,7 +315,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
         if not arch_readable:
             c.one(
                 Rule.ARCH_BOUNDS,
-                HEADER_AT["reserved_ext"],
+                _HEADER_AT["reserved_ext"],
                 "header.reserved_ext",
                 f"the arch block lies beyond the end of the file ({size} bytes)",
                 f"<= {size - layout.ARCH_BLOCK_SIZE}",
@@ -266,7 +333,7 @@ def check_header(data: Data, report: Report) -> Geometry | None:
         if problems:
             c.one(
                 Rule.ARCH_PLACEMENT,
-                HEADER_AT["reserved_ext"],
+                _HEADER_AT["reserved_ext"],
                 "header.reserved_ext",
                 "arch block misplaced: " + "; ".join(problems),
                 f"multiple of {layout.ARCH_ALIGN} in [{d_end}, "
@@ -289,14 +356,21 @@ def check_header(data: Data, report: Report) -> Geometry | None:
 
 # ---------------------------------------------------------------------------- arch block
 def check_arch(data: Data, geo: Geometry, report: Report) -> None:
-    """Arch block rules (only when ``geo.arch_readable``); one read of its 128 bytes."""
-    c = Collector(report)
+    """Arch block rules (only when ``geo.arch_readable``); one read of its 128 bytes.
+
+    >>> with FileView.open("fixtures/corrupt/head_dim_300.smoe") as view:
+    ...     report = Report(size=len(view))
+    ...     check_arch(view, check_header(view, report), report)
+    >>> [(f.code, f.offset, f.message, f.expected, f.actual) for f in report.errors]
+    [('arch.head_dim', 1564, 'head_dim must be in 1..256', '1..256', 300)]
+    """
+    c = _Collector(report)
     block = arch_block(data, geo)
     a = block.view(layout.ARCH_BLOCK_DTYPE)[0]
     base = geo.reserved_ext
 
     def bad(rule: Rule, name: str, message: str, expected, actual) -> None:
-        c.one(rule, base + ARCH_AT[name], f"arch.{name}", message, expected, actual)
+        c.one(rule, base + _ARCH_AT[name], f"arch.{name}", message, expected, actual)
 
     if bytes(a["magic"]) != layout.ARCH_MAGIC:
         bad(
@@ -371,17 +445,17 @@ def check_arch(data: Data, geo: Geometry, report: Report) -> None:
         first = int(np.flatnonzero(res)[0])
         c.one(
             Rule.ARCH_RESERVED,
-            base + ARCH_AT["reserved"] + first,
+            base + _ARCH_AT["reserved"] + first,
             "arch.reserved",
             "reserved bytes must be zero",
             0,
             int(res[first]),
         )
-    mt = base + ARCH_AT["model_type"]
-    raw = bytes(block[ARCH_AT["model_type"] : ARCH_AT["model_type"] + layout.MODEL_TYPE_SIZE])
-    name, nul, rest = raw.partition(b"\0")
+    mt = base + _ARCH_AT["model_type"]
+    raw = bytes(block[_ARCH_AT["model_type"] : _ARCH_AT["model_type"] + layout.MODEL_TYPE_SIZE])
+    stem, nul, rest = raw.partition(b"\0")
     try:
-        name.decode("utf-8")
+        stem.decode("utf-8")
     except UnicodeDecodeError as e:
         c.one(
             Rule.ARCH_MODEL_TYPE,
@@ -392,7 +466,7 @@ def check_arch(data: Data, geo: Geometry, report: Report) -> None:
             raw.hex(),
         )
     if rest.strip(b"\0"):
-        at = len(name) + len(nul) + next(i for i, b in enumerate(rest) if b)
+        at = len(stem) + len(nul) + next(i for i, b in enumerate(rest) if b)
         c.one(
             Rule.ARCH_MODEL_TYPE,
             mt + at,
@@ -431,14 +505,23 @@ class _EntryOffsets:
         return layout.entry_offset(self.lo + int(i)) + self.field
 
 
-def entry_offsets(name: str, lo: int = 0) -> _EntryOffsets:
+def _entry_offsets(name: str, lo: int = 0) -> _EntryOffsets:
     return _EntryOffsets(name, lo)
 
 
 def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.void) -> np.ndarray:
     """Table rules over the table (from ``table_views``); returns the mask of entries whose
-    blob lies inside the file."""
-    c = Collector(report)
+    blob lies inside the file.
+
+    >>> with FileView.open("fixtures/corrupt/duplicate_expert.smoe") as view:
+    ...     report = Report(size=len(view))
+    ...     geo = check_header(view, report)
+    ...     table, descs = table_views(view, geo)
+    ...     inside = check_table(table, geo, report, header_view(view))
+    >>> bool(inside.all()), [(f.code, f.path, f.message) for f in report.errors]
+    (True, [('table.duplicate', 'experts[1].expert_id', '(layer 0, expert 0) appears twice')])
+    """
+    c = _Collector(report)
     n = len(table)
     layer = table["layer_id"].astype(np.uint64)
     expert = table["expert_id"].astype(np.uint64)
@@ -453,7 +536,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
         dup = np.flatnonzero(cur == prev) + 1
         back = np.flatnonzero(layer[1:] < layer[:-1]) + 1
         order = np.setdiff1d(np.flatnonzero(cur < prev) + 1, back)
-        eo = entry_offsets("expert_id")
+        eo = _entry_offsets("expert_id")
         c.many(
             Rule.TABLE_DUPLICATE,
             dup,
@@ -468,13 +551,13 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
                 f"(layer {layer[i - 1]}, expert {expert[i - 1]}): the table must be sorted"
             )
 
-        c.many(Rule.TABLE_ORDER, back, entry_offsets("layer_id"), path("layer_id"), unsorted)
+        c.many(Rule.TABLE_ORDER, back, _entry_offsets("layer_id"), path("layer_id"), unsorted)
         c.many(Rule.TABLE_ORDER, order, eo, path("expert_id"), unsorted)
     width = int(header["max_experts_per_layer"])
     c.many(
         Rule.ENTRY_EXPERT_ID,
         expert >= np.uint64(width),
-        entry_offsets("expert_id"),
+        _entry_offsets("expert_id"),
         path("expert_id"),
         f"expert_id must be below max_experts_per_layer {width}",
         f"< {width}",
@@ -487,7 +570,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     if n_layers > int(header["num_moe_layers"]):
         c.one(
             Rule.TABLE_LAYERS,
-            HEADER_AT["num_moe_layers"],
+            _HEADER_AT["num_moe_layers"],
             "header.num_moe_layers",
             f"the table holds {n_layers} layers, more than num_moe_layers",
             n_layers,
@@ -496,7 +579,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_BYTE_OFFSET_ALIGN,
         off % np.uint64(layout.PAGE_SIZE) != 0,
-        entry_offsets("byte_offset"),
+        _entry_offsets("byte_offset"),
         path("byte_offset"),
         f"blob offset must be a multiple of {layout.PAGE_SIZE}",
         lambda: layout.round_up(off, layout.PAGE_SIZE),
@@ -505,7 +588,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_BYTE_OFFSET,
         off < np.uint64(geo.data_offset),
-        entry_offsets("byte_offset"),
+        _entry_offsets("byte_offset"),
         path("byte_offset"),
         f"blob starts before data_offset {geo.data_offset}",
         f">= {geo.data_offset}",
@@ -514,7 +597,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_RAW_SIZE,
         raw == 0,
-        entry_offsets("raw_size"),
+        _entry_offsets("raw_size"),
         path("raw_size"),
         "raw_size must be at least 1",
         ">= 1",
@@ -526,7 +609,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_BLOB_BOUNDS,
         ~start_ok,
-        entry_offsets("byte_offset"),
+        _entry_offsets("byte_offset"),
         path("byte_offset"),
         f"blob starts at or beyond the end of the file ({geo.size} bytes)",
         f"< {geo.size}",
@@ -535,7 +618,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_BLOB_BOUNDS,
         start_ok & raw_out,
-        entry_offsets("raw_size"),
+        _entry_offsets("raw_size"),
         path("raw_size"),
         lambda i: f"blob data runs past the end of the file ({geo.size} bytes)",
         room,
@@ -546,7 +629,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_PADDED_SIZE,
         sane & (pad != want_pad),
-        entry_offsets("padded_size"),
+        _entry_offsets("padded_size"),
         path("padded_size"),
         f"padded_size must be raw_size rounded up to {layout.PAGE_SIZE}",
         want_pad,
@@ -556,7 +639,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_BLOB_BOUNDS,
         pad_out,
-        entry_offsets("padded_size"),
+        _entry_offsets("padded_size"),
         path("padded_size"),
         f"blob padding runs past the end of the file ({geo.size} bytes)",
         room,
@@ -565,7 +648,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
     c.many(
         Rule.ENTRY_GROUP_SIZE,
         table["group_size"] != int(header["group_size"]),
-        entry_offsets("group_size"),
+        _entry_offsets("group_size"),
         path("group_size"),
         "group_size must equal header.group_size",
         int(header["group_size"]),
@@ -594,7 +677,7 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
         c.many(
             Rule.TABLE_OVERLAP,
             order[overl],
-            entry_offsets("byte_offset"),
+            _entry_offsets("byte_offset"),
             path("byte_offset"),
             lambda i: f"blob overlaps another blob (starts at {off[i]})",
         )
@@ -602,14 +685,14 @@ def check_table(table: np.ndarray, geo: Geometry, report: Report, header: np.voi
         c.many(
             Rule.TABLE_GAP,
             order[gaps],
-            entry_offsets("byte_offset"),
+            _entry_offsets("byte_offset"),
             path("byte_offset"),
             "unused bytes before this blob (blobs are not back to back)",
         )
         if starts[0] != geo.data_offset:
             c.one(
                 Rule.TABLE_GAP,
-                entry_offsets("byte_offset")[order[0]],
+                _entry_offsets("byte_offset")[order[0]],
                 f"experts[{order[0]}].byte_offset",
                 "the first blob does not start at data_offset",
                 geo.data_offset,
@@ -630,21 +713,31 @@ def check_descriptors(
     hi: int | None = None,
 ) -> np.ndarray:
     """Descriptor rules for experts lo..hi (default all) of the arrays from ``table_views``;
-    returns the mask of experts whose slices are all sound."""
-    c = Collector(report)
+    returns the mask of experts whose slices are all sound.
+
+    >>> with FileView.open("fixtures/corrupt/packed_size_mismatch.smoe") as view:
+    ...     report = Report(size=len(view))
+    ...     geo = check_header(view, report)
+    ...     table, descs = table_views(view, geo)
+    ...     sound = check_descriptors(table, descs, geo, report, header_view(view), None)
+    >>> sound.tolist(), [f.path for f in report.errors]
+    ([False, True, True, True, True, True, True, True], ['experts[0].tensors[0].packed_size'])
+    """
+    c = _Collector(report)
     table, descs = table[lo:hi], descs[lo:hi]
     n = len(table)
     flat = descs.reshape(-1)
     k = layout.TENSORS_PER_EXPERT
     ok = np.ones(n * k, bool)
-    slot = np.tile(np.arange(k, dtype=np.uint8), n)
-    base = layout.descriptor_offset(geo.total, lo + np.arange(n * k, dtype=np.int64) // k, slot)
+    slot: np.ndarray = np.tile(np.arange(k, dtype=np.uint8), n)
+    entry: np.ndarray = lo + np.arange(n * k, dtype=np.int64) // k
+    base = layout.descriptor_offset(geo.total, entry, slot)
 
     def at(name: str) -> np.ndarray:
         """Absolute offset of field ``name`` of every descriptor."""
         return base + layout.TENSOR_DESCRIPTOR_OFFSETS[name]
 
-    def path(name: str):
+    def path(name: str) -> Callable[[int], str]:
         return lambda i: f"experts[{lo + i // k}].tensors[{i % k}].{name}"
 
     bad = flat["tensor_type"] != slot
@@ -741,7 +834,7 @@ def check_descriptors(
         c.many(
             Rule.ENTRY_NUM_GROUPS,
             bad,
-            entry_offsets("num_groups", lo),
+            _entry_offsets("num_groups", lo),
             lambda i: f"experts[{lo + i}].num_groups",
             f"num_groups must be the sum of ceil(rows * cols / {layout.GROUP_SIZE}) over the "
             "three tensors",
@@ -751,20 +844,23 @@ def check_descriptors(
     for what in ("packed", "scales"):
         o, s = flat[f"{what}_offset"], flat[f"{what}_size"]
         out = (o > raw) | (s > raw - np.minimum(o, raw))
+
+        def outside(i: int, o: np.ndarray = o, s: np.ndarray = s, what: str = what) -> str:
+            return f"{what} slice [{o[i]}, +{s[i]}) lies outside the blob's raw_size {raw[i]}"
+
         c.many(
             Rule.DESCRIPTOR_SLICE_BOUNDS,
             out,
             at(f"{what}_offset"),
             path(f"{what}_offset"),
-            lambda i, o=o, s=s, what=what: (
-                f"{what} slice [{o[i]}, +{s[i]}) lies outside the blob's raw_size {raw[i]}"
-            ),
+            outside,
             None,
             o,
         )
         ok &= ~out
     # Slices of one expert must not overlap each other.
-    exp_ok = ok.reshape(n, k).all(axis=1)
+    # all(axis=1) of a 2-D array is an array (numpy's stubs also allow a scalar)
+    exp_ok = cast(np.ndarray, ok.reshape(n, k).all(axis=1))
     if exp_ok.any():
         starts = np.stack([descs["packed_offset"], descs["scales_offset"]], axis=2).reshape(n, -1)
         sizes = np.stack([descs["packed_size"], descs["scales_size"]], axis=2).reshape(n, -1)
@@ -794,7 +890,7 @@ def check_descriptors(
 
 
 def _check_shapes(
-    c: Collector,
+    c: _Collector,
     geo: Geometry,
     table: np.ndarray,
     descs: np.ndarray,
@@ -810,9 +906,9 @@ def _check_shapes(
     up_ok = (rows[:, 1] == rows[:, 0]) & (cols[:, 1] == cols[:, 0])
     down_ok = (rows[:, 2] == cols[:, 0]) & (cols[:, 2] == rows[:, 0])
     shape_ok = up_ok & down_ok
-    entries = lo + np.arange(n)
+    entries: np.ndarray = lo + np.arange(n)
     rows_at = layout.TENSOR_DESCRIPTOR_OFFSETS["rows"]
-    gate = layout.descriptor_offset(geo.total, entries, 0)
+    gate = layout.descriptor_offset(geo.total, entries, np.zeros_like(entries))  # gate_proj
     bad_t = np.where(up_ok, 2, 1)  # the first tensor that does not fit the gate (D3)
     c.many(
         Rule.DESCRIPTOR_SHAPE,
@@ -855,7 +951,7 @@ def _check_shapes(
             i = int(mism[0])
             c.one(
                 Rule.ARCH_MOE_FFN_DIM,
-                geo.reserved_ext + ARCH_AT["moe_ffn_dim"],
+                geo.reserved_ext + _ARCH_AT["moe_ffn_dim"],
                 "arch.moe_ffn_dim",
                 f"disagrees with the descriptors ({len(mism)} experts); shapes win",
                 int(rows[i, 0]),
@@ -863,7 +959,7 @@ def _check_shapes(
             )
 
 
-def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
+def _check_ffn_dim(c: _Collector, header: np.void, arch: np.void | None) -> None:
     """D5: warn on vaults whose ffn_dim looks like the reference Sculptor's d_model mistake."""
     ffn, d_model = int(header["ffn_dim"]), int(header["d_model"])
     want = None
@@ -872,7 +968,7 @@ def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
     if want is not None and ffn != want:
         c.one(
             Rule.HEADER_FFN_DIM,
-            HEADER_AT["ffn_dim"],
+            _HEADER_AT["ffn_dim"],
             "header.ffn_dim",
             "differs from the arch block's dense/shared FFN size (D5)",
             want,
@@ -881,7 +977,7 @@ def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
     elif want is None and ffn == d_model:
         c.one(
             Rule.HEADER_FFN_DIM,
-            HEADER_AT["ffn_dim"],
+            _HEADER_AT["ffn_dim"],
             "header.ffn_dim",
             "equals d_model, as the reference Sculptor wrote it; routed-expert shapes come "
             "from the descriptors (D5)",
@@ -891,7 +987,7 @@ def check_ffn_dim(c: Collector, header: np.void, arch: np.void | None) -> None:
 
 
 # ---------------------------------------------------------------------------- blobs (deep)
-def check_blobs(
+def _check_blobs(
     data: Data,
     table: np.ndarray,
     descs: np.ndarray,
@@ -903,7 +999,7 @@ def check_blobs(
 
     Reads expert by expert, only those regions, each in pieces of at most ``view.CHUNK``.
     """
-    c = Collector(report)
+    c = _Collector(report)
     gap_start = (
         geo.reserved_ext + layout.ARCH_BLOCK_SIZE
         if geo.version >= layout.VERSION_WITH_ARCH
@@ -934,9 +1030,9 @@ def check_blobs(
         for t in range(layout.TENSORS_PER_EXPERT):
             d = descs[i, t]
             s0 = off + int(d["scales_offset"])
-            hit = first_nonfinite_f16(data, s0, s0 + int(d["scales_size"]))
-            if hit:
-                scale_bad.append((i, t, *hit))
+            nonfinite = first_nonfinite_f16(data, s0, s0 + int(d["scales_size"]))
+            if nonfinite:
+                scale_bad.append((i, t, *nonfinite))
             n = int(d["rows"]) * int(d["cols"])
             if per and n % per:
                 last = off + int(d["packed_offset"]) + int(d["packed_size"]) - 1
@@ -945,14 +1041,14 @@ def check_blobs(
                     tail_bad.append((i, t, last, byte))
     for i, at, value in pad_bad[:MAX_PER_CODE]:
         c.one(Rule.BLOB_PADDING, at, f"experts[{i}].padding", "blob padding must be zero", 0, value)
-    for i, t, at, value in scale_bad[:MAX_PER_CODE]:
+    for i, t, at, scale in scale_bad[:MAX_PER_CODE]:
         c.one(
             Rule.BLOB_SCALES,
             at,
             f"experts[{i}].tensors[{t}].scales",
             "scales must be finite float16",
             "finite",
-            value,
+            scale,
         )
     for i, t, at, value in tail_bad[:MAX_PER_CODE]:
         c.one(
@@ -984,6 +1080,15 @@ def verify(data: Data, deep: bool = False, manifest: dict[str, Any] | None = Non
     With ``deep``, blob contents are read too and, given a manifest loaded by
     ``smoe.manifest.load``, every blob is checked against it. A file that shrinks while
     it is read raises :class:`SmoeError`.
+
+    >>> from smoe import manifest
+    >>> data = np.fromfile("fixtures/q4_v2.smoe", np.uint8)
+    >>> doc = manifest.load("fixtures/q4_v2.smoe.manifest.json", entries=8)
+    >>> verify(data, deep=True, manifest=doc).ok
+    True
+    >>> data[16384] ^= 1  # a bit of the first blob
+    >>> [(f.code, f.path) for f in verify(data, deep=True, manifest=doc).errors]
+    [('manifest.checksum', 'manifest/experts/0/crc32c')]
     """
     report = Report(size=len(data))
     if len(data) < layout.HEADER_SIZE:
@@ -1007,7 +1112,7 @@ def verify(data: Data, deep: bool = False, manifest: dict[str, Any] | None = Non
     if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
         check_arch(data, geo, report)
         arch = arch_view(data, geo)
-    check_ffn_dim(Collector(report), header, arch)
+    _check_ffn_dim(_Collector(report), header, arch)
     if not geo.table_readable:
         report.sort()
         return report
@@ -1015,7 +1120,7 @@ def verify(data: Data, deep: bool = False, manifest: dict[str, Any] | None = Non
     inside = check_table(table, geo, report, header)
     sound = check_descriptors(table, descs, geo, report, header, arch) & inside
     if deep:
-        check_blobs(data, table, descs, geo, report, sound)
+        _check_blobs(data, table, descs, geo, report, sound)
         if manifest is not None and inside.all():  # every blob can be read
             report.add(
                 *manifests.check(manifest, geo.size, table, lambda off, n: data[off : off + n])
@@ -1024,7 +1129,7 @@ def verify(data: Data, deep: bool = False, manifest: dict[str, Any] | None = Non
     return report
 
 
-def manifest_path(
+def _manifest_path(
     vault: str | os.PathLike, deep: bool, manifest: str | os.PathLike | None = "auto"
 ) -> Path | None:
     """The manifest to check: "auto" = the sidecar when it exists (and ``deep``), a path =
@@ -1044,9 +1149,17 @@ def verify_file(
     manifest: str | os.PathLike | None = "auto",
 ) -> Report:
     """:func:`verify` of the vault at ``path`` already opened as ``data``, with its manifest
-    (see :func:`manifest_path`); a manifest that cannot be read is a ``manifest.malformed``
-    finding."""
-    where = manifest_path(path, deep, manifest)
+    (``manifest``: "auto" = the sidecar ``<vault>.manifest.json`` when it exists, a path =
+    that file, None = none; checked only with ``deep``); a manifest that cannot be read is a
+    ``manifest.malformed`` finding.
+
+    >>> other = "fixtures/q2_v2.smoe.manifest.json"  # the manifest of another vault
+    >>> with FileView.open("fixtures/q4_v2.smoe") as view:
+    ...     report = verify_file(view, "fixtures/q4_v2.smoe", deep=True, manifest=other)
+    >>> [f.code for f in report.errors]
+    ['manifest.expert']
+    """
+    where = _manifest_path(path, deep, manifest)
     doc, problem = None, None
     if where is not None:
         entries = 0
@@ -1069,6 +1182,13 @@ def verify_path(
     path: str | os.PathLike, deep: bool = False, manifest: str | os.PathLike | None = "auto"
 ) -> Report:
     """Open ``path`` (``fileio.NotRegular`` for FIFOs, folders, devices, missing files) and
-    :func:`verify_file` it."""
+    :func:`verify_file` it.
+
+    >>> report = verify_path("fixtures/partial_vault.smoe")
+    >>> report.ok, [(f.severity, f.code) for f in report.findings]
+    (True, [('warning', 'arch.rms_norm_eps'), ('info', 'header.partial')])
+    >>> print(report.findings[1].line())
+    info: header.partial at offset 0x14 (header.total_experts): partial: 4 of 32 experts
+    """
     with FileView.open(path) as view:
         return verify_file(view, path, deep=deep, manifest=manifest)
