@@ -1,6 +1,6 @@
 """`make bench`: run every benchmark, end with one table, write build/bench.json.
 
-    python -m bench [--quick] [--only quant,sculpt,reader,harness,machine]
+    python -m bench [--quick] [--only machine,quant,imatrix,sculpt,checkpoint,export,reader,harness]
 
 The table has one line per figure: its value, the limit or baseline it is held against
 (measured in the same run), the ratio, the goal and whether it passes. The full figure
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("machine", "quant", "imatrix", "sculpt", "export", "reader", "harness")
+SECTIONS = ("machine", "quant", "imatrix", "sculpt", "checkpoint", "export", "reader", "harness")
 
 
 def _fmt(v) -> str:
@@ -92,6 +92,10 @@ def main() -> int:
             from bench import sculpt_bench as m
 
             figs = m.run(work / "sculpt", args.quick)
+        elif section == "checkpoint":
+            from bench import checkpoint_bench as m
+
+            figs = m.run(work / "sculpt", args.quick)  # the sculpt section's checkpoint
         elif section == "reader":
             from bench import reader_bench as m
 
