@@ -14,7 +14,7 @@ Exit status:
   (``UnicodeError``, ``ValueError``, ``MemoryError``, ...): ``error: internal error: TYPE:
   message (run with --debug for the traceback)``.
 * 2: an input cannot be read at all: ``fileio.NotRegular`` (a FIFO, folder or device, or a
-  file that cannot be opened), :class:`Unreadable`, a vault too short for a header, and an
+  file that cannot be opened), a vault too short for a header, and an
   ``OSError`` of a read-side kind (ENOENT, EACCES, EPERM, EISDIR, ENOTDIR, ELOOP, EIO, ...)
   naming an input (vault, ``--manifest``, ``--config``, ``--model`` or the model folder, or
   a file inside one) that is not under an output; also a refused command line (``--jobs 0``).
@@ -390,10 +390,6 @@ def _show_summary(s: dict) -> None:
         q.add_row(name, *cells(v), *(cells(weighted.get(name)) if weighted is not None else ()))
     c.print(q)
     _warn(s["warnings"])
-
-
-class Unreadable(SmoeError):
-    """Exit status 2: the input cannot be read at all."""
 
 
 def _manifest(args: argparse.Namespace) -> str | Path | None:
@@ -876,7 +872,7 @@ def _os_error(e: OSError, args: argparse.Namespace) -> tuple[str, int]:
 
 def _describe(e: BaseException, args: argparse.Namespace) -> tuple[str, int]:
     """The one-line message (without ``error:``) and exit status for a failure."""
-    if isinstance(e, (NotRegular, Unreadable)):
+    if isinstance(e, NotRegular):
         return str(e), 2
     if isinstance(e, SmoeError):
         return str(e), 1

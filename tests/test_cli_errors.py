@@ -486,7 +486,6 @@ CASES = [
         2,
         "p: not a regular file (a FIFO)",
     ),
-    ("cmd_verify", ["verify", "v"], "cli.Unreadable('v: cannot open')", 2, "v: cannot open"),
 ]
 
 
