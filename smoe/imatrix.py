@@ -80,12 +80,7 @@ def _gguf() -> Any:
 class ImatrixInfo:
     """What the summary and the manifest record about the file.
 
-    >>> import struct, tempfile, numpy as np
-    >>> from pathlib import Path
-    >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-    >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-    >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-    >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+    >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
     >>> info = ImportanceMatrix.open(dat).info
     >>> info.format, info.size, info.entries, info.chunk_count, info.sha256[:12]
     ('dat', 554, 1, None, 'c053cf568240')
@@ -104,12 +99,7 @@ class ImatrixInfo:
     def as_json(self) -> dict[str, Any]:
         """The fields as a JSON object (the manifest's ``imatrix`` record).
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> doc = ImportanceMatrix.open(dat).info.as_json()
         >>> {k: doc[k] for k in ("format", "crc32c", "datasets", "chunk_size")}
         {'format': 'dat', 'crc32c': 3813154962, 'datasets': [], 'chunk_size': None}
@@ -167,19 +157,14 @@ class ImportanceMatrix:
     checkpoint's experts onto the file (refusing a wrong model) and lists the fallbacks;
     :meth:`for_expert` returns one tensor's per-column importance with one ``pread``.
 
-    >>> import struct, tempfile, numpy as np
-    >>> from pathlib import Path
-    >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-    >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-    >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-    >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+    >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
     >>> with ImportanceMatrix.open(dat) as imatrix:
     ...     print(imatrix)
     ...     fallbacks = imatrix.check([(0, e, [(32, 64), (32, 64), (64, 32)]) for e in range(4)])
     ...     print(imatrix.fallback_warning(fallbacks, 12))
     ...     imatrix.for_expert(0, 1, "down_proj", cols=32)[:3]  # expert 1's sums / ncall
-    ImportanceMatrix('/...imatrix.dat', dat, 1 entries)
-    /...imatrix.dat: 8 of 12 expert tensors have no importance data (8 not in the file); \
+    ImportanceMatrix('fixtures/imatrix_tiny.dat', dat, 1 entries)
+    fixtures/imatrix_tiny.dat: 8 of 12 expert tensors have no importance data (8 not in the file); \
 they are quantised unweighted
     array([3.3, 3.4, 3.5], dtype=float32)
     """
@@ -196,14 +181,9 @@ they are quantised unweighted
     def path(self) -> Path:
         """The file's path, as opened.
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> ImportanceMatrix.open(dat).path.name
-        'imatrix.dat'
+        'imatrix_tiny.dat'
         """
         return self.view.path
 
@@ -212,14 +192,9 @@ they are quantised unweighted
     def open(cls, path: str | os.PathLike[str]) -> ImportanceMatrix:
         """Open and validate ``path`` (GGUF or legacy ``.dat``); refusals are one line.
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> ImportanceMatrix.open(dat)
-        ImportanceMatrix('/...imatrix.dat', dat, 1 entries)
+        ImportanceMatrix('fixtures/imatrix_tiny.dat', dat, 1 entries)
         >>> ImportanceMatrix.open("fixtures/q4_v2.smoe")
         Traceback (most recent call last):
         smoe.errors.SmoeError: fixtures/q4_v2.smoe: not a llama.cpp importance matrix: no GGUF \
@@ -261,12 +236,7 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
     def close(self) -> None:
         """Close the file (also on leaving a ``with`` block).
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> imatrix = ImportanceMatrix.open(dat)
         >>> imatrix.close(); imatrix.view.closed
         True
@@ -400,12 +370,7 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
         ``n_experts`` (experts per layer): a legacy file stores a layer's experts as one
         run of values, which only the expert count tells from another model's.
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> imatrix = ImportanceMatrix.open(dat)
         >>> shapes = [(32, 64), (32, 64), (64, 32)]  # gate, up, down
         >>> imatrix.check([(0, e, shapes) for e in range(4)], n_experts=4)[:2]
@@ -413,8 +378,8 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
          Fallback(layer=0, expert=0, tensor='up_proj', reason='not in the file')]
         >>> imatrix.check([(0, e, shapes) for e in range(8)], n_experts=8)
         Traceback (most recent call last):
-        smoe.errors.SmoeError: /...imatrix.dat: legacy entry 'blk.0.ffn_down_exps.weight' covers \
-4 experts of 32 input channels, but the checkpoint has 8 experts per layer: an importance \
+        smoe.errors.SmoeError: fixtures/imatrix_tiny.dat: legacy entry 'blk.0.ffn_down_exps.weight' \
+covers 4 experts of 32 input channels, but the checkpoint has 8 experts per layer: an importance \
 matrix of another model?
         """
         out: list[Fallback] = []
@@ -441,16 +406,11 @@ matrix of another model?
     def fallback_warning(self, fallbacks: Sequence[Fallback], total: int) -> str | None:
         """The one warning line about ``fallbacks`` out of ``total`` expert tensors, or None.
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> imatrix = ImportanceMatrix.open(dat)
         >>> print(imatrix.fallback_warning([Fallback(0, 1, "gate_proj", NO_ENTRY)], 12))
-        /...imatrix.dat: 1 of 12 expert tensors have no importance data (1 not in the file); \
-they are quantised unweighted
+        fixtures/imatrix_tiny.dat: 1 of 12 expert tensors have no importance data (1 not in the \
+file); they are quantised unweighted
         >>> imatrix.fallback_warning([], 12) is None
         True
         """
@@ -473,12 +433,7 @@ they are quantised unweighted
         in messages. A None is recorded in :attr:`fallbacks`. Call :meth:`check` first: it
         also checks the expert count.
 
-        >>> import struct, tempfile, numpy as np
-        >>> from pathlib import Path
-        >>> name = b"blk.0.ffn_down_exps.weight"  # legacy .dat: 1 entry, ncall 10, 4 experts x 32
-        >>> head = struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 10, 128)
-        >>> dat = Path(tempfile.mkdtemp()) / "imatrix.dat"
-        >>> _ = dat.write_bytes(head + np.arange(1, 129, dtype="<f4").tobytes())
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> imatrix = ImportanceMatrix.open(dat)
         >>> imatrix.for_expert(0, 0, "down_proj", cols=32)[:4]  # the sums of x^2 / ncall
         array([0.1, 0.2, 0.3, 0.4], dtype=float32)

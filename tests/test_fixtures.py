@@ -97,7 +97,7 @@ def test_make_fixtures_is_byte_identical(tmp_path: Path) -> None:
     committed = sorted(
         p.relative_to(FIXTURES)
         for p in [*FIXTURES.glob("*"), *CORRUPT.glob("*")]
-        if p.is_file() and p.suffix in (".smoe", ".json")
+        if p.is_file() and p.suffix in (".smoe", ".json", ".dat")
     )
     assert produced == committed
     assert {Path(f"{name}.manifest.json") for name in GOOD} <= set(produced)
