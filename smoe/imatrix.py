@@ -378,9 +378,9 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
          Fallback(layer=0, expert=0, tensor='up_proj', reason='not in the file')]
         >>> imatrix.check([(0, e, shapes) for e in range(8)], n_experts=8)
         Traceback (most recent call last):
-        smoe.errors.SmoeError: fixtures/imatrix_tiny.dat: legacy entry 'blk.0.ffn_down_exps.weight' \
-covers 4 experts of 32 input channels, but the checkpoint has 8 experts per layer: an importance \
-matrix of another model?
+        smoe.errors.SmoeError: fixtures/imatrix_tiny.dat: legacy entry \
+'blk.0.ffn_down_exps.weight' covers 4 experts of 32 input channels, but the checkpoint has 8 \
+experts per layer: an importance matrix of another model?
         """
         out: list[Fallback] = []
         mapped = wanted = 0
