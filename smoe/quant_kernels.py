@@ -1225,7 +1225,21 @@ def encode_chunk(
     column (as quant prepares it: bfloat16 values in [0, 1]), the column of the chunk's
     first weight, and the importance of the ``tail`` weights; with it ``acc`` is float64[6]
     and also gains ``sum(h w^2), sum(h err^2)``.
-    Returns OK, REFUSED (a ``|w|`` pattern above ``limit``) or NEEDS_REFERENCE."""
+    Returns OK, REFUSED (a ``|w|`` pattern above ``limit``) or NEEDS_REFERENCE.
+
+    >>> from smoe import quant
+    >>> w = np.arange(64, dtype=np.float32) / 8  # one group, as bfloat16 bits
+    >>> src = (w.view(np.uint32) >> 16).astype(np.uint16)
+    >>> packed, scales, acc = np.zeros(32, np.uint8), np.zeros(1, np.float32), np.zeros(4)
+    >>> limit = int(np.float32(65504).view(np.uint32))
+    >>> encode_chunk(src.view(np.uint64), False, w[:0], 4, True, limit, packed, scales, acc)
+    0
+    >>> packed[:3].tolist(), scales.tolist(), acc[:2].tolist()  # as numpy encodes them
+    ([136, 136, 136], [7.5703125], [252.0, 1333.5])
+    >>> ref_packed, ref_scales = quant.encode(src, 4, src_dtype="bf16", kernel="numpy")
+    >>> bool((ref_packed == packed).all()), float(ref_scales[0])
+    (True, 7.5703125)
+    """
     hcols, c0, htail = None, 0, None
     if importance is not None:
         hcols, c0, htail = importance
@@ -1237,7 +1251,11 @@ def encode_chunk(
 
 
 def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:
-    """Whether ``np.einsum("ij,ij->i")`` on float32 rows sums as the Q4 kernels do."""
+    """Whether ``np.einsum("ij,ij->i")`` on float32 rows sums as the Q4 kernels do.
+
+    >>> einsum_order_holds(trials=10)  # numpy as built for this package: it does
+    True
+    """
     rng = np.random.default_rng(seed)
     for n in (GROUP_SIZE, 1, 3, 17, 20, 33, 47, GROUP_SIZE - 1):
         v = (np.floor(rng.normal(0, 3, (trials, n))) + 0.5).astype(np.float32)

@@ -59,12 +59,12 @@ import pickle
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
@@ -73,7 +73,7 @@ from smoe.errors import SmoeError
 from smoe.expert_reader import ExpertReader
 from smoe.hub import output_stem
 from smoe.manifest import checksum, path_for, tool_info
-from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, make_plan
+from smoe.plan import TENSOR_NAMES, ExpertSlot, Plan, Shape, make_plan
 from smoe.records import ModelInfo, metadata_bytes
 from smoe.safetensors_io import write_streaming
 from smoe.writer import State, VaultWriter, encode_blob
@@ -82,9 +82,26 @@ from smoe_gen import layout
 if TYPE_CHECKING:
     from smoe.imatrix import ImportanceMatrix
 
+__all__ = [
+    "Paths",
+    "SculptOptions",
+    "SculptResult",
+    "outputs",
+    "sculpt",
+    "select",
+    "usable_cores",
+]
+
 
 @dataclass(frozen=True)
 class SculptOptions:
+    """What :func:`sculpt` makes: bit width, format version, which experts, how many
+    worker processes, resume, scale choice, output name, importance matrix.
+
+    >>> SculptOptions(bits=2, max_layers=1, jobs=2).bits
+    2
+    """
+
     bits: int = layout.BITS_Q4
     version: int = layout.VERSION_MAX
     max_layers: int | None = None
@@ -103,7 +120,13 @@ class SculptOptions:
 
 @dataclass
 class SculptResult:
-    """What a sculpt did; ``summary()`` is what the CLI prints."""
+    """What a sculpt did; ``summary()`` is what the CLI prints.
+
+    >>> import tempfile
+    >>> res = sculpt("fixtures/checkpoints/qwen3_moe", tempfile.mkdtemp(), SculptOptions(jobs=1))
+    >>> res.vault.name, res.experts_written, res.bytes_in, res.vault_bytes
+    ('qwen3_moe.smoe', 16, 294912, 278528)
+    """
 
     vault: Path
     scout: Path
@@ -143,6 +166,14 @@ class SculptResult:
         datasets, chunk count and size, entries) or None; ``weighted_snr_db``: with it, per
         tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
         the output ``W x``), or None.
+
+        >>> res = SculptResult(Path("m.smoe"), Path("m.scout.safetensors"), 2, 0, 4096, 2048,
+        ...                    64, 0.5, {"gate_proj": [6.5, float("nan")]}, bits=4)
+        >>> s = res.summary()
+        >>> s["compression_ratio"], s["throughput_mb_s"], s["snr_db"], s["snr_exact"]
+        (2.0, 0.008192, {'gate_proj': {'min': 6.5, 'median': 6.5}}, 1)
+        >>> s["warnings"]
+        ['expert #0 gate_proj: SNR 6.50 dB is below the Q4 floor of 10 dB']
         """
         snr, exact = {}, 0
         for t, values in self.snr.items():
@@ -180,7 +211,16 @@ class SculptResult:
         """Expert tensors whose SNR is below the floor for ``bits``, worst first when
         there are more than :attr:`SHOW_EACH` (then as one line with a count). A tensor
         quantised with importance is judged by its importance-weighted SNR: weighting
-        lowers the plain one on purpose."""
+        lowers the plain one on purpose.
+
+        >>> res = SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0,
+        ...                    {"up_proj": [7.25]}, snr_keys=[(3, 5)], bits=2)
+        >>> res.snr_warnings()
+        []
+        >>> SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0, {"up_proj": [7.25]},
+        ...              snr_keys=[(3, 5)], bits=4).snr_warnings()
+        ['layer 3 expert 5 up_proj: SNR 7.25 dB is below the Q4 floor of 10 dB']
+        """
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         if floor is None:
             return []
@@ -208,7 +248,7 @@ class SculptResult:
         return [f"{len(low)} expert tensors have an SNR{how} below {below}; worst: {worst}"]
 
 
-def _finite(v: float | None) -> bool:
+def _finite(v: float | None) -> TypeGuard[float]:
     """A real SNR: not None, NaN or ±Inf."""
     return v is not None and float("-inf") < v < float("inf")
 
@@ -220,7 +260,12 @@ def _spread(values: list[float]) -> dict[str, float] | None:
 
 @dataclass(frozen=True)
 class Paths:
-    """Every file one sculpt touches in OUT_DIR."""
+    """Every file one sculpt touches in OUT_DIR.
+
+    >>> p = Paths.of(Path("models/qwen3_moe"), Path("out"))
+    >>> [str(x) for x in (p.vault, p.partial, p.journal)]
+    ['out/qwen3_moe.smoe', 'out/.qwen3_moe.smoe.partial', 'out/.qwen3_moe.smoe.journal']
+    """
 
     vault: Path
     scout: Path
@@ -231,6 +276,11 @@ class Paths:
 
     @classmethod
     def of(cls, model_dir: Path, out_dir: Path, name: str | None = None) -> Paths:
+        """The paths for ``model_dir`` converted into ``out_dir`` (``name``: the stem).
+
+        >>> str(Paths.of(Path("models/qwen3_moe"), Path("out"), "q4").manifest)
+        'out/q4.smoe.manifest.json'
+        """
         vault, scout = outputs(model_dir, out_dir, name)
         hidden = out_dir / f".{vault.name}"
         return cls(
@@ -246,13 +296,22 @@ class Paths:
 def outputs(model_dir: Path, out_dir: Path, name: str | None = None) -> tuple[Path, Path]:
     """The vault and the scout: ``<stem>.smoe`` and ``<stem>.scout.safetensors``, the stem
     being ``name`` (a plain file name stem, else refused) or the model's name (the folder's,
-    or ``NAME`` for a HuggingFace cache snapshot ``models--ORG--NAME/snapshots/<hash>``)."""
+    or ``NAME`` for a HuggingFace cache snapshot ``models--ORG--NAME/snapshots/<hash>``).
+
+    >>> [p.name for p in outputs(Path("fixtures/checkpoints/qwen3_moe"), Path("out"))]
+    ['qwen3_moe.smoe', 'qwen3_moe.scout.safetensors']
+    """
     stem = output_stem(model_dir, name)
     return out_dir / f"{stem}.smoe", out_dir / f"{stem}.scout.safetensors"
 
 
 def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
-    """The experts to write: the first ``max_layers`` MoE layers, ``max_experts`` each."""
+    """The experts to write: the first ``max_layers`` MoE layers, ``max_experts`` each.
+
+    >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+    >>> [(r.layer, r.expert) for r in select(ck, SculptOptions(max_layers=1, max_experts=2))]
+    [(0, 0), (0, 1)]
+    """
     for name in ("max_layers", "max_experts"):
         value = getattr(opts, name)
         if value is not None and value < 1:
@@ -266,7 +325,11 @@ def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
 
 
 def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1."""
+    """CPUs this process may run on (its affinity mask), at least 1.
+
+    >>> usable_cores() >= 1
+    True
+    """
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -432,9 +495,17 @@ def start_writeback(fd: int, offset: int, n: int) -> None:
         _SYNC_FILE_RANGE(fd, offset, n, SYNC_FILE_RANGE_WRITE)
 
 
-def quantise_expert(job: Job, fd: int, name: str, mats: list, srcs: tuple[int, ...]) -> Result:
+def quantise_expert(
+    job: Job,
+    fd: int,
+    name: str,
+    mats: list,
+    srcs: tuple[int, ...],
+    out: bytearray | None = None,
+) -> Result:
     """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob and
-    write it at its planned offset in ``fd``; with an importance matrix, weighted by it."""
+    write it at its planned offset in ``fd``; with an importance matrix, weighted by it.
+    ``out``: the previous blob of the same size, reused (see :func:`encode_blob`)."""
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     importance = None
     if job.imatrix is not None:
@@ -450,6 +521,7 @@ def quantise_expert(job: Job, fd: int, name: str, mats: list, srcs: tuple[int, .
         [src for _, src in mats],
         stats,
         importance,
+        out=out,
     )
     fileio.pwrite_all(fd, blob, job.slot.byte_offset, name)
     start_writeback(fd, job.slot.byte_offset, len(blob))
@@ -498,10 +570,13 @@ def quantise_stream(
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
             ahead, slot = pool.submit(fetch, 0), 0
+            blob = bytearray()  # reused: a fresh one per expert costs a page fault per 4 KiB
             while (got := ahead.result()) is not None:
                 slot ^= 1  # the other buffer: the expert being quantised stays untouched
                 ahead = pool.submit(fetch, slot)
-                yield quantise_expert(got[0], fd, target.name, got[1], got[2])
+                if len(blob) != got[0].slot.raw_size:
+                    blob = bytearray(got[0].slot.raw_size)
+                yield quantise_expert(got[0], fd, target.name, got[1], got[2], blob)
     finally:
         os.close(fd)
 
@@ -570,7 +645,7 @@ class Workers:
         for p in self._procs:
             p.join()
 
-    def run(self, todo: list[Job], target: Target) -> Iterator[Result]:
+    def run(self, todo: list[Job], target: Target) -> Generator[Result, None, None]:
         ctx = mp.get_context("fork")
         claims = Claims(len(todo), ctx.Value("q", 0))
         live: dict[Connection, Any] = {}
@@ -587,7 +662,7 @@ class Workers:
         while remaining:
             if not live:
                 raise SmoeError(f"sculpt: the workers stopped with {remaining} experts left")
-            for conn in wait(list(live)):
+            for conn in cast("list[Connection]", wait(list(live))):  # those it was given
                 try:
                     item = conn.recv()
                 except EOFError:
@@ -619,7 +694,7 @@ def _make_pool(processes: int) -> Workers:
     return Workers(processes)
 
 
-def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Iterator[Result]:
+def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Generator[Result, None, None]:
     """Results as experts finish, in file order: in this process, or in up to ``jobs``
     worker processes, never more than there are batches of :data:`BATCH` experts."""
     if not todo:
@@ -632,7 +707,8 @@ def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Iterator[Result]:
         return
     weighted = any(job.imatrix is not None for job in todo)
     for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
-        quant.prepare_fast(bits, scale, importance=weighted)  # compiled once, inherited
+        mode = cast("quant.ScaleMode", scale)  # an unknown scale is refused by encode_into
+        quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
     with _make_pool(workers) as pool:
         yield from pool.run(todo, target)
 
@@ -821,6 +897,15 @@ def sculpt(
     """Convert; returns a SculptResult, or the planned layout (a dict) with ``dry_run``.
 
     ``progress(done, total, bytes_in)`` is called after every expert.
+
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> res = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(bits=2, jobs=1))
+    >>> sorted(p.name for p in Path(out).iterdir())
+    ['qwen3_moe.scout.safetensors', 'qwen3_moe.smoe', 'qwen3_moe.smoe.manifest.json']
+    >>> plan = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(dry_run=True))
+    >>> plan["experts"], plan["vault_bytes"]
+    (16, 278528)
     """
     t0 = time.perf_counter()
     jobs = resolve_jobs(opts.jobs)
@@ -891,7 +976,8 @@ def _sculpt_checked(
     )
     for ref in refs:
         writer.add_expert(ref.layer, ref.expert, ref.shapes)
-    plan0 = make_plan({(r.layer, r.expert): r.shapes for r in refs}, opts.bits, opts.version)
+    shapes = {(r.layer, r.expert): cast("tuple[Shape, Shape, Shape]", r.shapes) for r in refs}
+    plan0 = make_plan(shapes, opts.bits, opts.version)  # (an ExpertRef has three matrices)
     warnings = ckpt.warnings + ([imatrix_warning] if imatrix_warning else [])
     if opts.dry_run:
         scout_bytes = sum(t.nbytes for t in ckpt.non_expert_tensors())

@@ -29,7 +29,8 @@ import enum
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,8 +43,21 @@ from smoe.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
+__all__ = ["State", "VaultWriter", "encode_blob", "expert_name", "write_vault"]
+
 
 class State(enum.Enum):
+    """Where a :class:`VaultWriter` is in its protocol (see the module docstring).
+
+    >>> import tempfile
+    >>> from smoe.records import ModelInfo
+    >>> w = VaultWriter(tempfile.mkdtemp() + "/tiny.smoe", ModelInfo(1, 1, 64, 128, 32), version=1)
+    >>> w.state
+    <State.DECLARING: 'declaring'>
+    >>> w.abort(); w.state
+    <State.ABORTED: 'aborted'>
+    """
+
     DECLARING = "declaring"
     STREAMING = "streaming"
     COMMITTED = "committed"
@@ -51,6 +65,11 @@ class State(enum.Enum):
 
 
 def expert_name(layer: int, expert: int) -> str:
+    """How messages name an expert.
+
+    >>> expert_name(3, 5)
+    'layer 3 expert 5'
+    """
     return f"layer {layer} expert {expert}"
 
 
@@ -62,16 +81,46 @@ def encode_blob(
     src_dtypes: Sequence[str | None] = (None, None, None),
     stats: Sequence[quant.QuantStats] | None = None,
     importance: Sequence[np.ndarray | None] | None = None,
+    out: bytearray | None = None,
 ) -> bytearray:
     """One expert's blob (D3): each matrix quantised straight into its planned slices
     (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
 
+    ``out``: a blob of ``slot.raw_size`` bytes to reuse (e.g. the previous expert's):
+    encoded in place and returned, byte for byte the blob a fresh call gives (every byte
+    the tensors do not cover is zeroed); None: a new one.
     Weights the format cannot hold are refused, never clipped: ``quant.NonFiniteWeights``
     (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
     expert and tensor, e.g. ``layer 3 expert 5 down_proj: 2 weights are inf or nan, ...``.
+
+    >>> from smoe.plan import make_plan
+    >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
+    >>> mats = [np.full((32, 64), 0.5), np.full((32, 64), -0.25), np.eye(64, 32)]
+    >>> blob = encode_blob(slot, mats, 4, "optimal")
+    >>> len(blob), bytes(blob[:4]).hex(), checksum(blob)
+    (3264, 'ffffffff', 3141431214)
+    >>> encode_blob(slot, mats, 4, "optimal", out=bytearray([170]) * 3264) == blob
+    True
     """
-    blob = bytearray(slot.raw_size)
+    mode = cast("quant.ScaleMode", scale)  # encode_into refuses any other value
+    kinds = cast("Sequence[quant.SrcDtype | None]", src_dtypes)  # likewise
+    if out is None:
+        blob = bytearray(slot.raw_size)
+    elif len(out) != slot.raw_size:
+        raise ValueError(f"out has {len(out)} bytes, the blob has {slot.raw_size}")
+    else:
+        blob = out
     view = np.frombuffer(blob, np.uint8)
+    if out is not None:  # the encoder writes every byte of its slices; zero the rest
+        at = 0
+        for lo, hi in sorted(
+            (o, o + n)
+            for t in slot.tensors
+            for o, n in ((t.packed_offset, t.packed_size), (t.scales_offset, t.scales_size))
+        ):
+            view[at:lo] = 0
+            at = max(at, hi)
+        view[at:] = 0
     for i, (t, w) in enumerate(zip(slot.tensors, weights)):
         try:
             quant.encode_into(
@@ -79,8 +128,8 @@ def encode_blob(
                 bits,
                 view[t.packed_offset : t.packed_offset + t.packed_size],
                 view[t.scales_offset : t.scales_offset + t.scales_size],
-                scale,
-                src_dtype=src_dtypes[i],
+                mode,
+                src_dtype=kinds[i],
                 stats=stats[i] if stats else None,
                 overflow="raise",
                 importance=importance[i] if importance else None,
@@ -92,7 +141,28 @@ def encode_blob(
 
 
 class VaultWriter:
-    """Writes one vault; see the module docstring for the protocol."""
+    """Writes one vault; see the module docstring for the protocol.
+
+    >>> import os, tempfile, numpy as np
+    >>> from smoe.records import ModelInfo
+    >>> model = ModelInfo(
+    ...     num_moe_layers=1, max_experts_per_layer=2, d_model=64, vocab_size=128, ffn_dim=32
+    ... )
+    >>> rng = np.random.default_rng(0)
+    >>> shapes = [(32, 64), (32, 64), (64, 32)]
+    >>> gate, up, down = (rng.standard_normal(s, np.float32) for s in shapes)
+    >>> out = tempfile.mkdtemp()
+    >>> with VaultWriter(f"{out}/tiny.smoe", model, version=1) as w:
+    ...     for e in (1, 0):  # any order: the table is sorted
+    ...         w.add_expert(0, e, [gate.shape, up.shape, down.shape])
+    ...     plan = w.begin()
+    ...     for e in (0, 1):
+    ...         w.write_expert(0, e, [gate, up, down])
+    ...     w.commit().name
+    'tiny.smoe'
+    >>> sorted(os.listdir(out)), plan.file_size
+    (['tiny.smoe', 'tiny.smoe.manifest.json'], 49152)
+    """
 
     def __init__(
         self,
@@ -161,13 +231,30 @@ class VaultWriter:
     def __enter__(self) -> VaultWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.state not in (State.COMMITTED, State.ABORTED):
             self.abort()
 
     # ---- DECLARING ------------------------------------------------------------------------
     def add_expert(self, layer: int, expert: int, shapes: Sequence[Sequence[int]]) -> None:
-        """Declare an expert with its gate, up and down shapes."""
+        """Declare an expert with its gate, up and down shapes (checked against the model).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> w.add_expert(0, 1, [(32, 64), (32, 64), (32, 64)])
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: layer 0 expert 1: down_proj shape (32, 64) is not the transpose \
+of gate_proj shape (32, 64)
+        >>> w.abort()
+        """
         self._require(State.DECLARING, action="add_expert")
         name = expert_name(layer, expert)
         for what, value in (("layer_id", layer), ("expert_id", expert)):
@@ -204,14 +291,14 @@ class VaultWriter:
                 f"{name}: expected {layout.TENSORS_PER_EXPERT} shapes "
                 f"(gate, up, down), got {len(shapes)}"
             )
-        norm = []
+        norm: list[Shape] = []
         for tname, shape in zip(TENSOR_NAMES, shapes):
             dims = tuple(int(d) for d in shape)
             if len(dims) != layout.TENSOR_NDIM or not all(1 <= d <= U32_MAX for d in dims):
                 raise SmoeError(
                     f"{name}: {tname} shape {dims} is not 2-D with positive uint32 dimensions"
                 )
-            norm.append(dims)
+            norm.append((dims[0], dims[1]))
         gate, up, down = norm
         if up != gate:
             raise SmoeError(f"{name}: up_proj shape {up} differs from gate_proj shape {gate}")
@@ -234,6 +321,15 @@ class VaultWriter:
 
         ``keep``: reuse the bytes already in the ``partial`` file (resuming); blobs found
         intact there are declared with :meth:`adopt`.
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> w.begin().file_size, w.state
+        (32768, <State.STREAMING: 'streaming'>)
+        >>> w.abort()
         """
         self._require(State.DECLARING, action="begin")
         plan = make_plan(self._shapes, self.bits, self.version)
@@ -258,11 +354,25 @@ class VaultWriter:
 
     @property
     def plan(self) -> Plan:
+        """The layout :meth:`begin` planned.
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> w.plan
+        Traceback (most recent call last):
+        smoe.errors.WriterStateError: plan: the layout is planned by begin()
+        >>> w.begin() is w.plan, w.plan.experts[0].byte_offset
+        (True, 16384)
+        >>> w.abort()
+        """
         if self._plan is None:
             raise WriterStateError("plan: the layout is planned by begin()")
         return self._plan
 
-    def _slot(self, layer: int, expert: int):
+    def _slot(self, layer: int, expert: int) -> tuple[tuple[int, int], ExpertSlot]:
         self._require(State.STREAMING, action="write")
         key = (int(layer), int(expert))
         if key not in self._index:
@@ -274,7 +384,25 @@ class VaultWriter:
     def write_expert(
         self, layer: int, expert: int, weights: Sequence[np.ndarray], src_dtype: str | None = None
     ) -> None:
-        """Quantise an expert's gate, up and down matrices and write its blob."""
+        """Quantise an expert's gate, up and down matrices and write its blob.
+
+        ``src_dtype``: as for :func:`smoe.quant.encode` (``"bf16"`` for raw bfloat16 bits).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> import numpy as np
+        >>> w.write_expert(0, 0, [np.ones((32, 64)), np.ones((32, 64)), np.ones((64, 32))])
+        >>> w.missing
+        []
+        >>> w.write_expert(0, 0, [np.ones((32, 64)), np.ones((32, 64)), np.ones((64, 32))])
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: layer 0 expert 0: written twice
+        >>> w.abort()
+        """
         key, slot = self._slot(layer, expert)
         for tname, t, w in zip(TENSOR_NAMES, slot.tensors, weights):
             if tuple(w.shape) != (t.rows, t.cols):
@@ -288,11 +416,31 @@ class VaultWriter:
     def write_encoded(
         self, layer: int, expert: int, encoded: Sequence[tuple[np.ndarray, np.ndarray]]
     ) -> None:
-        """Write an expert whose tensors are already encoded as (packed, scales)."""
+        """Write an expert whose tensors are already encoded as (packed, scales).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> import numpy as np
+        >>> from smoe import quant
+        >>> mats = [np.ones((32, 64)), np.ones((32, 64)), np.ones((64, 32))]
+        >>> w.write_encoded(0, 0, [quant.encode(m, 4) for m in mats])
+        >>> w.missing
+        []
+        >>> w.abort()
+        """
         key, slot = self._slot(layer, expert)
         self._put(key, slot, encoded)
 
-    def _put(self, key, slot, encoded: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+    def _put(
+        self,
+        key: tuple[int, int],
+        slot: ExpertSlot,
+        encoded: Sequence[tuple[np.ndarray, np.ndarray]],
+    ) -> None:
         name = expert_name(*key)
         blob = bytearray(slot.raw_size)
         for tname, t, (packed, scales) in zip(TENSOR_NAMES, slot.tensors, encoded):
@@ -307,7 +455,7 @@ class VaultWriter:
             blob[t.scales_offset : t.scales_offset + len(s)] = s
         self._write_blob(key, slot, blob)
 
-    def _write_blob(self, key, slot, blob: bytearray) -> None:
+    def _write_blob(self, key: tuple[int, int], slot: ExpertSlot, blob: bytearray) -> None:
         assert self._out is not None
         self._out.pwrite(blob, slot.byte_offset)
         self._record(key, checksum(blob))
@@ -326,12 +474,35 @@ class VaultWriter:
 
         ``crc``: the blob's CRC-32C; ``tensors``: its provenance for the manifest (per
         tensor ``name``, ``source``, ``index``, ``rows``, ``source_crc32c``, ``snr_db``).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> w.adopt(0, 0, w.stored_crc(0, 0))  # e.g. found intact when resuming
+        >>> w.missing
+        []
+        >>> w.abort()
         """
         key, _ = self._slot(layer, expert)
         self._record(key, crc, tensors)
 
     def stored_crc(self, layer: int, expert: int) -> int | None:
-        """CRC-32C of the blob bytes now in the temporary file (None if it is too short)."""
+        """CRC-32C of the blob bytes now in the temporary file (None if it is too short).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> from smoe.manifest import checksum
+        >>> w.stored_crc(0, 0) == checksum(bytes(plan.experts[0].raw_size))  # a hole: zeros
+        True
+        >>> w.abort()
+        """
         self._require(State.STREAMING, action="stored_crc")
         slot = self.plan.experts[self._index[(int(layer), int(expert))]]
         try:
@@ -342,25 +513,75 @@ class VaultWriter:
 
     @property
     def partial_path(self) -> Path:
+        """The temporary file the vault is written in (renamed onto :attr:`path` at commit).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> w.partial_path.parent == w.path.parent, w.partial_path.name.startswith(".tiny.smoe.")
+        (True, True)
+        >>> w.abort()
+        """
         assert self._out is not None
         return self._out.tmp
 
     @property
     def partial_identity(self) -> tuple[int, int]:
-        """(st_dev, st_ino) of the temporary file, for processes that open it by name."""
+        """(st_dev, st_ino) of the temporary file, for processes that open it by name.
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> import os
+        >>> st = os.stat(w.partial_path)
+        >>> w.partial_identity == (st.st_dev, st.st_ino)
+        True
+        >>> w.abort()
+        """
         st = os.fstat(self._fd)
         return st.st_dev, st.st_ino
 
     @property
     def missing(self) -> list[tuple[int, int]]:
+        """(layer, expert) of the declared experts not written (nor adopted) yet, sorted.
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> w.add_expert(0, 1, [(32, 64), (32, 64), (64, 32)])
+        >>> w.missing
+        [(0, 0), (0, 1)]
+        >>> w.abort()
+        """
         return [k for k in sorted(self._shapes) if k not in self._written]
 
     def commit(self, companions: Sequence[AtomicFile] = ()) -> Path:
         """Write the metadata and the manifest, then commit them with ``companions``.
 
         ``companions`` (staged files, e.g. the scout) are renamed first, then the manifest,
-        then the vault (the commit point); see :func:`commit_together`. On failure every
+        then the vault (the commit point); see :func:`_commit_together`. On failure every
         temporary file is removed (on KeyboardInterrupt the vault's is kept, for a resume).
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> w.commit()
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: commit: 1 declared experts were not written: layer 0 expert 0
+        >>> w.adopt(0, 0, w.stored_crc(0, 0))
+        >>> w.commit().name, w.state
+        ('tiny.smoe', <State.COMMITTED: 'committed'>)
         """
         self._require(State.STREAMING, action="commit")
         missing = self.missing
@@ -388,7 +609,7 @@ class VaultWriter:
                 staged[-1].pwrite(encode(doc), 0)
             else:  # one left by an older vault of this name would describe another file
                 fileio.unlink_owned(path_for(self.path))
-            commit_together([*staged, self._out])
+            _commit_together([*staged, self._out])
         except KeyboardInterrupt:
             for f in staged:
                 f.abort()
@@ -403,14 +624,37 @@ class VaultWriter:
         return self.path
 
     def suspend(self) -> None:
-        """Stop without deleting the ``partial`` file, so a later run can resume it."""
+        """Stop without deleting the ``partial`` file, so a later run can resume it.
+
+        >>> import os, tempfile
+        >>> from smoe.records import ModelInfo
+        >>> d = tempfile.mkdtemp()
+        >>> w = VaultWriter(f"{d}/tiny.smoe", ModelInfo(1, 1, 64, 128, 32), version=1,
+        ...                 partial=f"{d}/.tiny.smoe.partial")
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> w.suspend(); os.listdir(d)
+        ['.tiny.smoe.partial']
+        """
         if self._out is not None and self._out.fd is not None:
             os.close(self._out.fd)
             self._out.fd = None
         self.state = State.ABORTED
 
     def abort(self) -> None:
-        """Drop the temporary file; nothing is left under the final name."""
+        """Drop the temporary file; nothing is left under the final name.
+
+        >>> import tempfile
+        >>> from smoe.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> import os
+        >>> w.abort()
+        >>> w.state, os.listdir(w.path.parent)
+        (<State.ABORTED: 'aborted'>, [])
+        """
         if self.state is State.COMMITTED:
             raise WriterStateError("abort: the vault is already committed")
         if self._out is not None:
@@ -418,7 +662,7 @@ class VaultWriter:
         self.state = State.ABORTED
 
 
-def commit_together(files: Sequence[AtomicFile]) -> None:
+def _commit_together(files: Sequence[AtomicFile]) -> None:
     """fsync every file, rename each onto its final name in order, fsync the folders.
 
     The last file's rename is the commit point. If anything fails before it, the files this
@@ -461,6 +705,17 @@ def write_vault(
     """Write a whole vault from in-memory float matrices: (layer, expert) -> (gate, up, down).
 
     ``manifest``, ``tool``, ``source``: as for :class:`VaultWriter`.
+
+    >>> import tempfile, numpy as np
+    >>> from smoe.reader import Vault
+    >>> from smoe.records import ModelInfo
+    >>> rng = np.random.default_rng(0)
+    >>> mats = [rng.standard_normal(s, np.float32) for s in ((32, 64), (32, 64), (64, 32))]
+    >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+    >>> plan = write_vault(path, ModelInfo(1, 1, 64, 128, 32), {(0, 0): mats}, version=1)
+    >>> with Vault.open(path) as v:
+    ...     v.keys(), v[0, 0]["down_proj"].shape
+    ([(0, 0)], (64, 32))
     """
     with VaultWriter(
         path,

@@ -1,0 +1,183 @@
+"""The Sculptor's speed paths give the same bytes as the plain ones (issue 13): a reused
+blob buffer, and ``O_DIRECT`` reads of experts absent from the page cache (with their
+fall-backs: a file system that refuses ``O_DIRECT``, a refused read, a file that shrank)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from smoe import expert_reader as reader_mod
+from smoe import quant
+from smoe.checkpoint import Checkpoint
+from smoe.errors import SmoeError
+from smoe.expert_reader import ExpertReader, cached_fraction
+from smoe.manifest import checksum
+from smoe.plan import make_plan
+from smoe.sculpt import SculptOptions, SculptResult, sculpt
+from smoe.synth import write_checkpoint
+from smoe.writer import encode_blob
+
+CASES = {
+    "per-expert": {"dtype": "BF16"},
+    "fused": {"dtype": "BF16", "fused": True},
+    "f16-sharded": {"dtype": "F16", "shards": 3},
+    "f32-mixtral": {"dtype": "F32", "model_type": "mixtral"},
+}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
+    base = tmp_path_factory.mktemp("speed")
+    return {
+        name: Checkpoint.open(
+            write_checkpoint(base / name, layers=2, experts=3, d_model=64, ffn=48, seed=5, **kw)
+        )
+        for name, kw in CASES.items()
+    }
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("kernel", ["numpy", "fast"])
+def test_a_reused_blob_is_byte_identical_to_a_fresh_one(
+    bits: int, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if kernel == "fast" and quant.fast_kernels(bits, "optimal", kernel="auto") is None:
+        pytest.skip("the compiled encoder needs numba (pip install 'smoe[fast]')")
+    monkeypatch.setenv(quant.KERNEL_ENV, kernel)
+    rows, cols = (257, 301) if kernel == "fast" else (9, 37)  # partial groups, odd sizes
+    shapes = ((rows, cols), (rows, cols), (cols, rows))
+    slot = make_plan({(0, 0): shapes}, bits, 2).experts[0]
+    rng = np.random.default_rng(bits)
+    for src in ("bf16", None):
+        mats = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        mats[1][3, :] = 0.0  # a zero run
+        if src == "bf16":
+            mats = [(m.view(np.uint32) >> 16).astype(np.uint16) for m in mats]
+        fresh = encode_blob(slot, mats, bits, "optimal", (src,) * 3)
+        stale = bytearray(rng.integers(0, 256, slot.raw_size, np.uint8).tobytes())
+        reused = encode_blob(slot, mats, bits, "optimal", (src,) * 3, out=stale)
+        assert reused is stale and reused == fresh
+    with pytest.raises(ValueError, match="out has 3 bytes"):
+        encode_blob(slot, mats, bits, "optimal", out=bytearray(3))
+
+
+def force_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every expert read with O_DIRECT (as if none were page-cached)."""
+    monkeypatch.setattr(ExpertReader, "uses_direct", lambda self, ref: self.direct)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_direct_reads_give_the_bytes_and_checksums_of_load(
+    ckpts: dict[str, Checkpoint], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    force_direct(monkeypatch)
+    with ExpertReader() as reader, ExpertReader(direct=False) as plain:
+        for ref in ckpts[name].experts.values():
+            mats, crcs = reader.read(ref, slot=ref.expert % 2)
+            assert crcs == plain.read(ref)[1] == tuple(checksum(a) for a, _ in ref.load())
+            for (a, src), (b, src_b) in zip(mats, ref.load()):
+                assert (a.dtype, a.shape, src) == (b.dtype, b.shape, src_b)
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert reader.direct_reads == len(ckpts[name].experts)
+        assert plain.direct_reads == 0
+
+
+def test_a_file_system_that_refuses_o_direct_is_read_through_the_cache(
+    ckpts: dict[str, Checkpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    force_direct(monkeypatch)
+    real = fcntl.fcntl
+
+    def refuse(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")  # as tmpfs answers
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(reader_mod.fcntl, "fcntl", refuse)
+    ref = ckpts["per-expert"].experts[(1, 2)]
+    with ExpertReader() as reader:
+        mats, crcs = reader.read(ref)
+        assert set(reader._dfds.values()) == {None}
+    assert crcs == tuple(checksum(a) for a, _ in ref.load())
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(mats, ref.load()))
+
+
+def test_a_refused_direct_read_continues_through_the_cache(
+    ckpts: dict[str, Checkpoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    force_direct(monkeypatch)
+    real = os.preadv
+    refused = []
+
+    def preadv(fd: int, bufs: list, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(reader_mod.os, "preadv", preadv)
+    ref = ckpts["fused"].experts[(0, 1)]
+    with ExpertReader() as reader:
+        for _ in range(2):
+            mats, crcs = reader.read(ref)
+            assert crcs == tuple(checksum(a) for a, _ in ref.load())
+            assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(mats, ref.load()))
+    assert 1 <= len(refused) <= len(ref.parts())  # refused once per shard, then not asked
+
+
+def test_a_shard_that_shrinks_under_a_direct_read_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    force_direct(monkeypatch)
+    ck = Checkpoint.open(
+        write_checkpoint(tmp_path / "m", layers=1, experts=2, d_model=64, ffn=32, seed=4)
+    )
+    ref = ck.experts[(0, 1)]
+    shard, offset, _ = ref.ranges()[0]
+    with ExpertReader() as reader:
+        reader.read(ck.experts[(0, 0)])
+        os.truncate(shard, offset + 10)
+        with pytest.raises(SmoeError) as info:
+            reader.read(ref)
+    assert str(info.value).startswith(f"{shard}: file shrank while reading")
+    assert "\n" not in str(info.value)
+
+
+def test_cached_fraction_sees_a_file_just_read(tmp_path: Path) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(1 << 16))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 1 << 16, 0)
+        share = cached_fraction(fd, 100, 5000)
+        assert share is None or share == 1.0
+        assert cached_fraction(fd, 0, 0) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_sculpt_read_with_o_direct_writes_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck" / "m", layers=2, experts=8, d_model=64, ffn=48, seed=2)
+    plain = sculpt(ck, tmp_path / "plain", SculptOptions(jobs=jobs))
+    force_direct(monkeypatch)  # forked workers inherit it
+    direct = sculpt(ck, tmp_path / "direct", SculptOptions(jobs=jobs))
+    assert not isinstance(plain, dict) and not isinstance(direct, dict)
+    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "direct").iterdir())
+    for name in names:
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "direct" / name).read_bytes()
+
+    def by_key(res: SculptResult | dict) -> dict:  # in any order from two workers
+        assert not isinstance(res, dict)
+        return {k: [v[i] for v in res.snr.values()] for i, k in enumerate(res.snr_keys)}
+
+    assert by_key(plain) == by_key(direct)
