@@ -30,8 +30,8 @@ from pathlib import Path
 from bench.figures import figure, peak_rss_of
 from bench.machine_bench import describe, read_limit, warm
 from bench.sculpt_bench import checkpoint, remove_tree, run_tree
+from smoe.cpus import usable_cores
 from smoe.library_reader import LibraryReader
-from smoe.sculpt import usable_cores
 
 READERS = {"smoe": "ExpertReader", "safetensors": "LibraryReader"}
 GOAL = 1.10  # the library's peak RSS at most this times ours

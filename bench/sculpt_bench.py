@@ -39,9 +39,10 @@ from bench.machine_bench import describe, drop_cache, read_limit, warm
 from bench.quant_bench import ref_absmax_q4, ref_grid_q2
 from smoe import quant
 from smoe.checkpoint import Checkpoint
+from smoe.cpus import usable_cores
 from smoe.export import export
 from smoe.reader import Vault
-from smoe.sculpt import SculptOptions, sculpt, select, usable_cores
+from smoe.sculpt import SculptOptions, sculpt, select
 from smoe.synth import write_checkpoint
 from smoe.verify import verify_path
 from smoe_gen import layout

@@ -57,6 +57,7 @@ from rich.table import Table
 from rich.text import Text
 
 from smoe import __version__, findings
+from smoe.cpus import usable_cores
 from smoe.errors import SmoeError
 from smoe.fileio import NotRegular
 from smoe_gen import layout
@@ -599,14 +600,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{message} (see {self.prog} --help)")
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _positive_int(text: str) -> int:

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
 from smoe.checkpoint import Checkpoint, ExpertRef
+from smoe.cpus import usable_cores
 from smoe.errors import SmoeError
 from smoe.expert_reader import ExpertReader
 from smoe.hub import output_stem
@@ -89,7 +90,6 @@ __all__ = [
     "outputs",
     "sculpt",
     "select",
-    "usable_cores",
 ]
 
 
@@ -322,18 +322,6 @@ def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
         for e in ckpt.layer_experts(lay)[: opts.max_experts]:
             out.append(ckpt.experts[(lay, e)])
     return out
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1.
-
-    >>> usable_cores() >= 1
-    True
-    """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def resolve_jobs(jobs: int | None) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from smoe import cli
+from smoe import cli, cpus
 from smoe.synth import write_checkpoint
 
 from fixtures_data import FIXTURES
@@ -316,9 +316,9 @@ def test_jobs_default_and_value(
     assert cli.main(["sculpt", "m", "o", "--dry-run", "--json"]) == 0
     assert cli.main(["sculpt", "m", "o", "--dry-run", "--json", "--jobs", "3"]) == 0
     assert seen == [None, 3]
-    assert cli.usable_cores() == len(os.sched_getaffinity(0))
+    assert cpus.usable_cores() == len(os.sched_getaffinity(0))
     help_text = " ".join(run("sculpt", "--help").stdout.decode().split())
-    assert f"(default: the usable cores, {cli.usable_cores()} here;" in help_text
+    assert f"(default: the usable cores, {cpus.usable_cores()} here;" in help_text
 
 
 def test_usage_errors_are_one_line_and_json(tmp_path: Path) -> None:

@@ -22,8 +22,9 @@ import pytest
 from smoe import __version__, fileio, manifest
 from smoe import sculpt as sculpt_mod
 from smoe.checkpoint import Checkpoint
+from smoe.cpus import usable_cores
 from smoe.errors import SmoeError
-from smoe.sculpt import SculptOptions, sculpt, usable_cores
+from smoe.sculpt import SculptOptions, sculpt
 from smoe.synth import write_checkpoint
 from smoe_gen import layout
 

@@ -40,13 +40,13 @@ import numpy as np
 
 from smoe import fileio, manifest, quant
 from smoe.atomic import AtomicFile
+from smoe.cpus import usable_cores
 from smoe.errors import SmoeError
 from smoe.hf import config as hf_config
 from smoe.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.reader import ExpertView, Vault
 from smoe.safetensors_io import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo, copy_range, read_header
 from smoe.safetensors_io import write_file as write_safetensors
-from smoe.sculpt import usable_cores
 
 __all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
 
