@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -101,124 +102,203 @@ void sleep_for(double s) {
     std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
-struct Stream {
-    uint64_t reads = 0, bytes = 0;
-    double elapsed = 0;
-    std::vector<float> latency_us;
-};
-
-/// N reader threads take expert reads from a shared job counter; each preads a whole
-/// padded blob (16 KiB-aligned offset and length) into its slot of a ring of
-/// page-aligned buffers, as an engine's I/O pool fills staging buffers.
-Stream stream(const Vault& v, const Reader& r, const std::vector<uint32_t>& jobs, unsigned threads,
-              double seconds) {
-    uint64_t max_blob = 0;
-    for (const Expert& e : v.experts)
-        max_blob = std::max(max_blob, e.padded_size);
-    constexpr unsigned SLOTS = 2;  // ring slots per thread
-    std::vector<AlignedBuffer> ring;
-    for (unsigned k = 0; k < threads * SLOTS; ++k)
-        ring.emplace_back(max_blob);
-
-    std::atomic<uint64_t> next{0};
-    std::atomic<bool> stop{false};
-    std::vector<Stream> per(threads);
-    std::mutex err_mu;
-    std::string error;
-    auto worker = [&](unsigned t) {
-        Stream& st = per[t];
-        try {
-            for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
-                const Expert& e = v.experts[jobs[next.fetch_add(1) % jobs.size()]];
-                uint8_t* buf = ring[t * SLOTS + k % SLOTS].data();
-                const double t0 = now_seconds();
-                pread_full(r.fd.get(), buf, e.padded_size, e.byte_offset, v.name);
-                st.latency_us.push_back(static_cast<float>((now_seconds() - t0) * 1e6));
-                st.bytes += e.padded_size;
-                ++st.reads;
-            }
-        } catch (const std::exception& ex) {
-            std::lock_guard<std::mutex> lock(err_mu);
-            error = ex.what();
-            stop = true;
-        }
-    };
-    const double t0 = now_seconds();
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-        pool.emplace_back(worker, t);
-    for (double end = t0 + seconds; !stop && now_seconds() < end;)
-        sleep_for(0.005);
-    stop = true;
-    for (auto& th : pool)
-        th.join();
-    if (!error.empty())
-        throw IoError(error);
-    Stream all;
-    all.elapsed = now_seconds() - t0;
-    for (Stream& st : per) {
-        all.reads += st.reads;
-        all.bytes += st.bytes;
-        all.latency_us.insert(all.latency_us.end(), st.latency_us.begin(), st.latency_us.end());
-    }
-    return all;
-}
-
-/// Raw read bandwidth of the same file with `threads` threads, each reading its own
-/// contiguous share in 8 MiB preads (wrapping within the share) for `seconds`, in the
-/// reader's mode (page-cached or O_DIRECT).
-struct Raw {
-    unsigned threads = 0;
-    uint64_t bytes = 0;
+/// One timed run of a reader: bytes and reads done in `seconds`.
+struct Sample {
+    uint64_t bytes = 0, reads = 0;
     double seconds = 0;
     double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
-constexpr size_t RAW_CHUNK = size_t{8} << 20;
+constexpr unsigned ROUNDS = 3;  // alternations of the stream and the raw reads
 
-Raw raw_read(const Vault& v, const Reader& r, unsigned threads, double seconds) {
-    const uint64_t share = (v.size / threads + RAW_CHUNK - 1) / RAW_CHUNK * RAW_CHUNK;
-    std::vector<uint64_t> bytes(threads, 0);
+/// The fastest of `runs` (an empty Sample if none).
+Sample best_of(const std::vector<Sample>& runs) {
+    Sample b;
+    for (const Sample& s : runs)
+        if (s.gb_per_s() > b.gb_per_s())
+            b = s;
+    return b;
+}
+
+/// The sum of `runs`.
+Sample total_of(const std::vector<Sample>& runs) {
+    Sample t;
+    for (const Sample& s : runs) {
+        t.bytes += s.bytes;
+        t.reads += s.reads;
+        t.seconds += s.seconds;
+    }
+    return t;
+}
+
+/// Runs `body(t, stop)` on `threads` threads until `seconds` have passed (or one throws),
+/// joins them and returns the elapsed time; rethrows the first error as IoError.
+template <class Body>
+double run_threads(unsigned threads, double seconds, Body body) {
     std::atomic<bool> stop{false};
     std::mutex err_mu;
     std::string error;
     auto worker = [&](unsigned t) {
         try {
-            AlignedBuffer buf(RAW_CHUNK);
-            const uint64_t lo = std::min<uint64_t>(v.size, t * share);
-            const uint64_t hi = std::min<uint64_t>(v.size, lo + share);
-            if (hi <= lo)
-                return;
-            for (uint64_t off = lo; !stop.load(std::memory_order_relaxed);) {
-                const size_t want = static_cast<size_t>(std::min<uint64_t>(RAW_CHUNK, hi - off));
-                const size_t n = pread_some(r.fd.get(), buf.data(), want, off, v.name);
-                bytes[t] += n;
-                off = (n < want || off + n >= hi) ? lo : off + n;
-            }
+            body(t, stop);
         } catch (const std::exception& ex) {
             std::lock_guard<std::mutex> lock(err_mu);
-            error = ex.what();
+            if (error.empty())
+                error = ex.what();
             stop = true;
         }
     };
     const double t0 = now_seconds();
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-        pool.emplace_back(worker, t);
+    try {
+        for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back(worker, t);
+    } catch (...) {  // no thread: stop and join those started before rethrowing
+        stop = true;
+        for (auto& th : pool)
+            th.join();
+        throw;
+    }
     for (double end = t0 + seconds; !stop && now_seconds() < end;)
-        sleep_for(0.005);
+        sleep_for(std::min(0.005, seconds / 10));
     stop = true;
     for (auto& th : pool)
         th.join();
+    const double elapsed = now_seconds() - t0;
     if (!error.empty())
         throw IoError(error);
-    Raw out;
-    out.threads = threads;
-    out.seconds = now_seconds() - t0;
-    for (uint64_t b : bytes)
-        out.bytes += b;
-    return out;
+    return elapsed;
 }
+
+/// N reader threads take expert reads from a shared job counter; each preads a whole
+/// padded blob (16 KiB-aligned offset and length) into its slot of a ring of
+/// page-aligned buffers, as an engine's I/O pool fills staging buffers. Each run goes on
+/// where the last one stopped (the next token, the next expert in the file).
+class Streamer {
+public:
+    Streamer(const Vault& v, const Reader& r, std::vector<uint32_t> jobs, unsigned threads)
+        : v_(v), r_(r), jobs_(std::move(jobs)), threads_(threads), latency_(threads) {
+        uint64_t max_blob = 0;
+        for (const Expert& e : v.experts)
+            max_blob = std::max(max_blob, e.padded_size);
+        for (unsigned k = 0; k < threads * SLOTS; ++k)
+            ring_.emplace_back(max_blob);
+    }
+
+    Sample run(double seconds) {
+        std::vector<Sample> per(threads_);
+        const double elapsed = run_threads(threads_, seconds, [&](unsigned t, auto& stop) {
+            Sample& s = per[t];
+            for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+                const Expert& e = v_.experts[jobs_[next_.fetch_add(1) % jobs_.size()]];
+                uint8_t* buf = ring_[t * SLOTS + k % SLOTS].data();
+                const double t0 = now_seconds();
+                pread_full(r_.fd.get(), buf, e.padded_size, e.byte_offset, v_.name);
+                latency_[t].push_back(static_cast<float>((now_seconds() - t0) * 1e6));
+                s.bytes += e.padded_size;
+                ++s.reads;
+            }
+        });
+        Sample all;
+        all.seconds = elapsed;
+        for (const Sample& s : per) {
+            all.bytes += s.bytes;
+            all.reads += s.reads;
+        }
+        return all;
+    }
+
+    /// Every read's latency so far, in microseconds.
+    std::vector<float> latencies_us() const {
+        std::vector<float> all;
+        for (const auto& l : latency_)
+            all.insert(all.end(), l.begin(), l.end());
+        return all;
+    }
+
+private:
+    static constexpr unsigned SLOTS = 2;  // ring slots per thread
+    const Vault& v_;
+    const Reader& r_;
+    std::vector<uint32_t> jobs_;
+    unsigned threads_;
+    std::vector<AlignedBuffer> ring_;
+    std::vector<std::vector<float>> latency_;  // per thread
+    std::atomic<uint64_t> next_{0};
+};
+
+/// Raw reads of the same file with `threads` threads in preads of `chunk` bytes (a multiple
+/// of 16 KiB), in the reader's mode (page-cached or O_DIRECT): each thread reading its own
+/// contiguous share (wrapping within it), or, `interleaved`, all taking the next chunk of
+/// the file from a shared counter (as the stream's seq pattern does). Each run goes on
+/// where the last one stopped, as the stream does.
+constexpr size_t RAW_CHUNK = size_t{8} << 20;
+
+class RawReader {
+public:
+    RawReader(const Vault& v, const Reader& r, unsigned threads, size_t chunk, bool interleaved,
+              std::vector<AlignedBuffer>& bufs)
+        : v_(v), r_(r), threads_(threads), chunk_(chunk), interleaved_(interleaved), bufs_(bufs) {
+        share_ = (v.size / threads + chunk - 1) / chunk * chunk;
+        for (unsigned t = 0; t < threads; ++t)
+            at_.push_back(std::min<uint64_t>(v.size, t * share_));
+        for (unsigned t = 0; t < threads; ++t)
+            if (t >= bufs_.size())
+                bufs_.emplace_back(chunk);
+            else if (bufs_[t].size() < chunk)
+                bufs_[t] = AlignedBuffer(chunk);
+    }
+
+    Sample run(double seconds) {
+        std::vector<Sample> per(threads_);
+        const double elapsed = run_threads(threads_, seconds, [&](unsigned t, auto& stop) {
+            const uint64_t lo = std::min<uint64_t>(v_.size, t * share_);
+            const uint64_t hi = std::min<uint64_t>(v_.size, lo + share_);
+            if (hi <= lo)
+                return;
+            const uint64_t chunks = (v_.size + chunk_ - 1) / chunk_;
+            uint64_t& off = at_[t];
+            while (interleaved_ && !stop.load(std::memory_order_relaxed)) {
+                const uint64_t at = next_->fetch_add(1) % chunks * chunk_;
+                const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, v_.size - at));
+                per[t].bytes += pread_some(r_.fd.get(), bufs_[t].data(), want, at, v_.name);
+                ++per[t].reads;
+            }
+            while (!interleaved_ && !stop.load(std::memory_order_relaxed)) {
+                const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, hi - off));
+                const size_t n = pread_some(r_.fd.get(), bufs_[t].data(), want, off, v_.name);
+                per[t].bytes += n;
+                ++per[t].reads;
+                off = (n < want || off + n >= hi) ? lo : off + n;
+            }
+        });
+        Sample all;
+        all.seconds = elapsed;
+        for (const Sample& s : per) {
+            all.bytes += s.bytes;
+            all.reads += s.reads;
+        }
+        samples.push_back(all);
+        return all;
+    }
+
+    unsigned threads() const { return threads_; }
+    size_t chunk() const { return chunk_; }
+    bool interleaved() const { return interleaved_; }
+
+    std::vector<Sample> samples;
+
+private:
+    const Vault& v_;
+    const Reader& r_;
+    unsigned threads_;
+    size_t chunk_;
+    bool interleaved_;
+    std::vector<AlignedBuffer>& bufs_;  // one buffer per thread, shared by the configurations
+    uint64_t share_ = 0;
+    std::vector<uint64_t> at_;  // each thread's next offset in its share
+    std::shared_ptr<std::atomic<uint64_t>> next_ = std::make_shared<std::atomic<uint64_t>>(0);
+};
 
 /// Repeats `fn` for at least `seconds`; returns (iterations, elapsed).
 template <class Fn>
@@ -245,16 +325,43 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     Reader r;
     open_reader(v, o.direct, r);
 
-    std::vector<Raw> raws;  // the machine's limit for this file: the best of 1, 2, 4 threads
-    const double raw_s = std::max(0.05, o.seconds / 3);  // the three take as long as the stream
-    for (unsigned n : {1u, 2u, 4u})
-        raws.push_back(raw_read(v, r, n, raw_s));
-    const Raw* best_raw = &raws[0];
-    for (const Raw& x : raws)
-        if (x.gb_per_s() > best_raw->gb_per_s())
+    // The stream and the raw reads (the machine's limit for this file: the best plain read,
+    // with 1, 2, 4, 8 threads and as many as the stream up to 16, in 8 MiB preads of
+    // contiguous shares and in preads of the stream's request size, the largest padded
+    // blob, taken in file order from a shared counter) alternate, ROUNDS times
+    // each, so that both see the same moments of a shared disk; each figure is its best
+    // run. Every run lasts an equal share of `seconds`.
+    uint64_t max_blob = 0;
+    for (const Expert& e : v.experts)
+        max_blob = std::max(max_blob, e.padded_size);
+    std::vector<unsigned> raw_threads = {1u, 2u, 4u, 8u};
+    if (threads <= 16 &&
+        std::find(raw_threads.begin(), raw_threads.end(), threads) == raw_threads.end())
+        raw_threads.push_back(threads);
+    std::vector<size_t> chunks = {RAW_CHUNK};
+    if (max_blob != RAW_CHUNK)
+        chunks.push_back(static_cast<size_t>(max_blob));
+    std::vector<AlignedBuffer> raw_bufs;
+    std::vector<RawReader> raws;
+    raws.reserve(raw_threads.size() * chunks.size());
+    for (size_t chunk : chunks)
+        for (unsigned n : raw_threads)
+            raws.emplace_back(v, r, n, chunk, chunk != RAW_CHUNK, raw_bufs);
+    const size_t RAW_CONFIGS = raws.size();
+    const double slot = std::max(0.02, o.seconds / static_cast<double>(ROUNDS * RAW_CONFIGS));
+    Streamer streamer(v, r, make_jobs(v, o.random, k, o.seed), threads);
+    std::vector<Sample> stream_runs;
+    for (unsigned round = 0; round < ROUNDS; ++round)
+        for (size_t c = 0; c < RAW_CONFIGS; ++c) {
+            raws[(c + round) % RAW_CONFIGS].run(slot);
+            stream_runs.push_back(streamer.run(slot));
+        }
+    const RawReader* best_raw = &raws[0];
+    for (const RawReader& x : raws)
+        if (best_of(x.samples).gb_per_s() > best_of(best_raw->samples).gb_per_s())
             best_raw = &x;
-    const auto jobs = make_jobs(v, o.random, k, o.seed);
-    Stream st = stream(v, r, jobs, threads, o.seconds);
+    const Sample st_best = best_of(stream_runs), st_all = total_of(stream_runs);
+    std::vector<float> latency_us = streamer.latencies_us();
 
     // Compute: the largest expert, decoded and run from memory.
     const Expert* big = &v.experts[0];
@@ -291,26 +398,41 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     j.member("experts", static_cast<uint64_t>(v.experts.size()));
     j.member("threads", threads).member("direct", r.direct);
     j.member("pattern", o.random ? "random" : "seq").member("topk", k);
-    j.key("stream").begin_object();
-    j.member("seconds", st.elapsed).member("reads", st.reads).member("bytes", st.bytes);
-    j.member("gb_per_s", static_cast<double>(st.bytes) / st.elapsed / gb);
-    j.member("experts_per_s", static_cast<double>(st.reads) / st.elapsed);
-    j.member("latency_p50_us", percentile(st.latency_us, 0.50));
-    j.member("latency_p99_us", percentile(st.latency_us, 0.99));
+    j.member("rounds", ROUNDS).member("run_seconds", slot);
+    j.key("stream").begin_object();  // gb_per_s, experts_per_s: the best run
+    j.member("seconds", st_all.seconds).member("reads", st_all.reads).member("bytes", st_all.bytes);
+    j.member("gb_per_s", st_best.gb_per_s());
+    j.member("experts_per_s", static_cast<double>(st_best.reads) / st_best.seconds);
+    j.member("mean_gb_per_s", st_all.gb_per_s());
+    j.member("latency_p50_us", percentile(latency_us, 0.50));
+    j.member("latency_p99_us", percentile(latency_us, 0.99));
+    j.key("runs_gb_per_s").begin_array();
+    for (const Sample& x : stream_runs)
+        j.value(x.gb_per_s());
+    j.end_array();
     j.end_object();
+    const Sample one_all = total_of(raws[0].samples);
     j.key("sequential_read").begin_object();  // one thread (kept for older readers)
-    j.member("seconds", raws[0].seconds).member("bytes", raws[0].bytes);
+    j.member("seconds", one_all.seconds).member("bytes", one_all.bytes);
     j.member("chunk_bytes", static_cast<uint64_t>(RAW_CHUNK));
-    j.member("gb_per_s", raws[0].gb_per_s());
+    j.member("gb_per_s", best_of(raws[0].samples).gb_per_s());
     j.end_object();
-    j.key("raw_read").begin_object();  // best of 1, 2, 4 threads in this run's read mode
-    j.member("chunk_bytes", static_cast<uint64_t>(RAW_CHUNK)).member("direct", r.direct);
-    j.member("gb_per_s", best_raw->gb_per_s()).member("threads", best_raw->threads);
-    j.key("runs").begin_array();
-    for (const Raw& x : raws) {
+    j.key("raw_read").begin_object();  // the best run of every configuration, this read mode
+    j.member("chunk_bytes", static_cast<uint64_t>(best_raw->chunk())).member("direct", r.direct);
+    j.member("gb_per_s", best_of(best_raw->samples).gb_per_s());
+    j.member("threads", best_raw->threads());
+    j.key("runs").begin_array();  // per configuration: totals, best run, every run
+    for (const RawReader& x : raws) {
+        const Sample all = total_of(x.samples);
         j.begin_object();
-        j.member("threads", x.threads).member("seconds", x.seconds).member("bytes", x.bytes);
-        j.member("gb_per_s", x.gb_per_s());
+        j.member("threads", x.threads()).member("chunk_bytes", static_cast<uint64_t>(x.chunk()));
+        j.member("interleaved", x.interleaved());
+        j.member("seconds", all.seconds).member("bytes", all.bytes);
+        j.member("gb_per_s", best_of(x.samples).gb_per_s());
+        j.key("runs_gb_per_s").begin_array();
+        for (const Sample& y : x.samples)
+            j.value(y.gb_per_s());
+        j.end_array();
         j.end_object();
     }
     j.end_array();

@@ -1,6 +1,7 @@
 // `smoe-stream bench`: expert streaming throughput next to the raw read bandwidth of the
 // same file (the best of 1, 2 and 4 reader threads, in the same page-cached or O_DIRECT
-// mode), and dequant+SwiGLU throughput of the SIMD kernel next to the scalar reference loop.
+// mode; stream and raw runs alternate, three rounds, and each side reports its best run),
+// and dequant+SwiGLU throughput of the SIMD kernel next to the scalar reference loop.
 #pragma once
 
 #include "vault.hpp"
@@ -15,8 +16,8 @@ struct BenchOptions {
     bool direct = false;   // O_DIRECT (falls back to buffered reads if refused)
     bool random = true;    // pattern: random (per layer, K experts) or seq
     unsigned topk = 0;     // 0: arch.moe_top_k, or 8 for a v1 vault
-    double seconds = 2.0;  // streaming phase; each raw read (1, 2, 4 threads) takes
-                           // a third of it, each compute phase a quarter
+    double seconds = 2.0;  // streaming phase, in 9 runs (3 rounds x 3 raw configurations);
+                           // the raw reads take as long, each compute phase a quarter
     uint64_t seed = 1;
 };
 
