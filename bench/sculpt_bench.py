@@ -353,6 +353,9 @@ def resume_figures(
     ]
     if max_experts is not None:
         cmd += ["--max-experts", str(max_experts)]
+    # page-cached, as the clean run it is held against (a sculpt of a cold checkpoint reads
+    # it with O_DIRECT and leaves nothing in the page cache)
+    warm(sorted(ckpt.glob("*.safetensors")))
     seconds, _, stdout, _ = run_tree(cmd)
     summary = json.loads(stdout)
     if summary["experts_resumed"] != total or summary["experts_written"] != 0:
