@@ -367,7 +367,9 @@ def _show_summary(s: dict) -> None:
     t.add_row("vault / scout bytes", f"{s['vault_bytes']:,} / {s['scout_bytes']:,}")
     if s["compression_ratio"]:
         t.add_row("compression", f"{s['compression_ratio']:.2f}x")
-    t.add_row("time", f"{s['seconds']:.2f} s")
+    phases = s.get("phases_s")
+    split = " (" + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")" if phases else ""
+    t.add_row("time", f"{s['seconds']:.2f} s{split}")
     if s["throughput_mb_s"]:
         t.add_row("throughput", f"{s['throughput_mb_s']:.1f} MB/s of expert weights")
     im = s.get("imatrix")

@@ -147,6 +147,10 @@ class SculptResult:
     expert written (as ``snr``; None for a tensor quantised unweighted)."""
     imatrix: dict[str, Any] | None = None
     """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
+    phases: dict[str, float] | None = None
+    """Seconds of ``setup`` (checkpoint, plan, resume checks, compiled kernels loaded),
+    ``experts`` (reading, quantising and writing them) and ``commit`` (scout, fsyncs,
+    renames); together ``seconds``."""
 
     SHOW_EACH = 3
     """Up to this many low-SNR tensors get a warning line each; more collapse into one."""
@@ -162,6 +166,7 @@ class SculptResult:
         ``snr_floor_db``: the bit width's floor (``quant.SNR_FLOOR_DB``); ``warnings``:
         the checkpoint's (and the importance matrix's), then one per tensor below the floor
         (or one line for many; the importance-weighted SNR where there is one).
+        ``phases_s``: seconds of setup, experts and commit (see :attr:`phases`).
         ``imatrix``: the importance matrix used (path, format, size, CRC-32C, SHA-256,
         datasets, chunk count and size, entries) or None; ``weighted_snr_db``: with it, per
         tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
@@ -198,6 +203,7 @@ class SculptResult:
             "scout_bytes": self.scout_bytes,
             "compression_ratio": self.bytes_in / self.vault_bytes if self.vault_bytes else None,
             "seconds": self.seconds,
+            "phases_s": self.phases,
             "throughput_mb_s": mb_in / self.seconds if self.seconds > 0 else None,
             "snr_db": snr,
             "snr_exact": exact,
@@ -682,23 +688,32 @@ def _make_pool(processes: int) -> Workers:
     return Workers(processes)
 
 
-def _run_jobs(todo: list[Job], jobs: int, target: Target) -> Generator[Result, None, None]:
+def _run_jobs(
+    todo: list[Job], jobs: int, target: Target, marks: dict[str, float] | None = None
+) -> Generator[Result, None, None]:
     """Results as experts finish, in file order: in this process, or in up to ``jobs``
-    worker processes, never more than there are batches of :data:`BATCH` experts."""
+    worker processes, never more than there are batches of :data:`BATCH` experts.
+    ``marks["experts"]``: when the work starts (compiled kernels loaded, workers forked)."""
     if not todo:
         return
     todo = file_order(todo)
     workers = min(jobs, -(-len(todo) // BATCH))
+    weighted = any(job.imatrix is not None for job in todo)
+    if workers > 1 or any(r * c >= quant.FAST_MIN_WEIGHTS for j in todo for r, c in j.ref.shapes):
+        for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
+            mode = cast("quant.ScaleMode", scale)  # an unknown scale is refused by encode_into
+            quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
     if workers <= 1:
         with ExpertReader() as reader:
+            if marks is not None:
+                marks["experts"] = time.perf_counter()
             yield from quantise_stream(todo, Claims(len(todo)), target, reader)
         return
-    weighted = any(job.imatrix is not None for job in todo)
-    for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
-        mode = cast("quant.ScaleMode", scale)  # an unknown scale is refused by encode_into
-        quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
     with _make_pool(workers) as pool:
-        yield from pool.run(todo, target)
+        results = pool.run(todo, target)
+        if marks is not None:
+            marks["experts"] = time.perf_counter()
+        yield from results
 
 
 # ---- journal -----------------------------------------------------------------------------
@@ -1028,7 +1043,8 @@ def _sculpt_locked(
         snr_keys: list[tuple[int, int]] = []
         bytes_in = 0
         n_done = len(kept)
-        results = _run_jobs(todo, jobs, target)
+        marks: dict[str, float] = {}
+        results = _run_jobs(todo, jobs, target, marks)
         try:
             for key, crc, srcs, snrs, wsnrs, nbytes in results:
                 w = tuple(wsnrs) if weighted else None
@@ -1044,6 +1060,7 @@ def _sculpt_locked(
                     progress(n_done, len(refs), bytes_in)
         finally:
             results.close()  # stops the worker pool at once on an error
+        marks["commit"] = time.perf_counter()
         scout_bytes, scout = write_streaming(
             paths.scout, ckpt.non_expert_tensors(), metadata={"format": "pt"}, stage=True
         )
@@ -1064,6 +1081,8 @@ def _sculpt_locked(
             journal.close(remove=True)
         raise
     journal.close(remove=True)
+    end = time.perf_counter()
+    start = marks.get("experts", marks["commit"])
     return SculptResult(
         paths.vault,
         paths.scout,
@@ -1072,10 +1091,15 @@ def _sculpt_locked(
         bytes_in,
         plan.file_size,
         scout_bytes,
-        time.perf_counter() - t0,
+        end - t0,
         snr,
         ckpt.warnings,
         snr_keys=snr_keys,
         bits=opts.bits,
         weighted_snr=wsnr if weighted else None,
+        phases={
+            "setup": start - t0,
+            "experts": marks["commit"] - start,
+            "commit": end - marks["commit"],
+        },
     )

@@ -99,6 +99,9 @@ def test_families_convert_and_decode_close_to_source(
     summary = res.summary()
     assert summary["experts_written"] == len(src)
     assert all(v["min"] > floor for v in summary["snr_db"].values())
+    phases = summary["phases_s"]
+    assert list(phases) == ["setup", "experts", "commit"] and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(summary["seconds"], abs=1e-3)
 
 
 def test_arch_block_from_config(ckpts: Path, tmp_path: Path) -> None:
