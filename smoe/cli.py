@@ -362,6 +362,8 @@ def _show_summary(s: dict) -> None:
     t.add_column()
     t.add_row("vault", escape(_shown(s["vault"])))
     t.add_row("scout", escape(_shown(s["scout"])))
+    if s.get("config"):
+        t.add_row("config", escape(_shown(s["config"])))
     t.add_row("experts written", f"{s['experts_written']} (+{s['experts_resumed']} resumed)")
     t.add_row("expert bytes in", f"{s['expert_bytes_in']:,}")
     t.add_row("vault / scout bytes", f"{s['vault_bytes']:,} / {s['scout_bytes']:,}")

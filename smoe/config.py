@@ -21,11 +21,14 @@ from smoe.records import ArchInfo
 __all__ = [
     "Structure",
     "arch_from_config",
+    "config_object",
     "get_int",
     "get_str",
     "is_mla",
     "load_config",
+    "parse_json",
     "read_json",
+    "read_small",
     "refuse_unsupported",
 ]
 
@@ -155,17 +158,14 @@ def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def read_json(path: Path) -> object:
-    """A small JSON input (config.json, an index): a regular file, UTF-8, no key twice.
-
-    FIFOs, folders and devices are refused without blocking (``fileio.open_input``).
+def read_small(path: Path) -> bytes:
+    """The bytes of a small input (config.json, an index): a regular file of at most
+    16 MiB, read whole. FIFOs, folders and devices are refused without blocking
+    (``fileio.open_input``).
 
     >>> from pathlib import Path
-    >>> read_json(Path("fixtures/checkpoints/qwen3_moe/config.json"))["model_type"]
-    'qwen3_moe'
-    >>> read_json(Path("fixtures/q4_v2.smoe"))
-    Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
+    >>> read_small(Path("fixtures/checkpoints/qwen3_moe/config.json"))[:1]
+    b'{'
     """
     fd = fileio.open_input(path)
     try:
@@ -174,9 +174,19 @@ def read_json(path: Path) -> object:
             raise SmoeError(
                 f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
             )
-        raw = fileio.pread_exact(fd, size, 0, path)
+        return fileio.pread_exact(fd, size, 0, path)
     finally:
         os.close(fd)
+
+
+def parse_json(raw: bytes, path: Path) -> object:
+    """``raw`` (the bytes of ``path``) as JSON: UTF-8, no key twice in one object.
+
+    >>> from pathlib import Path
+    >>> parse_json(b'{"a": 1, "a": 2}', Path("x.json"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: x.json: the key 'a' appears twice in one object
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -198,6 +208,33 @@ def read_json(path: Path) -> object:
         raise SmoeError(f"{path}: has an integer too long to read") from None
 
 
+def read_json(path: Path) -> object:
+    """A small JSON input (config.json, an index): :func:`read_small`, then
+    :func:`parse_json`.
+
+    >>> from pathlib import Path
+    >>> read_json(Path("fixtures/checkpoints/qwen3_moe/config.json"))["model_type"]
+    'qwen3_moe'
+    >>> read_json(Path("fixtures/q4_v2.smoe"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
+    """
+    return parse_json(read_small(path), path)
+
+
+def config_object(doc: object, path: Path) -> dict:
+    """The model's settings in a parsed config.json: the object itself, or its
+    ``text_config`` for multimodal wrappers.
+
+    >>> config_object({"text_config": {"model_type": "qwen3_moe"}}, Path("config.json"))
+    {'model_type': 'qwen3_moe'}
+    """
+    if not isinstance(doc, dict):
+        raise SmoeError(f"{path}: not a JSON object")
+    inner = doc.get("text_config")
+    return inner if isinstance(inner, dict) else doc
+
+
 def load_config(path: Path) -> dict:
     """config.json as a dict (its ``text_config`` for multimodal wrappers).
 
@@ -206,10 +243,7 @@ def load_config(path: Path) -> dict:
     >>> cfg["model_type"], cfg["num_experts_per_tok"]
     ('qwen3_moe', 2)
     """
-    cfg = read_json(path)
-    if not isinstance(cfg, dict):
-        raise SmoeError(f"{path}: not a JSON object")
-    return cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+    return config_object(read_json(path), path)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""The Sculptor: a HuggingFace MoE checkpoint -> ``<stem>.smoe`` + scout + manifest.
+"""The Sculptor: a HuggingFace MoE checkpoint -> ``<stem>.smoe`` + scout + manifest + config.
 
 Pipeline: open the checkpoint (config + safetensors headers only) -> choose the experts
 -> plan every offset -> workers quantise experts and write each blob at its planned
 offset in a fixed-name partial file, the parent journals every finished expert -> stage
-the scout (streamed tensor by tensor) -> write header, table, descriptors and arch block,
-stage the manifest -> fsync all three -> rename scout, manifest, then the vault.
+the scout (streamed tensor by tensor) and a byte-for-byte copy of config.json -> write
+header, table, descriptors and arch block, stage the manifest -> fsync all four -> rename
+scout, config, manifest, then the vault.
 
 Nothing lost, nothing silently wrong:
 
@@ -18,11 +19,12 @@ Nothing lost, nothing silently wrong:
 * **Checked writes**: every write loops on short writes and every error (ENOSPC, EIO, ...)
   ends the run with one SmoeError line naming the file; the partial and the journal are
   removed (kept for ``--resume`` on KeyboardInterrupt only) and no output appears.
-* **Commit order**: the vault's partial, the staged scout and the staged manifest are
-  fsynced; the scout is renamed, then the manifest, then the vault LAST: the vault's
-  appearance is the commit point. If a rename fails, the companions already renamed are
-  removed again. A kill between two renames leaves the scout (and maybe the manifest)
+* **Commit order**: the vault's partial, the staged scout, config copy and manifest are
+  fsynced; the scout is renamed, then the config copy, then the manifest, then the vault
+  LAST: the vault's appearance is the commit point. If a rename fails, the companions
+  already renamed are removed again. A kill between two renames leaves some companions
   without a vault, plus the partial and the journal, so ``--resume`` completes the run.
+  A config.json that changed since the checkpoint was opened is refused at the commit.
   The journal is removed after the vault's rename.
 
 ``--resume`` decides by content. The journal ``.<stem>.smoe.journal`` is text::
@@ -37,7 +39,7 @@ importance matrix's SHA-256), the tool version and every source tensor's name, d
 shape, place and shard name (no mtimes).
 An expert is kept only if its blob's CRC-32C matches the partial file AND the CRC-32C of
 its source bytes, re-read now, matches the journal; anything else is redone. A resumed
-run is byte-identical to a clean one (vault, scout and manifest).
+run is byte-identical to a clean one (vault, scout, config copy and manifest).
 
 ``--imatrix FILE`` (a llama.cpp importance matrix, :mod:`smoe.imatrix`): opened and mapped
 onto the chosen experts before any work (a file of another model is refused; the expert
@@ -69,6 +71,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
 from smoe.checkpoint import Checkpoint, ExpertRef
+from smoe.config import config_object, parse_json, read_small
 from smoe.cpus import usable_cores
 from smoe.errors import SmoeError
 from smoe.expert_reader import ExpertReader
@@ -147,6 +150,8 @@ class SculptResult:
     expert written (as ``snr``; None for a tensor quantised unweighted)."""
     imatrix: dict[str, Any] | None = None
     """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
+    config: Path | None = None
+    """The copy of the model's config.json committed beside the vault."""
     phases: dict[str, float] | None = None
     """Seconds of ``setup`` (checkpoint, plan, resume checks, compiled kernels loaded),
     ``experts`` (reading, quantising and writing them) and ``commit`` (scout, fsyncs,
@@ -196,6 +201,7 @@ class SculptResult:
         return {
             "vault": str(self.vault),
             "scout": str(self.scout),
+            "config": None if self.config is None else str(self.config),
             "experts_written": self.experts_written,
             "experts_resumed": self.experts_resumed,
             "expert_bytes_in": self.bytes_in,
@@ -276,6 +282,7 @@ class Paths:
     vault: Path
     scout: Path
     manifest: Path
+    config: Path
     partial: Path
     journal: Path
     lock: Path
@@ -293,6 +300,7 @@ class Paths:
             vault,
             scout,
             path_for(vault),
+            vault.with_name(f"{vault.name.removesuffix('.smoe')}.config.json"),
             Path(f"{hidden}.partial"),
             Path(f"{hidden}.journal"),
             Path(f"{hidden}.lock"),
@@ -337,6 +345,32 @@ def resolve_jobs(jobs: int | None) -> int:
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise SmoeError(f"--jobs: must be at least 1, got {jobs}")
     return jobs
+
+
+def stage_config(ckpt: Checkpoint, path: Path) -> AtomicFile:
+    """The checkpoint's config.json, byte for byte, staged as ``path`` (committed with the
+    vault; ``smoe export --hf`` copies it). A config.json that no longer says what it said
+    when the checkpoint was opened is refused.
+
+    >>> import os, tempfile
+    >>> from smoe.checkpoint import Checkpoint
+    >>> ckpt = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+    >>> staged = stage_config(ckpt, Path(tempfile.mkdtemp()) / "qwen3_moe.config.json")
+    >>> _ = staged.commit()
+    >>> staged.path.read_bytes() == (ckpt.root / "config.json").read_bytes()
+    True
+    """
+    src = ckpt.root / "config.json"
+    raw = read_small(src)
+    if config_object(parse_json(raw, src), src) != ckpt.config:
+        raise SmoeError(f"{src}: changed while sculpting; refused")
+    staged = AtomicFile(path)
+    try:
+        staged.pwrite(raw, 0)
+    except BaseException:
+        staged.abort()
+        raise
+    return staged
 
 
 def checkpoint_inputs(ckpt: Checkpoint) -> list[Path]:
@@ -904,8 +938,9 @@ def sculpt(
     >>> import tempfile
     >>> out = tempfile.mkdtemp()
     >>> res = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(bits=2, jobs=1))
-    >>> sorted(p.name for p in Path(out).iterdir())
-    ['qwen3_moe.scout.safetensors', 'qwen3_moe.smoe', 'qwen3_moe.smoe.manifest.json']
+    >>> sorted(p.name for p in Path(out).iterdir())  # doctest: +NORMALIZE_WHITESPACE
+    ['qwen3_moe.config.json', 'qwen3_moe.scout.safetensors', 'qwen3_moe.smoe',
+     'qwen3_moe.smoe.manifest.json']
     >>> plan = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(dry_run=True))
     >>> plan["experts"], plan["vault_bytes"]
     (16, 278528)
@@ -959,6 +994,7 @@ def _sculpt_checked(
         (paths.vault, "vault"),
         (paths.scout, "scout"),
         (paths.manifest, "manifest"),
+        (paths.config, "config copy"),
         (paths.partial, "partial file"),
         (paths.journal, "journal"),
         (paths.lock, "lock file"),
@@ -993,7 +1029,7 @@ def _sculpt_checked(
         return info
     fileio.ensure_dir(out_dir)
     with fileio.Lock(paths.lock, paths.vault):
-        for staged in (paths.scout, paths.manifest, paths.vault):
+        for staged in (paths.scout, paths.config, paths.manifest, paths.vault):
             sweep_stale(staged)  # temporary files of a killed run (the partial is kept)
         fp = fingerprint(
             ckpt,
@@ -1023,6 +1059,7 @@ def _sculpt_locked(
     """The run proper, under the lock: see the module docstring for the protocol."""
     journal: Journal | None = None
     scout: AtomicFile | None = None
+    config: AtomicFile | None = None
     try:
         journal = Journal(paths.journal)
         done = journal.read(fp) if opts.resume and os.path.lexists(paths.partial) else {}
@@ -1064,17 +1101,20 @@ def _sculpt_locked(
         scout_bytes, scout = write_streaming(
             paths.scout, ckpt.non_expert_tensors(), metadata={"format": "pt"}, stage=True
         )
-        writer.commit([scout])
+        config = stage_config(ckpt, paths.config)
+        writer.commit([scout, config])
     except KeyboardInterrupt:
         writer.suspend()
-        if scout is not None:
-            scout.abort()
+        for staged in (scout, config):
+            if staged is not None:
+                staged.abort()
         if journal is not None:
             journal.close(remove=False)
         raise
     except BaseException:
-        if scout is not None:
-            scout.abort()
+        for staged in (scout, config):
+            if staged is not None:
+                staged.abort()
         if writer.state is not State.COMMITTED:
             writer.abort()
         if journal is not None:
@@ -1097,6 +1137,7 @@ def _sculpt_locked(
         snr_keys=snr_keys,
         bits=opts.bits,
         weighted_snr=wsnr if weighted else None,
+        config=paths.config,
         phases={
             "setup": start - t0,
             "experts": marks["commit"] - start,

@@ -126,6 +126,7 @@ def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path, referenc
     summary = json.loads(proc.stdout)
     assert summary["vault"] == str(out / "name.smoe")
     assert sorted(p.name for p in out.iterdir()) == [
+        "name.config.json",
         "name.scout.safetensors",
         "name.smoe",
         "name.smoe.manifest.json",
@@ -140,6 +141,7 @@ def test_name_overrides_the_model_name(hf_home: Path, tmp_path: Path) -> None:
     proc = smoe("sculpt", "org/name", out, "--jobs", "1", "--name", "q4-test")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
+        "q4-test.config.json",
         "q4-test.scout.safetensors",
         "q4-test.smoe",
         "q4-test.smoe.manifest.json",

@@ -307,6 +307,7 @@ def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
     assert (out / "big.smoe").read_bytes() == ref.vault.read_bytes()
     assert (out / "big.scout.safetensors").read_bytes() == ref.scout.read_bytes()
     assert sorted(p.name for p in out.iterdir()) == [
+        "big.config.json",
         "big.scout.safetensors",
         "big.smoe",
         "big.smoe.manifest.json",

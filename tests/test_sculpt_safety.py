@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -42,11 +43,12 @@ def finals(out: Path, stem: str) -> list[Path]:
         out / f"{stem}.smoe",
         out / f"{stem}.scout.safetensors",
         out / f"{stem}.smoe.manifest.json",
+        out / f"{stem}.config.json",
     ]
 
 
 def contents(out: Path, stem: str) -> list[bytes]:
-    """Vault, scout and manifest bytes."""
+    """Vault, scout, manifest and config copy bytes."""
     return [p.read_bytes() for p in finals(out, stem)]
 
 
@@ -171,7 +173,7 @@ sculpt(sys.argv[1], sys.argv[2], SculptOptions(jobs=1))
 """
 
 
-@pytest.mark.parametrize("after", [".scout.safetensors", ".smoe.manifest.json"])
+@pytest.mark.parametrize("after", [".scout.safetensors", ".config.json", ".smoe.manifest.json"])
 def test_kill_between_renames_then_resume_completes(
     ckpts: Path, clean: dict, tmp_path: Path, after: str
 ) -> None:
@@ -190,10 +192,37 @@ def test_kill_between_renames_then_resume_completes(
     assert (summary["experts_resumed"], summary["experts_written"]) == (8, 0)
     assert contents(out, "qwen") == clean["qwen"]
     assert [n for n in listing(out) if not n.endswith(".tmp")] == [
+        "qwen.config.json",
         "qwen.scout.safetensors",
         "qwen.smoe",
         "qwen.smoe.manifest.json",
     ]
+
+
+def test_config_is_committed_byte_for_byte(ckpts: Path, tmp_path: Path) -> None:
+    source = ckpts / "qwen" / "config.json"
+    res = sculpt(ckpts / "qwen", tmp_path / "out", SculptOptions(jobs=1))
+    assert res.config == tmp_path / "out" / "qwen.config.json"
+    assert res.config.read_bytes() == source.read_bytes()
+    assert res.summary()["config"] == str(res.config)
+
+
+def test_config_changed_while_sculpting_is_refused(ckpts: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(ckpts / "qwen", model)
+    config = model / "config.json"
+
+    def edit(done: int, total: int, nbytes: int) -> None:
+        if done == 1:
+            cfg = json.loads(config.read_text())
+            cfg["num_experts_per_tok"] = 1
+            config.write_text(json.dumps(cfg))
+
+    out = tmp_path / "out"
+    with pytest.raises(SmoeError) as info:
+        sculpt(model, out, SculptOptions(jobs=1), progress=edit)
+    assert str(info.value) == f"{config}: changed while sculpting; refused"
+    assert [n for n in listing(out) if not n.startswith(".qwen.smoe.")] == []
 
 
 def test_failed_vault_rename_removes_the_companions(
@@ -261,7 +290,12 @@ def test_second_sculpt_into_the_same_target_stops_at_once(
             first.wait()
     assert first.returncode == 0
     assert contents(out, "qwen") == clean["qwen"]  # the Q4 run, untouched by the Q2 attempt
-    assert listing(out) == ["qwen.scout.safetensors", "qwen.smoe", "qwen.smoe.manifest.json"]
+    assert listing(out) == [
+        "qwen.config.json",
+        "qwen.scout.safetensors",
+        "qwen.smoe",
+        "qwen.smoe.manifest.json",
+    ]
 
 
 # ---- no symlink followed, no input overwritten -----------------------------------------------
@@ -565,7 +599,13 @@ def test_temporary_files_of_a_killed_run_are_swept(
     link.symlink_to(target)
     sculpt(ckpts / "qwen", out, SculptOptions(jobs=1))
     assert listing(out) == sorted(
-        ["qwen.smoe", "qwen.scout.safetensors", "qwen.smoe.manifest.json", link.name]
+        [
+            "qwen.smoe",
+            "qwen.scout.safetensors",
+            "qwen.smoe.manifest.json",
+            "qwen.config.json",
+            link.name,
+        ]
     )
     assert target.read_bytes() == b"keep me"
     assert contents(out, "qwen") == clean["qwen"]
