@@ -188,18 +188,23 @@ class ExpertReader:
         ...     reader.uses_direct(ref), ExpertReader(direct=False).uses_direct(ref)
         (False, False)
         """
-        if not self.direct or _SYSCALL is None:
+        if not self.direct or any(offset % 8 for _, offset, _ in ref.ranges()):
             return False
+        share = self._cached_share(ref)
+        return share is not None and share < self.DIRECT_BELOW
+
+    def _cached_share(self, ref: ExpertRef) -> float | None:
+        """The share of the expert's bytes in the page cache, or None if unknown."""
+        if _SYSCALL is None:
+            return None
         cached = total = 0.0
         for path, offset, n in ref.ranges():
-            if offset % 8:
-                return False
             share = cached_fraction(self._fd(path), offset, n)
             if share is None:
-                return False
+                return None
             cached += share * n
             total += n
-        return cached < self.DIRECT_BELOW * total
+        return cached / total if total else None
 
     def read(
         self, ref: ExpertRef, slot: int = 0
@@ -308,7 +313,8 @@ class ExpertReader:
 
     def hint(self, ref: ExpertRef) -> None:
         """Ask the kernel to start reading an expert's bytes now (POSIX_FADV_WILLNEED),
-        unless :meth:`read` will take it with ``O_DIRECT`` (the page cache is bypassed).
+        unless they are all in the page cache already or :meth:`read` will take them with
+        ``O_DIRECT`` (the page cache is bypassed).
 
         >>> from smoe.checkpoint import Checkpoint
         >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe_mixed_dtype").experts[(0, 0)]
@@ -316,7 +322,7 @@ class ExpertReader:
         ...     reader.hint(ref)
         """
         advise = getattr(os, "posix_fadvise", None)
-        if advise is None or self.uses_direct(ref):
+        if advise is None or self._cached_share(ref) == 1.0 or self.uses_direct(ref):
             return
         for path, offset, n in ref.ranges():
             fd = self._fd(path)

@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
+from smoe.blob_writer import BlobWriter, direct_io
 from smoe.checkpoint import Checkpoint, ExpertRef
 from smoe.config import config_object, parse_json, read_small
 from smoe.cpus import usable_cores
@@ -84,6 +85,8 @@ from smoe.writer import State, VaultWriter, encode_blob
 from smoe_gen import layout
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from smoe.imatrix import ImportanceMatrix
 
 __all__ = [
@@ -500,40 +503,11 @@ def file_order(todo: list[Job]) -> list[Job]:
     return sorted(todo, key=lambda job: min((str(p), o) for p, o, _ in job.ref.ranges()))
 
 
-def _sync_file_range() -> Callable[..., int] | None:
-    """libc's ``sync_file_range`` (Linux), or None."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
-SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(fd: int, offset: int, n: int) -> None:
-    """Start writing a blob to disk now (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which
-    does not wait), so the commit's fsync has little left to wait for. Advice only: the
-    commit's fsync is what makes the blob durable and reports any error."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, offset, n, SYNC_FILE_RANGE_WRITE)
-
-
-def quantise_expert(
-    job: Job,
-    fd: int,
-    name: str,
-    mats: list,
-    srcs: tuple[int, ...],
-    out: bytearray | None = None,
-) -> Result:
-    """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob and
-    write it at its planned offset in ``fd``; with an importance matrix, weighted by it.
-    ``out``: the previous blob of the same size, reused (see :func:`encode_blob`)."""
+def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray) -> Result:
+    """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob in
+    ``out`` (``uint8``, the blob's size; see :func:`encode_blob`), with an importance
+    matrix weighted by it; the result to report once ``out`` is written at
+    ``job.slot.byte_offset``."""
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     importance = None
     if job.imatrix is not None:
@@ -541,7 +515,7 @@ def quantise_expert(
             job.imatrix.for_expert(job.ref.layer, job.ref.expert, t, cols, rows)
             for t, (rows, cols) in zip(TENSOR_NAMES, job.ref.shapes)
         ]
-    blob = encode_blob(
+    encode_blob(
         job.slot,
         [a for a, _ in mats],
         job.bits,
@@ -551,11 +525,9 @@ def quantise_expert(
         importance,
         out=out,
     )
-    fileio.pwrite_all(fd, blob, job.slot.byte_offset, name)
-    start_writeback(fd, job.slot.byte_offset, len(blob))
     return (
         (job.ref.layer, job.ref.expert),
-        checksum(blob),
+        checksum(out),
         srcs,
         [s.finite_snr_db for s in stats],
         [s.weighted_snr_db for s in stats],
@@ -583,30 +555,40 @@ class Claims:
 def quantise_stream(
     todo: Sequence[Job], claims: Claims, target: Target, reader: ExpertReader
 ) -> Iterator[Result]:
-    """Quantise the jobs ``claims`` hands out while a thread claims the next one and reads
-    and hashes its sources into the reader's other buffer (preadv and CRC-32C drop the
-    GIL), so reading never waits for quantising nor the other way round."""
+    """Quantise the jobs ``claims`` hands out while one thread claims the next one and
+    reads and hashes its sources into the reader's other buffer (preadv and CRC-32C drop
+    the GIL) and another writes the previous blob (:class:`BlobWriter`, with
+    ``O_DIRECT`` where it can), so reading and writing never wait for quantising nor the
+    other way round. Each result comes once its blob is written."""
 
-    def fetch(slot: int) -> tuple[Job, list, tuple[int, ...]] | None:
+    def fetch(slot: int) -> tuple[Job, list, tuple[int, ...], bool] | None:
         i = claims()
         if i is None:
             return None
         reader.hint(todo[i].ref)  # the whole expert at once: a deeper queue than chunk by chunk
-        return (todo[i], *reader.read(todo[i].ref, slot))
+        before = reader.direct_reads
+        mats, crcs = reader.read(todo[i].ref, slot)
+        return todo[i], mats, crcs, reader.direct_reads > before
 
     fd = open_target(target)
     try:
+        again = open_target(target)
+    except BaseException:
+        os.close(fd)
+        raise
+    direct = again if direct_io(again) else None
+    if direct is None:
+        os.close(again)
+    with BlobWriter[Result](fd, target.name, direct) as out:
         with ThreadPoolExecutor(max_workers=1) as pool:
             ahead, slot = pool.submit(fetch, 0), 0
-            blob = bytearray()  # reused: a fresh one per expert costs a page fault per 4 KiB
             while (got := ahead.result()) is not None:
                 slot ^= 1  # the other buffer: the expert being quantised stays untouched
                 ahead = pool.submit(fetch, slot)
-                if len(blob) != got[0].slot.raw_size:
-                    blob = bytearray(got[0].slot.raw_size)
-                yield quantise_expert(got[0], fd, target.name, got[1], got[2], blob)
-    finally:
-        os.close(fd)
+                job, blob = got[0], out.buffer(got[0].slot.raw_size)
+                result = quantise_expert(job, got[1], got[2], blob)
+                yield from out.write(blob, job.slot.byte_offset, result, direct=not got[3])
+        yield from out.drain()
 
 
 def _worker_init(parent: int) -> None:
@@ -653,9 +635,10 @@ class Workers:
     """``processes`` forked worker processes quantising one list of jobs.
 
     Each worker claims the next job from a shared counter (the list is in file order), and
-    its reader thread reads the job after the current one while it quantises, so every
-    worker reads and quantises without pause until the list is done; results come back one
-    per expert, over a pipe per worker. A worker that fails sends its exception, which is
+    its reader thread reads the job after the current one while it quantises and its writer
+    thread writes the blob before (:func:`quantise_stream`), so every worker reads and
+    quantises without pause until the list is done; results come back one per expert, once
+    its blob is written, over a pipe per worker. A worker that fails sends its exception, which is
     raised here; one that dies is an error. Leaving the block kills any worker left.
     """
 

@@ -30,7 +30,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -73,6 +73,9 @@ def expert_name(layer: int, expert: int) -> str:
     return f"layer {layer} expert {expert}"
 
 
+_Out = TypeVar("_Out", bytearray, np.ndarray)
+
+
 def encode_blob(
     slot: ExpertSlot,
     weights: Sequence[np.ndarray],
@@ -81,14 +84,15 @@ def encode_blob(
     src_dtypes: Sequence[str | None] = (None, None, None),
     stats: Sequence[quant.QuantStats] | None = None,
     importance: Sequence[np.ndarray | None] | None = None,
-    out: bytearray | None = None,
-) -> bytearray:
+    out: _Out | None = None,
+) -> _Out | bytearray:
     """One expert's blob (D3): each matrix quantised straight into its planned slices
     (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
 
-    ``out``: a blob of ``slot.raw_size`` bytes to reuse (e.g. the previous expert's):
-    encoded in place and returned, byte for byte the blob a fresh call gives (every byte
-    the tensors do not cover is zeroed); None: a new one.
+    ``out``: a blob of ``slot.raw_size`` bytes to reuse (a ``bytearray`` or a ``uint8``
+    array, e.g. the previous expert's): encoded in place and returned, byte for byte the
+    blob a fresh call gives (every byte the tensors do not cover is zeroed); None: a new
+    ``bytearray``.
     Weights the format cannot hold are refused, never clipped: ``quant.NonFiniteWeights``
     (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
     expert and tensor, e.g. ``layer 3 expert 5 down_proj: 2 weights are inf or nan, ...``.
@@ -101,16 +105,19 @@ def encode_blob(
     (3264, 'ffffffff', 3141431214)
     >>> encode_blob(slot, mats, 4, "optimal", out=bytearray([170]) * 3264) == blob
     True
+    >>> bytes(encode_blob(slot, mats, 4, "optimal", out=np.full(3264, 170, np.uint8))) == blob
+    True
     """
     mode = cast("quant.ScaleMode", scale)  # encode_into refuses any other value
     kinds = cast("Sequence[quant.SrcDtype | None]", src_dtypes)  # likewise
+    blob: _Out | bytearray
     if out is None:
         blob = bytearray(slot.raw_size)
     elif len(out) != slot.raw_size:
         raise ValueError(f"out has {len(out)} bytes, the blob has {slot.raw_size}")
     else:
         blob = out
-    view = np.frombuffer(blob, np.uint8)
+    view = np.frombuffer(blob, np.uint8)  # the same bytes, writable, whichever ``out`` is
     if out is not None:  # the encoder writes every byte of its slices; zero the rest
         at = 0
         for lo, hi in sorted(

@@ -215,6 +215,7 @@ def test_name_sets_the_outputs_stem_and_must_be_a_plain_name(tmp_path: Path) -> 
     ck = write_checkpoint(tmp_path / "ck" / "m", layers=1, experts=2, d_model=64, ffn=32, seed=9)
     res = sculpt(ck, tmp_path / "out", SculptOptions(jobs=1, name="given"))
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "given.config.json",
         "given.scout.safetensors",
         "given.smoe",
         "given.smoe.manifest.json",

@@ -1,6 +1,8 @@
 """The Sculptor's speed paths give the same bytes as the plain ones (issue 13): a reused
-blob buffer, and ``O_DIRECT`` reads of experts absent from the page cache (with their
-fall-backs: a file system that refuses ``O_DIRECT``, a refused read, a file that shrank)."""
+blob buffer, ``O_DIRECT`` reads of experts absent from the page cache (with their
+fall-backs: a file system that refuses ``O_DIRECT``, a refused read, a file that shrank),
+and blobs written with ``O_DIRECT`` (the same bytes and holes; a refused write continues
+through the page cache, a failed one is one error line)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import numpy as np
 import pytest
 
 from smoe import expert_reader as reader_mod
-from smoe import quant
+from smoe import fileio, quant
+from smoe import sculpt as sculpt_mod
+from smoe.blob_writer import BlobWriter, direct_io
 from smoe.checkpoint import Checkpoint
 from smoe.errors import SmoeError
 from smoe.expert_reader import ExpertReader, cached_fraction
@@ -181,3 +185,94 @@ def test_a_sculpt_read_with_o_direct_writes_the_same_bytes(
         return {k: [v[i] for v in res.snr.values()] for i, k in enumerate(res.snr_keys)}
 
     assert by_key(plain) == by_key(direct)
+
+
+# ---- blob writes: O_DIRECT for whole blocks, the page cache for the rest ------------------
+BLOBS = [(16384, 100), (32768, 4096), (49152, 5000), (65536, 12295)]  # (offset, size)
+
+
+def write_blobs(path: Path, direct: bool) -> tuple[bytes, int, int]:
+    """Writes :data:`BLOBS` (distinct bytes each) into a sparse file through a BlobWriter;
+    (the file's bytes, its allocated 512-byte blocks, bytes written with O_DIRECT)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, 98304)
+    dfd: int | None = os.open(path, os.O_WRONLY)
+    assert dfd is not None
+    if not (direct and direct_io(dfd)):
+        os.close(dfd)
+        dfd = None
+    with BlobWriter[int](os.dup(fd), str(path), dfd) as out:
+        done = []
+        for i, (offset, n) in enumerate(BLOBS):
+            blob = out.buffer(n)
+            blob[:] = np.arange(n) % 251 + i
+            done += out.write(blob, offset, i)
+        done += out.drain()
+        written = out.direct_bytes
+    assert done == list(range(len(BLOBS)))  # each reported once written, in order
+    os.fsync(fd)
+    blocks = os.fstat(fd).st_blocks
+    os.close(fd)
+    return path.read_bytes(), blocks, written
+
+
+def test_direct_blob_writes_give_the_bytes_and_holes_of_buffered_ones(tmp_path: Path) -> None:
+    plain = write_blobs(tmp_path / "plain", direct=False)
+    direct = write_blobs(tmp_path / "direct", direct=True)
+    assert direct[:2] == plain[:2]  # the same bytes, the same blocks allocated
+    probe = os.open(tmp_path / "plain", os.O_WRONLY)
+    took = direct_io(probe)  # False where the file system refuses O_DIRECT (e.g. tmpfs)
+    os.close(probe)
+    assert direct[2] == (4096 + 4096 + 12288 if took else 0)  # whole blocks only
+    assert plain[2] == 0
+
+
+def test_a_refused_direct_write_continues_through_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.pwrite
+    refused = []
+
+    def pwrite(fd: int, data: memoryview, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(fileio.os, "pwrite", pwrite)
+    plain = write_blobs(tmp_path / "plain", direct=False)
+    direct = write_blobs(tmp_path / "direct", direct=True)
+    assert direct == plain  # bytes, blocks, and nothing written with O_DIRECT
+    assert len(refused) <= 1  # refused once, then not asked again
+
+
+def test_a_failed_blob_write_is_one_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "pwrite", full)
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    with pytest.raises(SmoeError) as info, BlobWriter[int](fd, str(path)) as out:
+        for i in range(3):
+            list(out.write(out.buffer(8192), i * 8192, i))
+        list(out.drain())
+    assert str(info.value).startswith(f"{path}: cannot write 8192 bytes at offset 0: No space")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_sculpt_written_without_o_direct_gives_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    ck = write_checkpoint(tmp_path / "ck" / "m", layers=2, experts=8, d_model=64, ffn=48, seed=3)
+    sculpt(ck, tmp_path / "direct", SculptOptions(jobs=jobs))
+    monkeypatch.setattr(sculpt_mod, "direct_io", lambda fd: False)  # as on tmpfs
+    sculpt(ck, tmp_path / "plain", SculptOptions(jobs=jobs))
+    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "direct").iterdir())
+    for name in names:
+        plain, direct = tmp_path / "plain" / name, tmp_path / "direct" / name
+        assert plain.read_bytes() == direct.read_bytes()
+        assert plain.stat().st_blocks == direct.stat().st_blocks  # the padding stays holes
