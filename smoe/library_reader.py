@@ -137,6 +137,9 @@ class LibraryReader:
         self._bufs = [np.empty(0, np.uint8) for _ in range(slots)]
         self._shards: dict[Path, _Shard] = {}
         self._lock = threading.Lock()
+        self.direct_reads = 0
+        """Experts read with ``O_DIRECT``: always 0, the library reads through a memory map
+        (kept for the sculptor, which reads ``ExpertReader.direct_reads``)."""
 
     def _shard(self, path: Path) -> _Shard:
         with self._lock:

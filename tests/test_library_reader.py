@@ -68,6 +68,20 @@ def test_synthetic_checkpoints_read_byte_identical(tmp_path: Path, kw: dict) -> 
     same_as_ours(ck, chunk=64 * 4, mapped=1)  # one row per call for F32, reopened each time
 
 
+def test_drop_in_for_the_sculptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sculptor run on LibraryReader writes the same files as on ExpertReader."""
+    from smoe import sculpt as sculpt_module
+    from smoe.sculpt import SculptOptions, sculpt
+
+    model = tmp_path / "m"
+    write_checkpoint(model, layers=1, experts=4, d_model=64, ffn=32, seed=5)
+    ours = sculpt(model, tmp_path / "ours", SculptOptions(jobs=1))
+    monkeypatch.setattr(sculpt_module, "ExpertReader", LibraryReader)
+    lib = sculpt(model, tmp_path / "lib", SculptOptions(jobs=1))
+    for a, b in ((ours.vault, lib.vault), (ours.scout, lib.scout)):
+        assert a.read_bytes() == b.read_bytes()
+
+
 def test_arrays_are_views_of_the_slot_buffer() -> None:
     ck = Checkpoint.open(CKPTS / "qwen3_moe")
     with LibraryReader(slots=2) as lib:
