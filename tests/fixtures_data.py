@@ -38,3 +38,12 @@ OLMOE_CONFIG = {
     "rope_theta": 10000.0,
     "num_experts": 4,
 }
+
+# smoe.synth.write_checkpoint keyword sets: one checkpoint per tensor layout the sculptor
+# reads (per-expert BF16, fused 3-D, F16 in 3 shards, Mixtral naming in F32)
+CHECKPOINT_LAYOUTS = {
+    "per-expert": {"dtype": "BF16"},
+    "fused": {"dtype": "BF16", "fused": True},
+    "f16-sharded": {"dtype": "F16", "shards": 3},
+    "f32-mixtral": {"dtype": "F32", "model_type": "mixtral"},
+}

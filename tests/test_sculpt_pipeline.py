@@ -22,19 +22,15 @@ from smoe.safetensors_io import read_array
 from smoe.sculpt import Job, SculptOptions, file_order, sculpt
 from smoe.synth import write_checkpoint
 
-CASES = {
-    "per-expert": {"dtype": "BF16"},
-    "fused": {"dtype": "BF16", "fused": True},
-    "f16-sharded": {"dtype": "F16", "shards": 3},
-    "f32-mixtral": {"dtype": "F32", "model_type": "mixtral"},
-}
+from fixtures_data import CHECKPOINT_LAYOUTS
+
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
     base = tmp_path_factory.mktemp("pipeline")
     out = {}
-    for name, kw in CASES.items():
+    for name, kw in CHECKPOINT_LAYOUTS.items():
         path = write_checkpoint(base / name, layers=2, experts=4, d_model=64, ffn=32, seed=3, **kw)
         out[name] = Checkpoint.open(path)
     return out
@@ -51,7 +47,7 @@ def whole_tensor_slice(ref: ExpertRef) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_LAYOUTS))
 def test_load_reads_exactly_each_matrix(ckpts: dict[str, Checkpoint], name: str) -> None:
     for ref in ckpts[name].experts.values():
         loaded = ref.load()
@@ -59,7 +55,7 @@ def test_load_reads_exactly_each_matrix(ckpts: dict[str, Checkpoint], name: str)
             assert arr.dtype == want.dtype and arr.shape == want.shape
             assert np.array_equal(arr.view(np.uint8), want.view(np.uint8))
             assert arr.nbytes == n
-            assert src == ("bf16" if CASES[name]["dtype"] == "BF16" else None)
+            assert src == ("bf16" if CHECKPOINT_LAYOUTS[name]["dtype"] == "BF16" else None)
 
 
 def test_fused_rows_are_disjoint_ranges_of_one_slab(ckpts: dict[str, Checkpoint]) -> None:
@@ -73,7 +69,7 @@ def test_fused_rows_are_disjoint_ranges_of_one_slab(ckpts: dict[str, Checkpoint]
     assert do == down.offset + 2 * (down.nbytes // down.shape[0]) and dn == gn
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_LAYOUTS))
 def test_reader_matches_load_and_checksums(ckpts: dict[str, Checkpoint], name: str) -> None:
     with ExpertReader() as reader:
         for ref in ckpts[name].experts.values():

@@ -27,12 +27,8 @@ from smoe.sculpt import SculptOptions, SculptResult, sculpt
 from smoe.synth import write_checkpoint
 from smoe.writer import encode_blob
 
-CASES = {
-    "per-expert": {"dtype": "BF16"},
-    "fused": {"dtype": "BF16", "fused": True},
-    "f16-sharded": {"dtype": "F16", "shards": 3},
-    "f32-mixtral": {"dtype": "F32", "model_type": "mixtral"},
-}
+from fixtures_data import CHECKPOINT_LAYOUTS
+
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +38,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
         name: Checkpoint.open(
             write_checkpoint(base / name, layers=2, experts=3, d_model=64, ffn=48, seed=5, **kw)
         )
-        for name, kw in CASES.items()
+        for name, kw in CHECKPOINT_LAYOUTS.items()
     }
 
 
@@ -76,7 +72,7 @@ def force_direct(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ExpertReader, "uses_direct", lambda self, ref: self.direct)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_LAYOUTS))
 def test_direct_reads_give_the_bytes_and_checksums_of_load(
     ckpts: dict[str, Checkpoint], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
