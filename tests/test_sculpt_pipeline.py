@@ -25,7 +25,6 @@ from smoe.synth import write_checkpoint
 from fixtures_data import CHECKPOINT_LAYOUTS
 
 
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
     base = tmp_path_factory.mktemp("pipeline")

@@ -30,7 +30,6 @@ from smoe.writer import encode_blob
 from fixtures_data import CHECKPOINT_LAYOUTS
 
 
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
     base = tmp_path_factory.mktemp("speed")
