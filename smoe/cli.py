@@ -650,7 +650,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "*.safetensors) or HuggingFace model id ORG/NAME (needs smoe[hub]; an "
         "existing folder of that name wins)",
     )
-    p.add_argument("out_dir", type=Path, help="where <stem>.smoe and <stem>.scout.safetensors go")
+    p.add_argument(
+        "out_dir",
+        type=Path,
+        help="where <stem>.smoe, .scout.safetensors, .smoe.manifest.json and .config.json go",
+    )
     p.add_argument(
         "--name",
         type=_output_stem,
