@@ -427,6 +427,15 @@ def write_file(
     *,
     stage: Literal[True],
 ) -> tuple[int, AtomicFile]: ...
+@overload
+def write_file(
+    path: Path,
+    items: list[tuple[str, str, tuple[int, ...]]],
+    fill: Callable[[int, int, int], None],
+    metadata: dict[str, str] | None = None,
+    *,
+    stage: bool,
+) -> int | tuple[int, AtomicFile]: ...
 def write_file(
     path: Path,
     items: list[tuple[str, str, tuple[int, ...]]],
@@ -544,7 +553,7 @@ def write_streaming(
     try:
         return write_file(
             path, [(t.name, t.dtype, t.shape) for t in items], fill, metadata, stage=stage
-        )  # type: ignore[call-overload]
+        )
     finally:
         for src in fds.values():
             os.close(src)
