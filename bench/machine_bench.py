@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.figures import best_time, figure
-from smoe import quant
+from smoe import fileio, quant
 
 CHUNK = 1 << 20
 DIRECT_CHUNK = 8 << 20  # O_DIRECT has no read-ahead: each read is one request to the device
 THREADS = (1, 2, 4)
-ALIGN = 4096  # O_DIRECT: buffer address, offset and length
+ALIGN = fileio.DIRECT_ALIGN
 
 
 def copy_rate(n: int, threads: int, repeat: int = 5) -> float:
@@ -67,12 +67,6 @@ def warm(paths: Sequence[Path]) -> None:
     read_rate(paths, 2)
 
 
-def _aligned(n: int) -> np.ndarray:
-    raw = np.empty(n + ALIGN, np.uint8)
-    skip = -raw.ctypes.data % ALIGN
-    return raw[skip : skip + n]
-
-
 def read_rate(paths: Sequence[Path], threads: int, direct: bool = False) -> float:
     """GB/s of reading every byte of ``paths`` once with ``threads`` threads."""
     sizes = [p.stat().st_size for p in paths]
@@ -82,7 +76,7 @@ def read_rate(paths: Sequence[Path], threads: int, direct: bool = False) -> floa
     errors: list[BaseException] = []
 
     def share(t: int) -> None:
-        view = memoryview(_aligned(chunk))
+        view = memoryview(fileio.aligned_empty(chunk))
         try:
             for fd, size in zip(fds, sizes):
                 step = -(-size // threads // chunk) * chunk  # chunk-aligned shares

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,28 +32,9 @@ import numpy as np
 from smoe import fileio
 from smoe.errors import SmoeError
 
-__all__ = ["BlobWriter", "direct_io"]
+__all__ = ["BlobWriter"]
 
 T = TypeVar("T")
-
-
-def direct_io(fd: int) -> bool:
-    """Turn on ``O_DIRECT`` for ``fd``; whether the file system took it.
-
-    >>> import tempfile
-    >>> fd = os.open(tempfile.mkdtemp() + "/f", os.O_CREAT | os.O_WRONLY)
-    >>> direct_io(fd) in (True, False)  # False where O_DIRECT is refused (e.g. tmpfs)
-    True
-    >>> os.close(fd)
-    """
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return False
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
-        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
-    except OSError:
-        return False
 
 
 def _sync_file_range() -> Callable[..., int] | None:
@@ -90,13 +70,13 @@ class BlobWriter(Generic[T]):
     written, in the order given. Of the ``buffers`` buffers, the one :meth:`buffer`
     gives is never being written (at most ``buffers - 1`` writes are pending).
     ``fd``: the file opened for buffered writes; ``direct_fd``: the same file with
-    ``O_DIRECT`` (:func:`direct_io`), or None. Both are closed by :meth:`close`.
+    ``O_DIRECT`` (:func:`smoe.fileio.direct_io`), or None. Both are closed by :meth:`close`.
 
     >>> import tempfile
     >>> path = tempfile.mkdtemp() + "/blobs"
     >>> fd = fileio.create_new(path)
     >>> direct = os.open(path, os.O_WRONLY)
-    >>> with BlobWriter(fd, path, direct if direct_io(direct) else None) as out:
+    >>> with BlobWriter(fd, path, direct if fileio.direct_io(direct) else None) as out:
     ...     blob = out.buffer(5000)
     ...     blob[:] = 7
     ...     done = list(out.write(blob, 8192, "first"))
@@ -106,7 +86,7 @@ class BlobWriter(Generic[T]):
     (['first', 'second'], 13192, b'\\x07\\x07\\x07')
     """
 
-    ALIGN = 4096  # O_DIRECT: buffer address, offset and length
+    ALIGN = fileio.DIRECT_ALIGN
 
     def __init__(self, fd: int, name: str, direct_fd: int | None = None, buffers: int = 2) -> None:
         self.fd, self.name, self.direct_fd = fd, name, direct_fd
@@ -128,9 +108,7 @@ class BlobWriter(Generic[T]):
         """
         i = self._turn
         if self._bufs[i].nbytes < nbytes:
-            raw = np.empty(nbytes + self.ALIGN, np.uint8)
-            skip = -raw.ctypes.data % self.ALIGN
-            self._bufs[i] = raw[skip : skip + nbytes]
+            self._bufs[i] = fileio.aligned_empty(nbytes)
         return self._bufs[i][:nbytes]
 
     def write(self, blob: np.ndarray, offset: int, report: T, direct: bool = True) -> Iterator[T]:

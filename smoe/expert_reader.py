@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import platform
 import sys
@@ -109,7 +108,7 @@ class ExpertReader:
     CHUNK = 1 << 20
     ALIGN = 64
     HINT = 8 << 20  # the most Linux reads ahead for one POSIX_FADV_WILLNEED call
-    DIRECT_ALIGN = 4096  # O_DIRECT: buffer address, offset and length
+    DIRECT_ALIGN = fileio.DIRECT_ALIGN
     DIRECT_CHUNK = 4 << 20  # one request per read: no read-ahead to split it
     DIRECT_BELOW = 0.5  # read with O_DIRECT when less than this share is page-cached
     DIRECT_THREADS = 3  # an expert's matrices are read at once, one thread each
@@ -138,12 +137,7 @@ class ExpertReader:
                 return self._dfds[path]
         fd: int | None = fileio.open_input(path)
         assert fd is not None
-        try:
-            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-            fcntl.fcntl(fd, fcntl.F_SETFL, flags | getattr(os, "O_DIRECT", 0))
-            if not getattr(os, "O_DIRECT", 0) or not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-                raise OSError(errno.EINVAL, "no O_DIRECT")
-        except OSError:
+        if not fileio.direct_io(fd):
             os.close(fd)
             fd = None
         with self._lock:
@@ -171,9 +165,7 @@ class ExpertReader:
 
     def _buffer(self, slot: int, nbytes: int) -> np.ndarray:
         if self._bufs[slot].nbytes < nbytes:
-            raw = np.empty(nbytes + self.DIRECT_ALIGN, np.uint8)
-            skip = -raw.ctypes.data % self.DIRECT_ALIGN
-            self._bufs[slot] = raw[skip : skip + nbytes]
+            self._bufs[slot] = fileio.aligned_empty(nbytes)
         return self._bufs[slot]
 
     def uses_direct(self, ref: ExpertRef) -> bool:

@@ -26,10 +26,15 @@ from smoe.errors import SmoeError
 if TYPE_CHECKING:
     from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
 
+    import numpy as np
+
 __all__ = [
+    "DIRECT_ALIGN",
     "Lock",
     "NotRegular",
+    "aligned_empty",
     "create_new",
+    "direct_io",
     "ensure_dir",
     "fsync",
     "fsync_dir",
@@ -437,6 +442,45 @@ def preadv_exact(fd: int, buf: Buffer, offset: int, path: str | os.PathLike) -> 
                 f"{offset}, got {got}"
             )
         got += n
+
+
+# ---- O_DIRECT -----------------------------------------------------------------------------
+DIRECT_ALIGN = 4096
+"""``O_DIRECT``: the alignment of buffer addresses, file offsets and lengths (the logical
+block size of common devices)."""
+
+
+def direct_io(fd: int) -> bool:
+    """Turn on ``O_DIRECT`` for ``fd``; whether the file system took it.
+
+    >>> import tempfile
+    >>> fd = os.open(tempfile.mkdtemp() + "/f", os.O_CREAT | os.O_WRONLY)
+    >>> direct_io(fd) in (True, False)  # False where O_DIRECT is refused (e.g. tmpfs)
+    True
+    >>> os.close(fd)
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
+    except OSError:
+        return False
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised ``uint8`` array of ``nbytes`` starting at a :data:`DIRECT_ALIGN`
+    boundary, as ``O_DIRECT`` reads and writes need.
+
+    >>> aligned_empty(100).ctypes.data % DIRECT_ALIGN, aligned_empty(100).shape
+    (0, (100,))
+    """
+    import numpy as np
+
+    raw = np.empty(nbytes + DIRECT_ALIGN, np.uint8)
+    skip = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[skip : skip + nbytes]
 
 
 # ---- one writer per target ----------------------------------------------------------------

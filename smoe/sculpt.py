@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from smoe import __version__, fileio, quant
 from smoe.atomic import AtomicFile, sweep_stale
-from smoe.blob_writer import BlobWriter, direct_io
+from smoe.blob_writer import BlobWriter
 from smoe.checkpoint import Checkpoint, ExpertRef
 from smoe.config import config_object, parse_json, read_small
 from smoe.cpus import usable_cores
@@ -576,7 +576,7 @@ def quantise_stream(
     except BaseException:
         os.close(fd)
         raise
-    direct = again if direct_io(again) else None
+    direct = again if fileio.direct_io(again) else None
     if direct is None:
         os.close(again)
     with BlobWriter[Result](fd, target.name, direct) as out:

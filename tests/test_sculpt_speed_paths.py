@@ -16,11 +16,11 @@ import pytest
 
 from smoe import expert_reader as reader_mod
 from smoe import fileio, quant
-from smoe import sculpt as sculpt_mod
-from smoe.blob_writer import BlobWriter, direct_io
+from smoe.blob_writer import BlobWriter
 from smoe.checkpoint import Checkpoint
 from smoe.errors import SmoeError
 from smoe.expert_reader import ExpertReader, cached_fraction
+from smoe.fileio import direct_io
 from smoe.manifest import checksum
 from smoe.plan import make_plan
 from smoe.sculpt import SculptOptions, SculptResult, sculpt
@@ -98,7 +98,7 @@ def test_a_file_system_that_refuses_o_direct_is_read_through_the_cache(
             raise OSError(errno.EINVAL, "Invalid argument")  # as tmpfs answers
         return real(fd, cmd, arg)
 
-    monkeypatch.setattr(reader_mod.fcntl, "fcntl", refuse)
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
     ref = ckpts["per-expert"].experts[(1, 2)]
     with ExpertReader() as reader:
         mats, crcs = reader.read(ref)
@@ -263,7 +263,7 @@ def test_a_sculpt_written_without_o_direct_gives_the_same_files(
 ) -> None:
     ck = write_checkpoint(tmp_path / "ck" / "m", layers=2, experts=8, d_model=64, ffn=48, seed=3)
     sculpt(ck, tmp_path / "direct", SculptOptions(jobs=jobs))
-    monkeypatch.setattr(sculpt_mod, "direct_io", lambda fd: False)  # as on tmpfs
+    monkeypatch.setattr(fileio, "direct_io", lambda fd: False)  # as on tmpfs
     sculpt(ck, tmp_path / "plain", SculptOptions(jobs=jobs))
     names = sorted(p.name for p in (tmp_path / "plain").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "direct").iterdir())
