@@ -20,10 +20,9 @@ import numpy as np
 
 from bench.figures import figure, peak_rss_of
 from bench.machine_bench import describe, read_limit
+from bench.sculpt_bench import checkpoint
 from smoe.sculpt import SculptOptions, sculpt
-from smoe.synth import write_checkpoint
 
-GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
 RSS_GOAL = 256 << 20
 """Peak RSS the export may use whatever the model's size (one tensor is ~6 MB of f32)."""
 
@@ -35,20 +34,7 @@ def vault(workdir: Path, layers: int) -> Path:
     path = out / f"{name}.smoe"
     if path.exists():
         return path
-    ckpt = workdir / name
-    if not (ckpt / "config.json").exists():
-        write_checkpoint(
-            ckpt,
-            layers=layers,
-            experts=GEOMETRY["experts"],
-            d_model=GEOMETRY["d_model"],
-            ffn=GEOMETRY["ffn"],
-            vocab=GEOMETRY["vocab"],
-            top_k=8,
-            seed=7,
-        )
-    result = sculpt(ckpt, out, SculptOptions(bits=4, jobs=2))
-    shutil.copyfile(ckpt / "config.json", out / f"{name}.config.json")  # as the sculptor will
+    result = sculpt(checkpoint(workdir, layers), out, SculptOptions(bits=4, jobs=2))
     return result.vault
 
 
