@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from smoe.records import ArchInfo
+from smoe_gen import layout
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 CORRUPT = FIXTURES / "corrupt"
@@ -47,3 +48,11 @@ CHECKPOINT_LAYOUTS = {
     "f16-sharded": {"dtype": "F16", "shards": 3},
     "f32-mixtral": {"dtype": "F32", "model_type": "mixtral"},
 }
+
+
+def boundary_values(size: int) -> list[int]:
+    """Integers that probe offset and count checks when written into a vault of ``size``
+    bytes: small counts, one either side of the header and page sizes, the file's size, the
+    largest u32 and a u64 beyond any file."""
+    h, p = layout.HEADER_SIZE, layout.PAGE_SIZE
+    return [0, 1, 2, 3, 7, h - 1, h, h + 1, 2 * h, p - 1, p, p + 1, size, 2**32 - 1, 2**63]

@@ -29,7 +29,7 @@ from smoe.writer import write_vault
 from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
 
-from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
+from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST, boundary_values
 from kaitai_names import kaitai_field
 from rule_cases import RULE_CASES, _en, _h, apply
 
@@ -475,26 +475,7 @@ def test_cpp_checker_and_python_verifier_agree_on_mutations(tmp_path: Path) -> N
         for _ in range(rng.randint(1, 3)):
             fmt = rng.choice(["<B", "<I", "<Q"])
             off = rng.randrange(2048 - 8)
-            value = rng.choice(
-                [
-                    0,
-                    1,
-                    2,
-                    3,
-                    7,
-                    63,
-                    64,
-                    65,
-                    128,
-                    16383,
-                    16384,
-                    16385,
-                    len(data),
-                    2**32 - 1,
-                    2**63,
-                    rng.randrange(256),
-                ]
-            )
+            value = rng.choice([*boundary_values(len(data)), rng.randrange(256)])
             struct.pack_into(
                 fmt, data, off, value & {"<B": 0xFF, "<I": 2**32 - 1, "<Q": 2**64 - 1}[fmt]
             )

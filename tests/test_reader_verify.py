@@ -20,7 +20,7 @@ from smoe.verify import verify
 from smoe_gen.layout import Rule
 from smoe_gen.smoe_kaitai import Smoe
 
-from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
+from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST, boundary_values
 from kaitai_names import kaitai_field
 from rule_cases import RULE_CASES, apply
 
@@ -278,27 +278,7 @@ def mutants(draw) -> bytes:
         else:
             fmt, width = ("<I", 4) if kind == "u32" else ("<Q", 8)
             off = draw(st.integers(0, meta_end - width))
-            value = draw(
-                st.sampled_from(
-                    [
-                        0,
-                        1,
-                        2,
-                        3,
-                        7,
-                        63,
-                        64,
-                        65,
-                        128,
-                        16383,
-                        16384,
-                        16385,
-                        len(data),
-                        2**32 - 1,
-                        2**63,
-                    ]
-                )
-            )
+            value = draw(st.sampled_from(boundary_values(len(data))))
             if kind == "u32":
                 value &= 0xFFFFFFFF
             struct.pack_into(fmt, data, off, value)
