@@ -17,8 +17,7 @@ from pathlib import Path
 from bench.figures import best_time, figure
 from smoe.dump import collect
 from smoe.reader import Vault
-from smoe.records import ArchInfo
-from smoe.synth import write_sparse_vault
+from smoe.synth import qwen3_235b_arch, write_sparse_vault
 from smoe.upgrade import upgrade
 from smoe.verify import verify
 from smoe.view import FileView
@@ -142,19 +141,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     )
     v1 = workdir / "qwen3-235b-a22b-shapes-v1.smoe"
     write_sparse_vault(v1, version=1)
-    arch = ArchInfo(
-        rope_theta=1e6,
-        num_heads=64,
-        num_kv_heads=4,
-        head_dim=128,
-        moe_top_k=8,
-        moe_ffn_dim=1536,
-        num_hidden_layers=94,
-        rms_norm_eps=1e-6,
-        model_type="qwen3_moe",
-        has_qk_norm=True,
-        norm_topk_prob=True,
-    )
+    arch = qwen3_235b_arch()
     t = time.perf_counter()
     res = upgrade(v1, arch)
     t_up = time.perf_counter() - t

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from smoe import fileio
 from smoe.safetensors_io import write_file
 
-__all__ = ["main", "write_checkpoint", "write_sparse_vault"]
+if TYPE_CHECKING:
+    from smoe.records import ArchInfo
+
+__all__ = ["main", "qwen3_235b_arch", "write_checkpoint", "write_sparse_vault"]
 
 _NP = {"F32": np.float32, "F16": np.float16}
 
@@ -181,6 +186,31 @@ def write_checkpoint(
     return root
 
 
+def qwen3_235b_arch() -> ArchInfo:
+    """The arch block of Qwen3-235B-A22B (94 layers, 128 experts of ffn 1536, top-8), the
+    geometry of :func:`write_sparse_vault`.
+
+    >>> a = qwen3_235b_arch()
+    >>> a.num_hidden_layers, a.moe_ffn_dim, a.moe_top_k, a.num_heads, a.head_dim
+    (94, 1536, 8, 64, 128)
+    """
+    from smoe.records import ArchInfo
+
+    return ArchInfo(
+        rope_theta=1_000_000.0,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        moe_top_k=8,
+        moe_ffn_dim=1536,
+        num_hidden_layers=94,
+        rms_norm_eps=1e-6,
+        model_type="qwen3_moe",
+        norm_topk_prob=True,
+        has_qk_norm=True,
+    )
+
+
 def write_sparse_vault(
     path: str | Path,
     *,
@@ -208,7 +238,7 @@ def write_sparse_vault(
     """
     from smoe.atomic import AtomicFile
     from smoe.plan import make_plan
-    from smoe.records import ArchInfo, ModelInfo, metadata_bytes
+    from smoe.records import ModelInfo, metadata_bytes
 
     shapes = ((ffn, d_model), (ffn, d_model), (d_model, ffn))
     plan = make_plan(
@@ -221,19 +251,7 @@ def write_sparse_vault(
         vocab_size=vocab,
         ffn_dim=12288,
     )
-    arch = ArchInfo(
-        rope_theta=1_000_000.0,
-        num_heads=64,
-        num_kv_heads=4,
-        head_dim=128,
-        moe_top_k=8,
-        moe_ffn_dim=ffn,
-        num_hidden_layers=layers,
-        rms_norm_eps=1e-6,
-        model_type="qwen3_moe",
-        norm_topk_prob=True,
-        has_qk_norm=True,
-    )
+    arch = replace(qwen3_235b_arch(), moe_ffn_dim=ffn, num_hidden_layers=layers)
     with AtomicFile(Path(path)) as out:
         out.pwrite(metadata_bytes(plan, model, arch if version >= 2 else None), 0)
         out.truncate(plan.file_size)

@@ -14,27 +14,14 @@ import numpy as np
 import pytest
 
 from smoe.reader import Vault
-from smoe.records import ArchInfo
-from smoe.synth import write_sparse_vault
+from smoe.synth import qwen3_235b_arch, write_sparse_vault
 from smoe.upgrade import upgrade
 from smoe.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOE = [sys.executable, "-m", "smoe.cli"]
 PAGE_BUDGET = 20_000  # minor faults (80 MB of 4 KiB pages); touching the blobs needs ~30 M
-ARCH = ArchInfo(
-    rope_theta=1e6,
-    num_heads=64,
-    num_kv_heads=4,
-    head_dim=128,
-    moe_top_k=8,
-    moe_ffn_dim=1536,
-    num_hidden_layers=94,
-    rms_norm_eps=1e-6,
-    model_type="qwen3_moe",
-    has_qk_norm=True,
-    norm_topk_prob=True,
-)
+ARCH = qwen3_235b_arch()
 
 
 @pytest.fixture(scope="module")
