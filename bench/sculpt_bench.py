@@ -54,6 +54,7 @@ from smoe.verify import verify_path
 from smoe_gen import layout
 
 GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
+SCULPT = [sys.executable, "-m", "smoe.cli", "sculpt"]
 GOAL = 0.7  # of the read limit, at --jobs = cores
 REPEAT = 2  # page-cached sculpt runs per configuration (the best counts)
 COLD_ROUNDS = 3  # rounds of (cold read limit, cold sculpt) per bit width
@@ -162,20 +163,8 @@ def remove_tree(out: Path) -> None:
 
 def sculpt_run(ckpt: Path, out: Path, bits: int, jobs: int, extra: list[str]) -> dict:
     """One ``smoe sculpt`` process: MB/s over its own seconds, process wall, peak RSS."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "smoe.cli",
-        "sculpt",
-        str(ckpt),
-        str(out),
-        "--bits",
-        str(bits),
-        "--jobs",
-        str(jobs),
-        "--json",
-        *extra,
-    ]
+    cmd = [*SCULPT, str(ckpt), str(out), "--bits", str(bits), "--jobs", str(jobs), "--json"]
+    cmd += extra
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall, rss, stdout, pss = run_tree(cmd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -396,18 +385,7 @@ def resume_figures(
             raise
     if not stopped:
         raise RuntimeError("the preparatory sculpt was not stopped before its commit")
-    cmd = [
-        sys.executable,
-        "-m",
-        "smoe.cli",
-        "sculpt",
-        str(ckpt),
-        str(out),
-        "--resume",
-        "--jobs",
-        str(cores),
-        "--json",
-    ]
+    cmd = [*SCULPT, str(ckpt), str(out), "--resume", "--jobs", str(cores), "--json"]
     if max_experts is not None:
         cmd += ["--max-experts", str(max_experts)]
     # page-cached, as the clean run it is held against (a sculpt of a cold checkpoint reads
