@@ -93,6 +93,7 @@ __all__ = [
     "Paths",
     "SculptOptions",
     "SculptResult",
+    "companions",
     "outputs",
     "sculpt",
     "select",
@@ -303,7 +304,7 @@ class Paths:
             vault,
             scout,
             path_for(vault),
-            vault.with_name(f"{vault.name.removesuffix('.smoe')}.config.json"),
+            companions(vault)[1],
             Path(f"{hidden}.partial"),
             Path(f"{hidden}.journal"),
             Path(f"{hidden}.lock"),
@@ -318,8 +319,19 @@ def outputs(model_dir: Path, out_dir: Path, name: str | None = None) -> tuple[Pa
     >>> [p.name for p in outputs(Path("fixtures/checkpoints/qwen3_moe"), Path("out"))]
     ['qwen3_moe.smoe', 'qwen3_moe.scout.safetensors']
     """
-    stem = output_stem(model_dir, name)
-    return out_dir / f"{stem}.smoe", out_dir / f"{stem}.scout.safetensors"
+    vault = out_dir / f"{output_stem(model_dir, name)}.smoe"
+    return vault, companions(vault)[0]
+
+
+def companions(vault: Path) -> tuple[Path, Path]:
+    """The scout and the config.json copy the sculptor commits beside ``vault`` (its stem:
+    the name without ``.smoe``); ``smoe export --hf`` looks for them there.
+
+    >>> [p.name for p in companions(Path("out/qwen3_moe.smoe"))]
+    ['qwen3_moe.scout.safetensors', 'qwen3_moe.config.json']
+    """
+    stem = vault.name.removesuffix(".smoe") or vault.name
+    return vault.with_name(f"{stem}.scout.safetensors"), vault.with_name(f"{stem}.config.json")
 
 
 def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:

@@ -27,10 +27,10 @@ import pytest
 from smoe import manifest
 from smoe.errors import SmoeError
 from smoe.hf import export as hf_export
-from smoe.hf.export import default_config, export_hf
+from smoe.hf.export import export_hf
 from smoe.reader import Vault
 from smoe.safetensors_io import read_header
-from smoe.sculpt import SculptOptions, sculpt
+from smoe.sculpt import SculptOptions, companions, sculpt
 
 torch = pytest.importorskip("torch", reason="the hf extra (torch, transformers) is not installed")
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
@@ -74,11 +74,8 @@ def sculpted(work: Path) -> Callable[[str, int], Path]:
             result = sculpt(
                 CKPTS / family, work / f"{family}-q{bits}", SculptOptions(bits=bits, jobs=1)
             )
-            staged = default_config(result.vault)
-            if bits == 2 and not staged.exists():
-                shutil.copyfile(CKPTS / family / "config.json", staged)
-            if bits == 4:
-                staged.unlink(missing_ok=True)
+            if bits == 4:  # the Q2 folder keeps the config.json the sculptor commits
+                companions(result.vault)[1].unlink()
             done[(family, bits)] = result.vault
         return done[(family, bits)]
 
@@ -162,7 +159,7 @@ def test_round_trip(family: str, sculpted: Callable[[str, int], Path], work: Pat
     hf4, hf2 = work / f"{family}-hf4", work / f"{family}-hf2"
     r4 = export_hf(q4, hf4, config=CKPTS / family / "config.json")
     r2 = export_hf(q2, hf2, dtype="f32", threads=1)  # config: the staged <stem>.config.json
-    assert r2.config == f"copied from {default_config(q2)}"
+    assert r2.config == f"copied from {companions(q2)[1]}"
 
     # the files: the source's names, shapes and (outside the experts) bytes
     src, got = source_tensors(family), exported_tensors(hf4)

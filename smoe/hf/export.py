@@ -47,6 +47,7 @@ from smoe.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.reader import ExpertView, Vault
 from smoe.safetensors_io import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo, copy_range, read_header
 from smoe.safetensors_io import write_file as write_safetensors
+from smoe.sculpt import companions
 
 __all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
 
@@ -109,20 +110,6 @@ class HfExportResult:
             ),
             "notes": self.notes,
         }
-
-
-def _stem(vault: Path) -> str:
-    """``qwen3_moe`` for ``qwen3_moe.smoe``: the name the sculptor's companions share."""
-    return vault.name.removesuffix(".smoe") or vault.name
-
-
-def _default_scout(vault: Path) -> Path:
-    return vault.with_name(f"{_stem(vault)}.scout.safetensors")
-
-
-def default_config(vault: Path) -> Path:
-    """Where the sculptor stages the model's config.json beside the vault."""
-    return vault.with_name(f"{_stem(vault)}.config.json")
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -595,7 +582,7 @@ again without --max-layers/--max-experts
     with Vault.open(vault_path) as vault:
         doc, manifest_path = _load_manifest(vault)
         _refuse_partial(vault, doc)
-        scout_path = Path(scout) if scout is not None else _default_scout(vault_path)
+        scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
         if scout is None and not os.path.lexists(scout_path):
             raise SmoeError(
                 f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
@@ -640,7 +627,7 @@ again without --max-layers/--max-experts
         chosen = explicit or (
             dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
         )
-        cfg_path = Path(config) if config is not None else default_config(vault_path)
+        cfg_path = Path(config) if config is not None else companions(vault_path)[1]
         if config is not None or os.path.lexists(cfg_path):
             config_bytes, more = hf_config.copied(cfg_path, explicit)
             notes += more
