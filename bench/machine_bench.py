@@ -125,6 +125,54 @@ def read_limit(
     return max(best.values()), best
 
 
+def write_rate(path: Path, nbytes: int, direct: bool) -> float:
+    """GB/s of writing ``nbytes`` to a new file ``path`` in :data:`DIRECT_CHUNK` pieces
+    (with ``O_DIRECT`` if ``direct``), fsynced; the file is removed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if direct else 0))
+    buf = fileio.aligned_empty(DIRECT_CHUNK)
+    buf[:] = np.random.default_rng(1).integers(0, 256, DIRECT_CHUNK, dtype=np.uint8)
+    try:
+        start = time.perf_counter()
+        for at in range(0, nbytes, DIRECT_CHUNK):
+            os.pwrite(fd, buf, at)
+        os.fsync(fd)
+        return nbytes / (time.perf_counter() - start) / 1e9
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+def read_write_limit(
+    paths: Sequence[Path], out_dir: Path, nbytes: int, threads: Sequence[int] = (1, 2)
+) -> tuple[float, dict[str, float]]:
+    """(best GB/s, GB/s per way) of reading ``paths`` from a dropped page cache while
+    another thread writes ``nbytes`` into ``out_dir`` (fsynced): the least disk work of a
+    job that reads those files and writes that much, as a cold sculpt does. GB/s of
+    ``paths``' bytes over the time both take; each way is a read mode (buffered or
+    O_DIRECT, ``threads`` threads) with a write mode (buffered or O_DIRECT)."""
+    total = sum(p.stat().st_size for p in paths)
+    per: dict[str, float] = {}
+    for read_direct in (False, True):
+        for n in threads:
+            for write_direct in (False, True):
+                drop_cache(paths)
+                scratch = out_dir / f".read-write-limit-{os.getpid()}.bin"
+                writer = threading.Thread(
+                    target=write_rate, args=(scratch, nbytes, write_direct), daemon=True
+                )
+                start = time.perf_counter()
+                writer.start()
+                read_rate(paths, n, direct=read_direct)
+                writer.join()
+                way = (
+                    f"{'O_DIRECT' if read_direct else 'buffered'} reads ({n} thread"
+                    f"{'s' if n > 1 else ''}) + {'O_DIRECT' if write_direct else 'buffered'}"
+                    " writes"
+                )
+                per[way] = total / (time.perf_counter() - start) / 1e9
+    return max(per.values()), per
+
+
 def describe(per_threads: dict[int, float]) -> str:
     """ "1 thread 5.1, 2 threads 9.8 GB/s": the rates behind a limit."""
     return (

@@ -20,6 +20,12 @@ d_model 2048, expert ffn 768, 128 experts per layer, 2 layers (2.4 GB), BF16, on
   the setup, mostly loading the compiled kernels, costs the same for any checkpoint).
   ``--jobs 1`` is also compared with the straightforward sequential baseline (load each
   expert, quantise it with the reference encoder, append).
+* **What bounds a sculpt** (informative): page-cached, the CPU — ``--jobs`` = cores
+  against as many processes doing nothing but encode experts already in memory
+  (:func:`encoder_limit`); cold, the disk — against reading the dropped checkpoint while
+  a file of the vault's size is written beside it and fsynced, measured in each round
+  (:func:`bench.machine_bench.read_write_limit`): the least data a cold sculpt must move
+  through the one device.
 * **Peak RSS** of the process tree (the sum over the processes, sampled every 10 ms; the
   PSS, which counts pages shared after fork once, is in the figure's detail), every run.
 * ``--resume`` when every expert is already done (a run stopped after its last expert,
@@ -31,26 +37,30 @@ d_model 2048, expert ffn 768, 128 experts per layer, 2 layers (2.4 GB), BF16, on
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
 from bench.figures import best_time, figure
-from bench.machine_bench import describe, drop_cache, read_limit, warm
+from bench.machine_bench import describe, drop_cache, read_limit, read_write_limit, warm
 from bench.quant_bench import ref_absmax_q4, ref_grid_q2
 from smoe import quant
 from smoe.checkpoint import Checkpoint
 from smoe.cpus import usable_cores
 from smoe.export import export
+from smoe.plan import make_plan
 from smoe.reader import Vault
 from smoe.sculpt import SculptOptions, sculpt, select
 from smoe.synth import write_checkpoint
 from smoe.verify import verify_path
+from smoe.writer import encode_blob
 from smoe_gen import layout
 
 GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
@@ -155,6 +165,55 @@ def baseline_mb_s(ckpt: Path, bits: int, n_experts: int) -> float:
     return bytes_in / 1e6 / seconds
 
 
+ENCODE_EXPERTS = 16  # experts each process of :func:`encoder_limit` encodes, from memory
+
+
+def _encode_all(ckpt: Path, bits: int, ready: Any, done: Any) -> None:
+    """One process of :func:`encoder_limit`: load the experts, wait for the others, encode
+    them all as the sculptor does (blob, SNR statistics), report the time it finished."""
+    refs = list(Checkpoint.open(ckpt).experts.values())[:ENCODE_EXPERTS]
+    loaded = [ref.load() for ref in refs]
+    plan = make_plan({(r.layer, r.expert): r.shapes for r in refs}, bits, layout.VERSION_MAX)
+    slots = {e.key: e for e in plan.experts}
+    blob = np.empty(max(e.raw_size for e in plan.experts), np.uint8)
+    ready.wait()
+    for ref, mats in zip(refs, loaded):
+        slot = slots[(ref.layer, ref.expert)]
+        stats = [quant.QuantStats() for _ in mats]
+        encode_blob(
+            slot,
+            [a for a, _ in mats],
+            bits,
+            "optimal",
+            [src for _, src in mats],
+            stats,
+            out=blob[: slot.raw_size],
+        )
+    done.put(time.perf_counter())
+
+
+def encoder_limit(ckpt: Path, bits: int, processes: int) -> float:
+    """MB/s of BF16 in when ``processes`` processes (one per core) do nothing but encode
+    experts already in memory, as the sculptor's workers do (compiled kernels loaded
+    first): the most a page-cached sculpt could reach on this machine's cores."""
+    quant.prepare_fast(bits, "optimal")
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Barrier(processes + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=_encode_all, args=(ckpt, bits, ready, done)) for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    ready.wait()
+    start = time.perf_counter()
+    end = max(done.get() for _ in procs)
+    for proc in procs:
+        proc.join()
+    refs = list(Checkpoint.open(ckpt).experts.values())[:ENCODE_EXPERTS]
+    nbytes = sum(n for ref in refs for _, _, n in ref.ranges())
+    return processes * nbytes / 1e6 / (end - start)
+
+
 def remove_tree(out: Path) -> None:
     for p in out.iterdir():
         p.unlink()
@@ -191,7 +250,9 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     cores = usable_cores()
     one_expert_f32 = 3 * GEOMETRY["ffn"] * GEOMETRY["d_model"] * 4
     rss_limit = 512 * 2**20 + one_expert_f32
-    extra = ["--max-experts", "32"] if quick else []
+    max_experts = 32 if quick else None
+    extra = ["--max-experts", str(max_experts)] if max_experts else []
+    encode_limits: dict[int, float] = {}  # MB/s of encoding alone on every core, per bit width
     limits: dict[str, float] = {}  # MB/s
     per_threads: dict[str, dict[int, float]] = {}
 
@@ -235,16 +296,20 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
         # cold: rounds of (read limit, then sculpt), each dropped from the page cache just
         # before; this disk's rate drifts, so each run is held against its own round's limit
         cold_rounds[bits] = rounds = []
+        dry = SculptOptions(bits=bits, max_experts=max_experts, dry_run=True)
+        vault_bytes = cast("dict", sculpt(ckpt, workdir, dry))["vault_bytes"]
         for _ in range(COLD_ROUNDS):
             round_limit = measure("cold", repeat=1)
+            rw, rw_ways = read_write_limit(shards, workdir, vault_bytes)
             drop_cache(shards)
             out = workdir / f"out-q{bits}-j{cores}-cold"
             r = sculpt_run(ckpt, out, bits, cores, extra)
             remove_tree(out)
-            rounds.append((round_limit, r))
+            rounds.append((round_limit, dict(r, rw_limit=rw * 1e3, rw_ways=rw_ways)))
         limit, r = sorted(rounds, key=lambda lr: lr[1]["mb_s"] / lr[0])[len(rounds) // 2]
         r = dict(r, limit=limit)
         runs[(cores, "cold")] = r
+        encode_limits[bits] = encoder_limit(ckpt, bits, cores)
     gb = sum(p.stat().st_size for p in shards) / 1e9
     figs = [
         figure(
@@ -313,6 +378,39 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
                 detail="the run above without its fixed costs: setup {setup:.2f} s (checkpoint, "
                 "plan, compiled kernels loaded: the same for any checkpoint size), experts "
                 "{experts:.2f} s, commit {commit:.2f} s".format(**r["phases"]),
+            )
+        )
+        cached = runs[(cores, "cached")]
+        figs.append(
+            figure(
+                f"sculpt Q{bits} --jobs {cores}, page-cached, vs encoding alone on {cores} cores",
+                cached["mb_s"],
+                encode_limits[bits],
+                "MB/s",
+                "informative: the CPU bound",
+                None,
+                detail=f"the limit: {cores} processes doing nothing but encode "
+                f"{ENCODE_EXPERTS} experts each from memory, as the workers do; the experts "
+                f"phase alone runs at {cached['steady_mb_s']:.0f} MB/s "
+                f"({cached['steady_mb_s'] / encode_limits[bits]:.2f} of it), setup "
+                f"{cached['phases']['setup']:.2f} s",
+            )
+        )
+        r = runs[(cores, "cold")]
+        ways = ", ".join(f"{way} {v:.2f}" for way, v in r["rw_ways"].items())
+        figs.append(
+            figure(
+                f"sculpt Q{bits} --jobs {cores}, cold, vs read+write limit",
+                r["mb_s"],
+                r["rw_limit"],
+                "MB/s",
+                "informative: the disk bound",
+                None,
+                detail="the limit: reading the dropped checkpoint while writing a file of "
+                f"the vault's size beside it (fsynced), the least a cold sculpt must move, "
+                f"measured in the same round as the run above; best of {ways} GB/s; the "
+                f"experts phase alone runs at {r['steady_mb_s']:.0f} MB/s "
+                f"({r['steady_mb_s'] / r['rw_limit']:.2f} of it)",
             )
         )
         if cores > 1:
