@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import hashlib
 import json
 import multiprocessing as mp
@@ -717,21 +718,50 @@ def _make_pool(processes: int) -> Workers:
     return Workers(processes)
 
 
+@contextlib.contextmanager
+def _no_collections() -> Iterator[None]:
+    """No cyclic garbage collection inside the block: loading the compiled kernels (numba's
+    import makes some 150,000 objects) otherwise spends about a tenth of its time in it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _run_jobs(
     todo: list[Job], jobs: int, target: Target, marks: dict[str, float] | None = None
 ) -> Generator[Result, None, None]:
     """Results as experts finish, in file order: in this process, or in up to ``jobs``
     worker processes, never more than there are batches of :data:`BATCH` experts.
-    ``marks["experts"]``: when the work starts (compiled kernels loaded, workers forked)."""
+    ``marks["experts"]``: when the work starts (compiled kernels loaded, workers forked).
+
+    Every object alive once the kernels are loaded is frozen out of the collector for the
+    run: forked workers never walk (and so never copy) the parent's heap, and the parent's
+    own collections stay small; it is handed back when the run ends."""
     if not todo:
         return
     todo = file_order(todo)
     workers = min(jobs, -(-len(todo) // BATCH))
     weighted = any(job.imatrix is not None for job in todo)
     if workers > 1 or any(r * c >= quant.FAST_MIN_WEIGHTS for j in todo for r, c in j.ref.shapes):
-        for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
-            mode = cast("quant.ScaleMode", scale)  # an unknown scale is refused by encode_into
-            quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
+        with _no_collections():
+            for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
+                mode = cast("quant.ScaleMode", scale)  # an unknown scale: refused by encode_into
+                quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
+    gc.freeze()
+    try:
+        yield from _start_jobs(todo, workers, target, marks)
+    finally:
+        gc.unfreeze()
+
+
+def _start_jobs(
+    todo: list[Job], workers: int, target: Target, marks: dict[str, float] | None
+) -> Generator[Result, None, None]:
+    """:func:`_run_jobs` once the kernels are loaded: the work itself."""
     if workers <= 1:
         with ExpertReader() as reader:
             if marks is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import os
 from pathlib import Path
 
@@ -271,3 +272,31 @@ def test_a_sculpt_written_without_o_direct_gives_the_same_files(
         plain, direct = tmp_path / "plain" / name, tmp_path / "direct" / name
         assert plain.read_bytes() == direct.read_bytes()
         assert plain.stat().st_blocks == direct.stat().st_blocks  # the padding stays holes
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_collector_rests_while_the_kernels_load_and_is_whole_again_after(
+    ckpts: dict[str, Checkpoint], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    seen: dict[str, object] = {}
+    prepare = quant.prepare_fast
+
+    def watched(bits: int, scale: quant.ScaleMode = "optimal", *, importance: bool = False) -> bool:
+        seen["enabled while loading"] = gc.isenabled()
+        return prepare(bits, scale, importance=importance)
+
+    def progress(done: int, total: int, nbytes: int) -> None:
+        seen["frozen during the run"] = gc.get_freeze_count() > 0
+        if fail:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(quant, "prepare_fast", watched)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    opts = SculptOptions(jobs=2)  # worker processes: the kernels are loaded first
+    if fail:
+        with pytest.raises(KeyboardInterrupt):
+            sculpt(ckpts["per-expert"].root, tmp_path, opts, progress=progress)
+    else:
+        sculpt(ckpts["per-expert"].root, tmp_path, opts, progress=progress)
+    assert seen == {"enabled while loading": False, "frozen during the run": True}
+    assert gc.isenabled() and gc.get_freeze_count() == 0
