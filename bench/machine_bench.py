@@ -9,7 +9,8 @@ Cold means the files were dropped from the page cache first (``fsync`` then
 ``posix_fadvise(POSIX_FADV_DONTNEED)``); O_DIRECT bypasses the cache altogether.
 
 Other sections import :func:`read_limit`, :func:`drop_cache` and :func:`warm` to measure
-their own inputs' limits the same way.
+their own inputs' limits the same way, and :func:`read_write_limit` for a job that reads
+its input while it writes its output through the same device.
 """
 
 from __future__ import annotations
