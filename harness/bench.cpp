@@ -109,7 +109,8 @@ struct Sample {
     double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
-constexpr unsigned ROUNDS = 3;  // alternations of the stream and the raw reads
+constexpr unsigned ROUNDS = 3;  // runs of every raw configuration, in the search
+constexpr unsigned DUELS = 12;  // then runs each of the stream and the best configuration
 
 /// The fastest of `runs` (an empty Sample if none).
 Sample best_of(const std::vector<Sample>& runs) {
@@ -118,6 +119,18 @@ Sample best_of(const std::vector<Sample>& runs) {
         if (s.gb_per_s() > b.gb_per_s())
             b = s;
     return b;
+}
+
+/// The median speed of `runs` (0 if none).
+double median_gb_per_s(const std::vector<Sample>& runs) {
+    std::vector<double> v;
+    for (const Sample& s : runs)
+        v.push_back(s.gb_per_s());
+    if (v.empty())
+        return 0;
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 /// The sum of `runs`.
@@ -208,6 +221,10 @@ public:
         return all;
     }
 
+    unsigned threads() const { return threads_; }
+
+    std::vector<Sample> samples;  // the search's runs
+
     /// Every read's latency so far, in microseconds.
     std::vector<float> latencies_us() const {
         std::vector<float> all;
@@ -227,26 +244,42 @@ private:
     std::atomic<uint64_t> next_{0};
 };
 
-/// Raw reads of the same file with `threads` threads in preads of `chunk` bytes (a multiple
-/// of 16 KiB), in the reader's mode (page-cached or O_DIRECT): each thread reading its own
-/// contiguous share (wrapping within it), or, `interleaved`, all taking the next chunk of
-/// the file from a shared counter (as the stream's seq pattern does). Each run goes on
-/// where the last one stopped, as the stream does.
+/// Raw reads of the same file with `threads` threads, in the reader's mode (page-cached or
+/// O_DIRECT), in one of three patterns: `Shares`, each thread reading its own contiguous
+/// share in preads of `chunk` bytes (a multiple of 16 KiB, wrapping within it);
+/// `Interleaved`, all taking the next `chunk` of the file from a shared counter (as the
+/// stream's seq pattern does); `Replay`, all taking the next expert of the stream's own job
+/// list (the same experts in the same order, from a cursor of their own) and reading its
+/// whole padded blob: the stream's reads without the stream, so that a disk which favours
+/// some blocks or orders (a virtual disk's host may cache or promote regions read before)
+/// favours both sides alike. Each run goes on where the last one stopped, as the stream
+/// does.
 constexpr size_t RAW_CHUNK = size_t{8} << 20;
+
+enum class RawPattern { Shares, Interleaved, Replay };
+
+const char* pattern_name(RawPattern p) {
+    switch (p) {
+        case RawPattern::Shares:
+            return "shares";
+        case RawPattern::Interleaved:
+            return "interleaved";
+        case RawPattern::Replay:
+            return "replay";
+    }
+    return "?";
+}
 
 class RawReader {
 public:
-    RawReader(const Vault& v, const Reader& r, unsigned threads, size_t chunk, bool interleaved,
-              std::vector<AlignedBuffer>& bufs)
-        : v_(v), r_(r), threads_(threads), chunk_(chunk), interleaved_(interleaved), bufs_(bufs) {
+    RawReader(const Vault& v, const Reader& r, unsigned threads, size_t chunk, RawPattern pattern,
+              const std::vector<uint32_t>& jobs)
+        : v_(v), r_(r), threads_(threads), chunk_(chunk), pattern_(pattern), jobs_(jobs) {
         share_ = (v.size / threads + chunk - 1) / chunk * chunk;
         for (unsigned t = 0; t < threads; ++t)
             at_.push_back(std::min<uint64_t>(v.size, t * share_));
         for (unsigned t = 0; t < threads; ++t)
-            if (t >= bufs_.size())
-                bufs_.emplace_back(chunk);
-            else if (bufs_[t].size() < chunk)
-                bufs_[t] = AlignedBuffer(chunk);
+            bufs_.emplace_back(chunk);
     }
 
     Sample run(double seconds) {
@@ -258,13 +291,20 @@ public:
                 return;
             const uint64_t chunks = (v_.size + chunk_ - 1) / chunk_;
             uint64_t& off = at_[t];
-            while (interleaved_ && !stop.load(std::memory_order_relaxed)) {
+            while (pattern_ == RawPattern::Replay && !stop.load(std::memory_order_relaxed)) {
+                const Expert& e = v_.experts[jobs_[next_->fetch_add(1) % jobs_.size()]];
+                const size_t want = static_cast<size_t>(std::min<uint64_t>(e.padded_size, chunk_));
+                per[t].bytes +=
+                    pread_some(r_.fd.get(), bufs_[t].data(), want, e.byte_offset, v_.name);
+                ++per[t].reads;
+            }
+            while (pattern_ == RawPattern::Interleaved && !stop.load(std::memory_order_relaxed)) {
                 const uint64_t at = next_->fetch_add(1) % chunks * chunk_;
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, v_.size - at));
                 per[t].bytes += pread_some(r_.fd.get(), bufs_[t].data(), want, at, v_.name);
                 ++per[t].reads;
             }
-            while (!interleaved_ && !stop.load(std::memory_order_relaxed)) {
+            while (pattern_ == RawPattern::Shares && !stop.load(std::memory_order_relaxed)) {
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, hi - off));
                 const size_t n = pread_some(r_.fd.get(), bufs_[t].data(), want, off, v_.name);
                 per[t].bytes += n;
@@ -278,23 +318,26 @@ public:
             all.bytes += s.bytes;
             all.reads += s.reads;
         }
-        samples.push_back(all);
         return all;
     }
 
     unsigned threads() const { return threads_; }
     size_t chunk() const { return chunk_; }
-    bool interleaved() const { return interleaved_; }
+    RawPattern pattern() const { return pattern_; }
 
-    std::vector<Sample> samples;
+    std::vector<Sample> samples;  // the search's runs
 
 private:
     const Vault& v_;
     const Reader& r_;
     unsigned threads_;
     size_t chunk_;
-    bool interleaved_;
-    std::vector<AlignedBuffer>& bufs_;  // one buffer per thread, shared by the configurations
+    RawPattern pattern_;
+    const std::vector<uint32_t>& jobs_;  // Replay: the experts to read, in order
+    // One buffer of `chunk` bytes per thread, the reader's own as the stream's ring is: an
+    // O_DIRECT read into a larger buffer shared with other configurations measured slower
+    // on a virtual disk, which made the limit too low.
+    std::vector<AlignedBuffer> bufs_;
     uint64_t share_ = 0;
     std::vector<uint64_t> at_;  // each thread's next offset in its share
     std::shared_ptr<std::atomic<uint64_t>> next_ = std::make_shared<std::atomic<uint64_t>>(0);
@@ -319,49 +362,84 @@ std::pair<uint64_t, double> repeat(double seconds, Fn fn) {
 std::string run_bench(const Vault& v, const BenchOptions& o) {
     if (v.experts.empty())
         throw IoError(v.name + ": the vault holds no experts to stream");
-    const unsigned threads = std::max(1u, o.threads);
     const unsigned k = o.topk ? o.topk : v.arch ? v.arch->moe_top_k : 8;
     const double side = std::max(0.05, o.seconds / 4);
     Reader r;
     open_reader(v, o.direct, r);
 
-    // The stream and the raw reads (the machine's limit for this file: the best plain read,
-    // with 1, 2, 4, 8 threads and as many as the stream up to 16, in 8 MiB preads of
-    // contiguous shares and in preads of the stream's request size, the largest padded
-    // blob, taken in file order from a shared counter) alternate, ROUNDS times
-    // each, so that both see the same moments of a shared disk; each figure is its best
-    // run. Every run lasts an equal share of `seconds`.
+    // The raw reads: the machine's limit for this file is the best plain read, with 1, 2, 4,
+    // 8 threads (and the stream's count, up to 16), in 8 MiB preads of contiguous shares, in
+    // preads of the stream's request size (the largest padded blob) taken in file order from
+    // a shared counter, and in preads of whole blobs in the stream's own order (the stream's
+    // reads without the stream). A search runs every raw configuration, and the stream with
+    // each thread count it may use (o.threads, or with 0 ("auto") 1, 2, 4 and 8), ROUNDS
+    // times, round-robin, so that each sees several moments of a shared disk; the fastest
+    // raw run of all is the file's read limit. Then the stream's fastest thread count and
+    // the fastest raw configuration of its own pattern (the best thread count for those very
+    // reads) alternate DUELS times each, taking turns to go first, and each side's figure is
+    // the median of its duel runs: like for like, the same reads chosen the same way, as
+    // many runs, at the same moments. A virtual disk whose speed depends on which blocks were
+    // read lately, or on how many requests are in flight, sways both alike. Every run lasts
+    // an equal share of twice `seconds`.
     uint64_t max_blob = 0;
     for (const Expert& e : v.experts)
         max_blob = std::max(max_blob, e.padded_size);
     std::vector<unsigned> raw_threads = {1u, 2u, 4u, 8u};
-    if (threads <= 16 &&
-        std::find(raw_threads.begin(), raw_threads.end(), threads) == raw_threads.end())
-        raw_threads.push_back(threads);
-    std::vector<size_t> chunks = {RAW_CHUNK};
-    if (max_blob != RAW_CHUNK)
-        chunks.push_back(static_cast<size_t>(max_blob));
-    std::vector<AlignedBuffer> raw_bufs;
+    if (o.threads > 0 && o.threads <= 16 &&
+        std::find(raw_threads.begin(), raw_threads.end(), o.threads) == raw_threads.end())
+        raw_threads.push_back(o.threads);
+    const std::pair<RawPattern, size_t> kinds[] = {
+        {RawPattern::Shares, RAW_CHUNK},
+        {RawPattern::Interleaved, static_cast<size_t>(max_blob)},
+        {RawPattern::Replay, static_cast<size_t>(max_blob)},
+    };
+    const std::vector<uint32_t> jobs = make_jobs(v, o.random, k, o.seed);
     std::vector<RawReader> raws;
-    raws.reserve(raw_threads.size() * chunks.size());
-    for (size_t chunk : chunks)
+    raws.reserve(raw_threads.size() * std::size(kinds));
+    for (const auto& [pattern, chunk] : kinds)
         for (unsigned n : raw_threads)
-            raws.emplace_back(v, r, n, chunk, chunk != RAW_CHUNK, raw_bufs);
-    const size_t RAW_CONFIGS = raws.size();
-    const double slot = std::max(0.02, o.seconds / static_cast<double>(ROUNDS * RAW_CONFIGS));
-    Streamer streamer(v, r, make_jobs(v, o.random, k, o.seed), threads);
-    std::vector<Sample> stream_runs;
+            raws.emplace_back(v, r, n, chunk, pattern, jobs);
+    std::vector<std::unique_ptr<Streamer>> streamers;
+    for (unsigned n :
+         o.threads > 0 ? std::vector<unsigned>{o.threads} : std::vector<unsigned>{1u, 2u, 4u, 8u})
+        streamers.push_back(std::make_unique<Streamer>(v, r, jobs, n));
+    const size_t configs = raws.size() + streamers.size();
+    const double slot =
+        std::max(0.02, 2 * o.seconds / static_cast<double>(ROUNDS * configs + 2 * DUELS));
     for (unsigned round = 0; round < ROUNDS; ++round)
-        for (size_t c = 0; c < RAW_CONFIGS; ++c) {
-            raws[(c + round) % RAW_CONFIGS].run(slot);
-            stream_runs.push_back(streamer.run(slot));
+        for (size_t c = 0; c < configs; ++c) {
+            const size_t i = (c + round) % configs;
+            if (i < raws.size())
+                raws[i].samples.push_back(raws[i].run(slot));
+            else
+                streamers[i - raws.size()]->samples.push_back(
+                    streamers[i - raws.size()]->run(slot));
         }
-    const RawReader* best_raw = &raws[0];
-    for (const RawReader& x : raws)
-        if (best_of(x.samples).gb_per_s() > best_of(best_raw->samples).gb_per_s())
+    const RawReader* fastest = &raws[0];  // of every pattern: the file's read limit
+    RawReader* best_raw = nullptr;        // of the stream's own pattern: the duel's
+    for (RawReader& x : raws) {
+        if (best_of(x.samples).gb_per_s() > best_of(fastest->samples).gb_per_s())
+            fastest = &x;
+        if (x.pattern() == RawPattern::Replay &&
+            (best_raw == nullptr ||
+             best_of(x.samples).gb_per_s() > best_of(best_raw->samples).gb_per_s()))
             best_raw = &x;
+    }
+    Streamer* stream = streamers[0].get();
+    for (const auto& x : streamers)
+        if (best_of(x->samples).gb_per_s() > best_of(stream->samples).gb_per_s())
+            stream = x.get();
+    std::vector<Sample> stream_runs, raw_runs;
+    for (unsigned d = 0; d < DUELS; ++d) {
+        if (d % 2 == 0)
+            raw_runs.push_back(best_raw->run(slot));
+        stream_runs.push_back(stream->run(slot));
+        if (d % 2 == 1)
+            raw_runs.push_back(best_raw->run(slot));
+    }
+    const unsigned threads = stream->threads();
     const Sample st_best = best_of(stream_runs), st_all = total_of(stream_runs);
-    std::vector<float> latency_us = streamer.latencies_us();
+    std::vector<float> latency_us = stream->latencies_us();
 
     // Compute: the largest expert, decoded and run from memory.
     const Expert* big = &v.experts[0];
@@ -398,17 +476,29 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     j.member("experts", static_cast<uint64_t>(v.experts.size()));
     j.member("threads", threads).member("direct", r.direct);
     j.member("pattern", o.random ? "random" : "seq").member("topk", k);
-    j.member("rounds", ROUNDS).member("run_seconds", slot);
-    j.key("stream").begin_object();  // gb_per_s, experts_per_s: the best run
+    j.member("rounds", ROUNDS).member("duels", DUELS).member("run_seconds", slot);
+    j.key("stream").begin_object();  // gb_per_s: the median run; experts_per_s: over all
     j.member("seconds", st_all.seconds).member("reads", st_all.reads).member("bytes", st_all.bytes);
-    j.member("gb_per_s", st_best.gb_per_s());
-    j.member("experts_per_s", static_cast<double>(st_best.reads) / st_best.seconds);
+    j.member("gb_per_s", median_gb_per_s(stream_runs));
+    j.member("best_gb_per_s", st_best.gb_per_s());
+    j.member("experts_per_s", static_cast<double>(st_all.reads) / st_all.seconds);
     j.member("mean_gb_per_s", st_all.gb_per_s());
     j.member("latency_p50_us", percentile(latency_us, 0.50));
     j.member("latency_p99_us", percentile(latency_us, 0.99));
     j.key("runs_gb_per_s").begin_array();
     for (const Sample& x : stream_runs)
         j.value(x.gb_per_s());
+    j.end_array();
+    j.key("search").begin_array();  // per thread count tried: its best run, every run
+    for (const auto& x : streamers) {
+        j.begin_object().member("threads", x->threads());
+        j.member("gb_per_s", best_of(x->samples).gb_per_s());
+        j.key("runs_gb_per_s").begin_array();
+        for (const Sample& y : x->samples)
+            j.value(y.gb_per_s());
+        j.end_array();
+        j.end_object();
+    }
     j.end_array();
     j.end_object();
     const Sample one_all = total_of(raws[0].samples);
@@ -417,16 +507,27 @@ std::string run_bench(const Vault& v, const BenchOptions& o) {
     j.member("chunk_bytes", static_cast<uint64_t>(RAW_CHUNK));
     j.member("gb_per_s", best_of(raws[0].samples).gb_per_s());
     j.end_object();
-    j.key("raw_read").begin_object();  // the best run of every configuration, this read mode
+    j.key("raw_read").begin_object();  // the duel's configuration: its median duel run
     j.member("chunk_bytes", static_cast<uint64_t>(best_raw->chunk())).member("direct", r.direct);
-    j.member("gb_per_s", best_of(best_raw->samples).gb_per_s());
-    j.member("threads", best_raw->threads());
-    j.key("runs").begin_array();  // per configuration: totals, best run, every run
+    j.member("gb_per_s", median_gb_per_s(raw_runs));
+    j.member("best_gb_per_s", best_of(raw_runs).gb_per_s());
+    j.member("threads", best_raw->threads()).member("pattern", pattern_name(best_raw->pattern()));
+    j.key("duel_runs_gb_per_s").begin_array();
+    for (const Sample& x : raw_runs)
+        j.value(x.gb_per_s());
+    j.end_array();
+    j.key("file_limit").begin_object();  // the search's fastest run, of any pattern
+    j.member("gb_per_s", best_of(fastest->samples).gb_per_s());
+    j.member("threads", fastest->threads()).member("pattern", pattern_name(fastest->pattern()));
+    j.member("chunk_bytes", static_cast<uint64_t>(fastest->chunk()));
+    j.end_object();
+    j.key("runs").begin_array();  // per configuration of the search: totals, best, every run
     for (const RawReader& x : raws) {
         const Sample all = total_of(x.samples);
         j.begin_object();
         j.member("threads", x.threads()).member("chunk_bytes", static_cast<uint64_t>(x.chunk()));
-        j.member("interleaved", x.interleaved());
+        j.member("pattern", pattern_name(x.pattern()));
+        j.member("interleaved", x.pattern() == RawPattern::Interleaved);
         j.member("seconds", all.seconds).member("bytes", all.bytes);
         j.member("gb_per_s", best_of(x.samples).gb_per_s());
         j.key("runs_gb_per_s").begin_array();

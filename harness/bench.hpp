@@ -12,12 +12,12 @@
 namespace smoe::harness {
 
 struct BenchOptions {
-    unsigned threads = 1;
+    unsigned threads = 1;  // the stream's threads; 0 ("auto"): the best of 1, 2, 4 and 8
     bool direct = false;   // O_DIRECT (falls back to buffered reads if refused)
     bool random = true;    // pattern: random (per layer, K experts) or seq
     unsigned topk = 0;     // 0: arch.moe_top_k, or 8 for a v1 vault
-    double seconds = 2.0;  // streaming phase, in 9 runs (3 rounds x 3 raw configurations);
-                           // the raw reads take as long, each compute phase a quarter
+    double seconds = 2.0;  // the reads take twice this (the search, then the duel); each
+                           // compute phase a quarter
     uint64_t seed = 1;
 };
 

@@ -3,7 +3,7 @@
 //   smoe-stream check VAULT [--json] [--deep [--manifest PATH | --no-manifest]]
 //   smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32
 //   smoe-stream dequant VAULT LAYER EXPERT OUT_DIR
-//   smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random] [--topk K]
+//   smoe-stream bench VAULT [--threads N|auto] [--direct] [--pattern seq|random] [--topk K]
 //                           [--seconds S] [--seed N]
 //
 // check --deep also checks the integrity manifest (docs/MANIFEST.md), VAULT.manifest.json
@@ -62,7 +62,7 @@ constexpr const char* USAGE =
     "usage: smoe-stream check VAULT [--json] [--deep [--manifest PATH | --no-manifest]]\n"
     "       smoe-stream forward VAULT LAYER EXPERT IN.f32 OUT.f32\n"
     "       smoe-stream dequant VAULT LAYER EXPERT OUT_DIR\n"
-    "       smoe-stream bench VAULT [--threads N] [--direct] [--pattern seq|random]\n"
+    "       smoe-stream bench VAULT [--threads N|auto] [--direct] [--pattern seq|random]\n"
     "                               [--topk K] [--seconds S] [--seed N]\n";
 
 /// The vault the current command works on, for the one-line error report.
@@ -441,9 +441,10 @@ int cmd_bench(const std::vector<std::string>& args) {
             return args[++k];
         };
         if (a == "--threads") {
-            o.threads = parse_uint<unsigned>(next(), "--threads");
-            if (o.threads < 1 || o.threads > 256)
-                throw UsageError("--threads: 1..256");
+            const std::string& n = next();
+            o.threads = n == "auto" ? 0 : parse_uint<unsigned>(n, "--threads");
+            if (n != "auto" && (o.threads < 1 || o.threads > 256))
+                throw UsageError("--threads: 1..256 or auto");
         } else if (a == "--direct") {
             o.direct = true;
         } else if (a == "--pattern") {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import struct
 import subprocess
 import time
@@ -437,7 +438,11 @@ def test_usage_errors_and_unreadable_files_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [("--pattern", "random", "--threads", "2"), ("--pattern", "seq", "--direct", "--topk", "3")],
+    [
+        ("--pattern", "random", "--threads", "2"),
+        ("--pattern", "seq", "--direct", "--topk", "3"),
+        ("--pattern", "random", "--threads", "auto"),
+    ],
 )
 def test_bench_reports_json(extra: tuple[str, ...]) -> None:
     r = run("bench", FIXTURES / "q4_v2.smoe", "--seconds", "0.2", *extra)
@@ -455,6 +460,42 @@ def test_bench_reports_json(extra: tuple[str, ...]) -> None:
         for key in keys:
             assert out[section][key] > 0, (section, key)
     assert out["compute"]["rel_diff_vs_scalar"] < 1e-4
+
+    # the search: every raw pattern at every thread count, the stream at each count it may use
+    stream, raw = out["stream"], out["raw_read"]
+    assert {(x["pattern"], x["threads"]) for x in raw["runs"]} == {
+        (p, n) for p in ("shares", "interleaved", "replay") for n in (1, 2, 4, 8)
+    }
+    tried = [x["threads"] for x in stream["search"]]
+    given = dict(zip(extra[::2], extra[1::2])).get("--threads", "1")
+    assert tried == ([1, 2, 4, 8] if given == "auto" else [int(given)])
+    assert all(x["gb_per_s"] > 0 for x in raw["runs"] + stream["search"])
+    fastest = max(raw["runs"], key=lambda x: x["gb_per_s"])
+    assert (raw["file_limit"]["pattern"], raw["file_limit"]["gb_per_s"]) == (
+        fastest["pattern"],
+        fastest["gb_per_s"],
+    )
+    # the duel: the stream's fastest count against the fastest plain reader of its own reads
+    best_stream = max(stream["search"], key=lambda x: x["gb_per_s"])
+    best_replay = max(
+        (x for x in raw["runs"] if x["pattern"] == "replay"), key=lambda x: x["gb_per_s"]
+    )
+    assert out["threads"] == best_stream["threads"]
+    assert (raw["pattern"], raw["threads"]) == ("replay", best_replay["threads"])
+    assert len(stream["runs_gb_per_s"]) == len(raw["duel_runs_gb_per_s"]) == out["duels"]
+    assert stream["gb_per_s"] == pytest.approx(statistics.median(stream["runs_gb_per_s"]))
+    assert raw["gb_per_s"] == pytest.approx(statistics.median(raw["duel_runs_gb_per_s"]))
+
+
+def test_bench_refuses_a_bad_thread_count() -> None:
+    for bad, why in (
+        ("0", "1..256 or auto"),
+        ("257", "1..256 or auto"),
+        ("many", "not a valid number: 'many'"),
+    ):
+        r = run("bench", FIXTURES / "q4_v2.smoe", "--threads", bad)
+        assert r.returncode == 2 and r.stdout == "", (bad, r.stdout)
+        assert r.stderr.splitlines()[0] == f"smoe-stream: --threads: {why}", (bad, r.stderr)
 
 
 def test_cpp_checker_and_python_verifier_agree_on_mutations(tmp_path: Path) -> None:
