@@ -183,6 +183,8 @@ double run_threads(unsigned threads, double seconds, Body body) {
     return elapsed;
 }
 
+constexpr unsigned RING_SLOTS = 2;  // staging buffers per reader thread
+
 /// N reader threads take expert reads from a shared job counter; each preads a whole
 /// padded blob (16 KiB-aligned offset and length) into its slot of a ring of
 /// page-aligned buffers, as an engine's I/O pool fills staging buffers. Each run goes on
@@ -194,7 +196,7 @@ public:
         uint64_t max_blob = 0;
         for (const Expert& e : v.experts)
             max_blob = std::max(max_blob, e.padded_size);
-        for (unsigned k = 0; k < threads * SLOTS; ++k)
+        for (unsigned k = 0; k < threads * RING_SLOTS; ++k)
             ring_.emplace_back(max_blob);
     }
 
@@ -204,7 +206,7 @@ public:
             Sample& s = per[t];
             for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
                 const Expert& e = v_.experts[jobs_[next_.fetch_add(1) % jobs_.size()]];
-                uint8_t* buf = ring_[t * SLOTS + k % SLOTS].data();
+                uint8_t* buf = ring_[t * RING_SLOTS + k % RING_SLOTS].data();
                 const double t0 = now_seconds();
                 pread_full(r_.fd.get(), buf, e.padded_size, e.byte_offset, v_.name);
                 latency_[t].push_back(static_cast<float>((now_seconds() - t0) * 1e6));
@@ -234,7 +236,6 @@ public:
     }
 
 private:
-    static constexpr unsigned SLOTS = 2;  // ring slots per thread
     const Vault& v_;
     const Reader& r_;
     std::vector<uint32_t> jobs_;
@@ -278,7 +279,7 @@ public:
         share_ = (v.size / threads + chunk - 1) / chunk * chunk;
         for (unsigned t = 0; t < threads; ++t)
             at_.push_back(std::min<uint64_t>(v.size, t * share_));
-        for (unsigned t = 0; t < threads; ++t)
+        for (unsigned t = 0; t < threads * RING_SLOTS; ++t)
             bufs_.emplace_back(chunk);
     }
 
@@ -291,22 +292,23 @@ public:
                 return;
             const uint64_t chunks = (v_.size + chunk_ - 1) / chunk_;
             uint64_t& off = at_[t];
+            uint64_t k = 0;  // the thread's ring slots in turn, as the stream fills its own
+            auto buf = [&] { return bufs_[t * RING_SLOTS + k++ % RING_SLOTS].data(); };
             while (pattern_ == RawPattern::Replay && !stop.load(std::memory_order_relaxed)) {
                 const Expert& e = v_.experts[jobs_[next_->fetch_add(1) % jobs_.size()]];
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(e.padded_size, chunk_));
-                per[t].bytes +=
-                    pread_some(r_.fd.get(), bufs_[t].data(), want, e.byte_offset, v_.name);
+                per[t].bytes += pread_some(r_.fd.get(), buf(), want, e.byte_offset, v_.name);
                 ++per[t].reads;
             }
             while (pattern_ == RawPattern::Interleaved && !stop.load(std::memory_order_relaxed)) {
                 const uint64_t at = next_->fetch_add(1) % chunks * chunk_;
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, v_.size - at));
-                per[t].bytes += pread_some(r_.fd.get(), bufs_[t].data(), want, at, v_.name);
+                per[t].bytes += pread_some(r_.fd.get(), buf(), want, at, v_.name);
                 ++per[t].reads;
             }
             while (pattern_ == RawPattern::Shares && !stop.load(std::memory_order_relaxed)) {
                 const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_, hi - off));
-                const size_t n = pread_some(r_.fd.get(), bufs_[t].data(), want, off, v_.name);
+                const size_t n = pread_some(r_.fd.get(), buf(), want, off, v_.name);
                 per[t].bytes += n;
                 ++per[t].reads;
                 off = (n < want || off + n >= hi) ? lo : off + n;
@@ -334,9 +336,10 @@ private:
     size_t chunk_;
     RawPattern pattern_;
     const std::vector<uint32_t>& jobs_;  // Replay: the experts to read, in order
-    // One buffer of `chunk` bytes per thread, the reader's own as the stream's ring is: an
-    // O_DIRECT read into a larger buffer shared with other configurations measured slower
-    // on a virtual disk, which made the limit too low.
+    // RING_SLOTS buffers of `chunk` bytes per thread, used in turn: the reader's own and as
+    // many as the stream's ring. On a virtual machine an O_DIRECT read costs more the more
+    // distinct memory it lands in (larger buffers, shared between configurations, measured
+    // slower), so the limit reads into the same kind of buffers as the stream.
     std::vector<AlignedBuffer> bufs_;
     uint64_t share_ = 0;
     std::vector<uint64_t> at_;  // each thread's next offset in its share
