@@ -35,6 +35,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from smoe.code_cache import compile_cached
 from smoe.quant import _Q4_FACTORS, _Q4W_FACTORS
 from smoe_gen.layout import GROUP_SIZE, code_centre
 
@@ -86,9 +87,10 @@ def _jit(**options):
 
 def _generated(source: str):
     """Compile generated source (one function, attributed to this file, so that numba's
-    disk cache keys it to this file's version) into a jitted function."""
+    disk cache keys it to this file's version; the Python code itself is cached on disk
+    too, :mod:`smoe.code_cache`) into a jitted function."""
     namespace: dict = {}
-    exec(compile(source, __file__, "exec"), globals(), namespace)
+    exec(compile_cached(source, __file__), globals(), namespace)
     (fn,) = namespace.values()
     return _jit()(fn)
 
