@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import importlib.util
 import marshal
-import os
 import sys
 from pathlib import Path
 from types import CodeType
@@ -40,12 +39,16 @@ def cache_path(source: str, filename: str) -> Path | None:
     >>> p.parent.name, p.name.startswith("quant_kernels.gen-"), p.suffix
     ('__pycache__', True, '.bin')
     """
+    return _entry(hashlib.sha256(source.encode()).digest(), filename)
+
+
+def _entry(digest: bytes, filename: str) -> Path | None:
+    """:func:`cache_path` for source whose SHA-256 is ``digest``."""
     tag = sys.implementation.cache_tag
     if tag is None:
         return None
-    key = hashlib.sha256(source.encode()).hexdigest()[:24]
     pyc = Path(importlib.util.cache_from_source(filename))
-    return pyc.with_name(f"{Path(filename).stem}.gen-{key}.{tag}.bin")
+    return pyc.with_name(f"{Path(filename).stem}.gen-{digest.hex()[:24]}.{tag}.bin")
 
 
 def compile_cached(source: str, filename: str) -> CodeType:
@@ -60,10 +63,10 @@ def compile_cached(source: str, filename: str) -> CodeType:
     (True, True)
     """
     digest = hashlib.sha256(source.encode()).digest()
-    path = cache_path(source, filename)
+    path = _entry(digest, filename)
     if path is not None:
         with contextlib.suppress(OSError, ValueError, EOFError, TypeError, SmoeError):
-            data = _read(path)
+            data = fileio.read_whole(path, _MAX, lambda size: SmoeError(f"{path}: too large"))
             head = len(_MAGIC) + len(digest)
             if data[:head] == _MAGIC + digest:
                 code = marshal.loads(data[head:])
@@ -73,19 +76,6 @@ def compile_cached(source: str, filename: str) -> CodeType:
     if path is not None:
         _keep(path, _MAGIC + digest + marshal.dumps(code))
     return code
-
-
-def _read(path: Path) -> bytes:
-    """A cache entry's bytes: a regular file (a FIFO or folder is refused without blocking)
-    of at most :data:`_MAX` bytes."""
-    fd = fileio.open_input(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size > _MAX:
-            raise SmoeError(f"{path}: {size} bytes is too large for a code cache entry")
-        return fileio.pread_exact(fd, size, 0, path)
-    finally:
-        os.close(fd)
 
 
 def _keep(path: Path, data: bytes) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,16 +166,13 @@ def read_small(path: Path) -> bytes:
     >>> read_small(Path("fixtures/checkpoints/qwen3_moe/config.json"))[:1]
     b'{'
     """
-    fd = fileio.open_input(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size > _MAX_JSON:
-            raise SmoeError(
-                f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
-            )
-        return fileio.pread_exact(fd, size, 0, path)
-    finally:
-        os.close(fd)
+    return fileio.read_whole(
+        path,
+        _MAX_JSON,
+        lambda size: SmoeError(
+            f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
+        ),
+    )
 
 
 def parse_json(raw: bytes, path: Path) -> object:

@@ -17,7 +17,7 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,7 @@ __all__ = [
     "pread_exact",
     "preadv_exact",
     "pwrite_all",
+    "read_whole",
     "refuse_same_file",
     "rename",
     "require_regular",
@@ -412,6 +413,29 @@ def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def read_whole(
+    path: str | os.PathLike, limit: int, too_large: Callable[[int], BaseException]
+) -> bytes:
+    """Every byte of a small input: a regular file (FIFOs, folders and devices refused
+    without blocking, :func:`open_input`) of at most ``limit`` bytes, read whole; for a
+    larger one, ``too_large(size)`` is raised before anything is read.
+
+    >>> read_whole("fixtures/checkpoints/qwen3_moe/config.json", 1 << 20, ValueError)[:1]
+    b'{'
+    >>> read_whole("fixtures/q4_v2.smoe", 64, lambda n: SmoeError(f"{n} bytes: too large"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: 147456 bytes: too large
+    """
+    fd = open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise too_large(size)
+        return pread_exact(fd, size, 0, path)
+    finally:
+        os.close(fd)
 
 
 def preadv_exact(fd: int, buf: Buffer, offset: int, path: str | os.PathLike) -> None:

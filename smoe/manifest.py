@@ -217,18 +217,14 @@ def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
     """
     path = Path(path)
     limit = _MAX_BYTES + _BYTES_PER_ENTRY * entries
-    fd = fileio.open_input(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise _malformed(
-                "manifest",
-                f"{path} is {size} bytes, more than the {limit} bytes "
-                f"allowed for {entries} experts",
-            )
-        raw = fileio.pread_exact(fd, size, 0, path)
-    finally:
-        os.close(fd)
+    raw = fileio.read_whole(
+        path,
+        limit,
+        lambda size: _malformed(
+            "manifest",
+            f"{path} is {size} bytes, more than the {limit} bytes allowed for {entries} experts",
+        ),
+    )
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
