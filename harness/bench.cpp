@@ -214,12 +214,8 @@ public:
                 ++s.reads;
             }
         });
-        Sample all;
+        Sample all = total_of(per);  // the threads' bytes and reads, over the run's time
         all.seconds = elapsed;
-        for (const Sample& s : per) {
-            all.bytes += s.bytes;
-            all.reads += s.reads;
-        }
         return all;
     }
 
@@ -314,12 +310,8 @@ public:
                 off = (n < want || off + n >= hi) ? lo : off + n;
             }
         });
-        Sample all;
+        Sample all = total_of(per);  // the threads' bytes and reads, over the run's time
         all.seconds = elapsed;
-        for (const Sample& s : per) {
-            all.bytes += s.bytes;
-            all.reads += s.reads;
-        }
         return all;
     }
 
