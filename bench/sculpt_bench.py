@@ -57,10 +57,9 @@ from smoe.cpus import usable_cores
 from smoe.export import export
 from smoe.plan import make_plan
 from smoe.reader import Vault
-from smoe.sculpt import SculptOptions, sculpt, select
+from smoe.sculpt import Job, SculptOptions, quantise_expert, sculpt, select
 from smoe.synth import write_checkpoint
 from smoe.verify import verify_path
-from smoe.writer import encode_blob
 from smoe_gen import layout
 
 GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
@@ -170,7 +169,8 @@ ENCODE_EXPERTS = 16  # experts each process of :func:`encoder_limit` encodes, fr
 
 def _encode_all(ckpt: Path, bits: int, ready: Any, done: Any) -> None:
     """One process of :func:`encoder_limit`: load the experts, wait for the others, encode
-    them all as the sculptor does (blob, SNR statistics), report the time it finished."""
+    them all as a worker does (:func:`smoe.sculpt.quantise_expert`: blob, SNR statistics,
+    blob CRC-32C), report the time it finished."""
     refs = list(Checkpoint.open(ckpt).experts.values())[:ENCODE_EXPERTS]
     loaded = [ref.load() for ref in refs]
     plan = make_plan({(r.layer, r.expert): r.shapes for r in refs}, bits, layout.VERSION_MAX)
@@ -179,16 +179,7 @@ def _encode_all(ckpt: Path, bits: int, ready: Any, done: Any) -> None:
     ready.wait()
     for ref, mats in zip(refs, loaded):
         slot = slots[(ref.layer, ref.expert)]
-        stats = [quant.QuantStats() for _ in mats]
-        encode_blob(
-            slot,
-            [a for a, _ in mats],
-            bits,
-            "optimal",
-            [src for _, src in mats],
-            stats,
-            out=blob[: slot.raw_size],
-        )
+        quantise_expert(Job(ref, slot, bits, "optimal"), mats, (), blob[: slot.raw_size])
     done.put(time.perf_counter())
 
 
