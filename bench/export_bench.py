@@ -15,13 +15,14 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from bench.figures import figure, peak_rss_of
 from bench.machine_bench import describe, read_limit
 from bench.sculpt_bench import checkpoint
-from smoe.sculpt import SculptOptions, sculpt
+from smoe.sculpt import SculptOptions, SculptResult, sculpt
 
 RSS_GOAL = 256 << 20
 """Peak RSS the export may use whatever the model's size (one tensor is ~6 MB of f32)."""
@@ -34,7 +35,10 @@ def vault(workdir: Path, layers: int) -> Path:
     path = out / f"{name}.smoe"
     if path.exists():
         return path
-    result = sculpt(checkpoint(workdir, layers), out, SculptOptions(bits=4, jobs=2))
+    # not a dry run: sculpt returns a SculptResult
+    result = cast(
+        SculptResult, sculpt(checkpoint(workdir, layers), out, SculptOptions(bits=4, jobs=2))
+    )
     return result.vault
 
 
@@ -75,6 +79,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
             "MB/s",
             "informative: the decoder is the bound",
             None,
+            summary=True,
         ),
         figure(
             "export --hf: peak RSS of the export process",

@@ -19,11 +19,14 @@ def figure(
     passed: bool | None,
     ratio: float | None = None,
     detail: str | None = None,
+    summary: bool = False,
 ) -> dict:
     """``ratio`` defaults to ours / baseline (for times, pass baseline / ours yourself).
 
     ``baseline`` is the limit or baseline measured in the same run; ``detail`` says how
-    (kept in build/bench.json, left out of the one-screen table).
+    (kept in build/bench.json, left out of the tables). An informative figure
+    (``passed`` None) is in the closing one-screen table only with ``summary``: what bounds
+    a figure that misses its goal.
     """
     if ratio is None and baseline:
         ratio = ours / baseline
@@ -38,6 +41,8 @@ def figure(
     }
     if detail:
         out["detail"] = detail
+    if summary:
+        out["summary"] = True
     return out
 
 

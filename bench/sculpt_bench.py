@@ -55,7 +55,7 @@ from smoe import quant
 from smoe.checkpoint import Checkpoint
 from smoe.cpus import usable_cores
 from smoe.export import export
-from smoe.plan import make_plan
+from smoe.plan import Shape, make_plan
 from smoe.reader import Vault
 from smoe.sculpt import Job, SculptOptions, quantise_expert, sculpt, select
 from smoe.synth import write_checkpoint
@@ -173,7 +173,9 @@ def _encode_all(ckpt: Path, bits: int, ready: Any, done: Any) -> None:
     blob CRC-32C), report the time it finished."""
     refs = list(Checkpoint.open(ckpt).experts.values())[:ENCODE_EXPERTS]
     loaded = [ref.load() for ref in refs]
-    plan = make_plan({(r.layer, r.expert): r.shapes for r in refs}, bits, layout.VERSION_MAX)
+    # an ExpertRef has three matrices: gate, up, down
+    shapes = {(r.layer, r.expert): cast("tuple[Shape, Shape, Shape]", r.shapes) for r in refs}
+    plan = make_plan(shapes, bits, layout.VERSION_MAX)
     slots = {e.key: e for e in plan.experts}
     blob = np.empty(max(e.raw_size for e in plan.experts), np.uint8)
     ready.wait()
@@ -265,11 +267,13 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
         measure(mode, repeat=2)
     q4_vault = workdir / "out-q4-vault"
     clean_seconds = clean_wall = 0.0
-    bases, all_runs = {}, {}
+    bases: dict[int, float] = {}  # bits -> MB/s of the reference-encoder baseline
+    all_runs: dict[int, dict[tuple[int, str], dict]] = {}  # bits -> (jobs, mode) -> run
     cold_rounds: dict[int, list[tuple[float, dict]]] = {}  # bits -> (limit, run) per round
     for bits in (4, 2):
         bases[bits] = baseline_mb_s(ckpt, bits, 32 if bits == 4 else 4)
-        all_runs[bits] = runs = {}
+        runs: dict[tuple[int, str], dict] = {}
+        all_runs[bits] = runs
         for jobs in sorted({1, cores}):  # page-cached: the best of REPEAT runs
             for _ in range(REPEAT):
                 warm(shards)
@@ -380,6 +384,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
                 "MB/s",
                 "informative: the CPU bound",
                 None,
+                summary=True,
                 detail=f"the limit: {cores} processes doing nothing but encode "
                 f"{ENCODE_EXPERTS} experts each from memory, as the workers do; the experts "
                 f"phase alone runs at {cached['steady_mb_s']:.0f} MB/s "
@@ -397,6 +402,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
                 "MB/s",
                 "informative: the disk bound",
                 None,
+                summary=True,
                 detail="the limit: reading the dropped checkpoint while writing a file of "
                 f"the vault's size beside it (fsynced), the least a cold sculpt must move, "
                 f"measured in the same round as the run above; best of {ways} GB/s; the "
@@ -547,6 +553,7 @@ def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
             "MB/s",
             "informative",
             None,
+            summary=True,
             detail=f"the {size / 1e6:.0f} MB Q4 vault with its manifest (CRC-32C of every "
             f"blob), page-cached, in-process; read limit best of {describe(per)}",
         ),
@@ -557,6 +564,7 @@ def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
             "MB/s",
             "informative",
             None,
+            summary=True,
             detail=f"MB/s of vault bytes in; writes {f32 / 1e9:.2f} GB of float32, in-process",
         ),
     ]
