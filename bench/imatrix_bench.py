@@ -32,6 +32,7 @@ import numpy as np
 
 from bench.figures import figure
 from smoe import quant
+from smoe.quant import Kernel, SrcDtype
 from smoe_gen.layout import GROUP_SIZE
 
 SIGMA = 0.02
@@ -59,7 +60,7 @@ def build_model(d: int, f: int, experts: int, calib: int, held: int, seed: int =
     """The synthetic model's expert tensors with their importance and held-out inputs."""
     rng = np.random.default_rng(seed)
     spaces = {"gate_up": channel_variances(d, rng), "down": channel_variances(f, rng)}
-    out = []
+    out: list[Tensor] = []
     for e in range(experts):
         for name, rows, cols, space in (
             ("gate_proj", f, d, "gate_up"),
@@ -101,9 +102,9 @@ def encode(
     w: np.ndarray,
     bits: int,
     importance: np.ndarray | None = None,
-    kernel: str | None = None,
+    kernel: Kernel | None = None,
     stats: quant.QuantStats | None = None,
-    src_dtype: str | None = None,
+    src_dtype: SrcDtype | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """As sculpt encodes: into caller buffers, with statistics."""
     packed = np.empty(quant.packed_size(w.size, bits), np.uint8)

@@ -30,13 +30,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
 from smoe import quant
+from smoe.quant import Kernel, ScaleMode
 from smoe_gen.layout import GROUP_SIZE
 
 SIGMA = 0.02
+
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------- data
@@ -133,9 +138,11 @@ def dense_bound_q4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------- figures
 
 
-def _timed(fn: Callable[[], object], repeats: int, warmup: bool = True) -> tuple[float, object]:
-    """Best wall time of ``repeats`` calls (after one warm-up call) and the last result."""
-    result = fn() if warmup else None
+def _timed(fn: Callable[[], T], repeats: int, warmup: bool = True) -> tuple[float, T]:
+    """Best wall time of ``repeats`` (>= 1) calls (after one warm-up call) and the last
+    result."""
+    if warmup:
+        result = fn()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -179,7 +186,7 @@ def bf16_bits(w: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(w, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def _encode_with(kernel: str, w: np.ndarray, bits: int, mode: str, **kw) -> tuple:
+def _encode_with(kernel: Kernel, w: np.ndarray, bits: int, mode: ScaleMode, **kw) -> tuple:
     """(packed, scales, stats) of one ``encode_into`` with SNR statistics."""
     packed = np.empty(quant.packed_size(w.size, bits), np.uint8)
     scales = np.empty(quant.num_groups(w.size), "<f2")
@@ -232,19 +239,18 @@ def encoder_figures(quick: bool) -> list[dict]:
     mb = w.nbytes / 1e6
     repeats = 3 if quick else 7
     figs: list[dict] = []
-    for bits, mode, label in (
+    cases: tuple[tuple[int, ScaleMode, str], ...] = (
         (4, "optimal", "Q4 optimal"),
         (4, "absmax", "Q4 absmax"),
         (2, "optimal", "Q2 optimal"),
         (2, "absmax", "Q2 absmax"),
-    ):
-        out = {k: _encode_with(k, w, bits, mode, src_dtype="bf16") for k in ("fast", "numpy")}
-        t_fast = _cpu_timed(
-            lambda b=bits, m=mode: _encode_with("fast", w, b, m, src_dtype="bf16"), repeats
-        )
+    )
+    kernels: tuple[Kernel, ...] = ("fast", "numpy")
+    for bits, mode, label in cases:
+        out = {k: _encode_with(k, w, bits, mode, src_dtype="bf16") for k in kernels}
+        t_fast = _cpu_timed(partial(_encode_with, "fast", w, bits, mode, src_dtype="bf16"), repeats)
         t_np = _cpu_timed(
-            lambda b=bits, m=mode: _encode_with("numpy", w, b, m, src_dtype="bf16"),
-            max(2, repeats // 2),
+            partial(_encode_with, "numpy", w, bits, mode, src_dtype="bf16"), max(2, repeats // 2)
         )
         figs.append(
             _figure(

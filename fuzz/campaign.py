@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -114,7 +115,7 @@ def fuzz_cpp(mutations: int, seed: int, work: Path) -> dict:
 
 def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
     """Kill `smoe sculpt --resume` at random instants; always finish byte-identical."""
-    from smoe.sculpt import SculptOptions, sculpt
+    from smoe.sculpt import SculptOptions, SculptResult, sculpt
     from smoe.synth import write_checkpoint
 
     rng = random.Random(seed)
@@ -122,7 +123,8 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
     ck = write_checkpoint(
         work / "ckpt" / "killme", layers=layers, experts=experts, d_model=512, ffn=256, seed=seed
     )
-    ref = sculpt(ck, work / "ref", SculptOptions())
+    # not a dry run: sculpt returns a SculptResult
+    ref = cast(SculptResult, sculpt(ck, work / "ref", SculptOptions()))
     ref_vault, ref_scout = ref.vault.read_bytes(), ref.scout.read_bytes()
     t = time.perf_counter()
     subprocess.run(
@@ -223,6 +225,7 @@ def kill_upgrade(random_kills: int, seed: int, work: Path) -> dict:
                 stdout=subprocess.PIPE,
                 text=True,
             )
+            assert proc.stdout is not None and proc.stdin is not None  # both PIPE
             if mode == "pause":
                 for _ in range(i):
                     proc.stdout.readline()

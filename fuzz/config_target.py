@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from fuzz.config_mutators import ConfigCase, expectation, mutate
 from fuzz.oracle import CaseReport, Outcome, attempt, cli_verdict
@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from smoe.records import ArchInfo
     from smoe.sculpt import SculptResult
 
-SMALL = {"max_layers": 1, "max_experts": 1}
+
+class _Small(TypedDict):
+    """The SculptOptions fields of the small sculpt (first MoE layer, first expert)."""
+
+    max_layers: int
+    max_experts: int
+
+
+SMALL: _Small = {"max_layers": 1, "max_experts": 1}
 TYPE_WORDS = ("integer", "boolean", "string", "object", "number")
 
 
@@ -47,7 +55,8 @@ class Base:
 def _sculpt(model: Path, out: Path) -> SculptResult:
     from smoe.sculpt import SculptOptions, sculpt
 
-    return sculpt(model, out, SculptOptions(**SMALL))
+    # not a dry run: sculpt returns a SculptResult
+    return cast("SculptResult", sculpt(model, out, SculptOptions(**SMALL)))
 
 
 def config_only(path: Path, rows: int) -> ArchInfo:

@@ -326,7 +326,7 @@ def name_invalid(rng: random.Random, s: Shard) -> tuple[bytes, str]:
 
 
 def metadata_types(rng: random.Random, s: Shard) -> tuple[bytes, str]:
-    new = rng.choice(
+    new: object = rng.choice(
         [
             [],
             "pt",

@@ -13,7 +13,7 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from safetensors import safe_open
 
@@ -109,7 +109,8 @@ def one_case(
     elif not ref and run.status == "refused":
         rep.counters["refused_where_reference_accepts"] = 1
     if run.status == "accepted":
-        checked = attempt(lambda: check_outputs(run.value), limit)
+        # accepted: run is the sculpt's (not a dry run), its value a SculptResult
+        checked = attempt(lambda: check_outputs(cast("SculptResult", run.value)), limit)
         if checked.failed or checked.status == "refused" or checked.value:
             rep.failures.append(f"outputs: {checked.value or checked.line()}")
     if cli:
