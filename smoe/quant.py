@@ -68,9 +68,11 @@ chunk); only a failure rescans the tensor to count.
 The code below is the reference encoder. With numba installed (``pip install
 'smoe[fast]'``), :mod:`smoe.quant_kernels` encodes tensors of at least
 :data:`FAST_MIN_WEIGHTS` weights several times faster, byte for byte the same (the same
-scales, codes and refusals; the SNR statistics agree to float rounding). ``kernel=`` or
-the ``SMOE_KERNEL`` environment variable chooses: ``auto`` (the default), ``numpy`` (this
-code) or ``fast`` (the compiled encoder for every size; an error without numba).
+scales, codes and refusals; the SNR statistics agree to float rounding), and
+:mod:`smoe.decode_kernels` decodes them (:func:`decode`, :func:`decode_bf16`) about ten
+times faster, bit for bit the same. ``kernel=`` or the ``SMOE_KERNEL`` environment variable
+chooses: ``auto`` (the default), ``numpy`` (this code) or ``fast`` (the compiled code for
+every size; an error without numba).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ __all__ = [
     "UnrepresentableWeights",
     "bf16_to_f32",
     "decode",
+    "decode_bf16",
     "encode",
     "encode_into",
     "fast_kernels",
@@ -124,8 +127,9 @@ CHUNK_WEIGHTS = 1 << 18
 """Default weights per processing chunk (a multiple of ``GROUP_SIZE``)."""
 
 FAST_MIN_WEIGHTS = 1 << 16
-"""``kernel="auto"``: tensors with at least this many weights use the compiled encoder
-(smaller ones are not worth its first compile, ~10-30 s before it is cached on disk)."""
+"""``kernel="auto"``: tensors with at least this many weights use the compiled encoder and
+decoder (smaller ones are not worth their first compile, seconds before it is cached on
+disk)."""
 
 KERNEL_ENV = "SMOE_KERNEL"
 """Environment variable giving the default ``kernel``: ``auto``, ``numpy`` or ``fast``."""
@@ -1186,30 +1190,17 @@ def _level_lut(bits: int) -> np.ndarray:
     return _LUTS[bits]
 
 
-def decode(
+def _decode_args(
     packed: np.ndarray,
     scales: np.ndarray,
     bits: int,
     shape: tuple[int, ...],
-    *,
-    out: np.ndarray | None = None,
-    chunk_weights: int = CHUNK_WEIGHTS,
-) -> np.ndarray:
-    """Dequantise SMOE-Q``bits`` codes to a float32 array of ``shape`` (ruling D2).
-
-    ``packed``: ``uint8`` bytes; ``scales``: fp16 values or their raw ``uint8`` bytes.
-    Both must have exactly the D2 sizes for ``prod(shape)`` weights. ``out`` optionally
-    receives the result (float32, C-contiguous, ``shape``).
-
-    >>> import numpy as np
-    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
-    >>> packed, scales = encode(w, 2)
-    >>> back = decode(packed, scales, 2, w.shape)
-    >>> back.shape, back.dtype
-    ((2, 64), dtype('float32'))
-    >>> np.unique(back)  # Q2: four levels, +-scale and +-scale/3
-    array([-0.7558594 , -0.25195312,  0.25195312,  0.7558594 ], dtype=float32)
-    """
+    out: np.ndarray | None,
+    dtype: type,
+    chunk_weights: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Check :func:`decode`'s arguments: ``(flat packed, flat fp16 scales, out, flat out)``
+    (``out`` of ``dtype``, allocated if None)."""
     _check_bits(bits)
     if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
         raise ValueError(f"chunk_weights must be a positive multiple of {GROUP_SIZE}")
@@ -1224,25 +1215,157 @@ def decode(
     if sc.dtype.kind != "f" or sc.dtype.itemsize != 2 or sc.size != num_groups(n):
         raise ValueError(f"scales must be {num_groups(n)} float16 values for shape {shape}")
     if out is None:
-        out = np.empty(shape, np.float32)
-    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {shape}")
-    flat = out.reshape(-1)
-    lut = _level_lut(bits)
+        out = np.empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        name = np.dtype(dtype).name
+        raise ValueError(f"out must be a C-contiguous {name} array of shape {shape}")
+    return p, sc, out, out.reshape(-1)
+
+
+def _decode_kernels(n: int, kernel: Kernel | None) -> ModuleType | None:
+    """The compiled decoder (:mod:`smoe.decode_kernels`) if it should decode ``n`` weights
+    with ``kernel`` (default: ``$SMOE_KERNEL`` or ``auto``), as :func:`fast_kernels` chooses
+    the encoder; else None."""
+    choice = kernel or os.environ.get(KERNEL_ENV, "") or "auto"
+    if choice not in ("auto", "numpy", "fast"):
+        raise SmoeError(f"{KERNEL_ENV} must be auto, numpy or fast, got {choice!r}")
+    if choice == "numpy" or (choice == "auto" and n < FAST_MIN_WEIGHTS):
+        return None
+    if "decode" not in _FAST:
+        loaded: ModuleType | None
+        try:
+            from smoe import decode_kernels as loaded
+        except ImportError:
+            loaded = None
+        _FAST["decode"] = loaded
+    module = _FAST["decode"]
+    if not isinstance(module, ModuleType):  # None: the kernels could not be imported
+        if choice == "fast":
+            raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
+        return None
+    return module
+
+
+def _decode_chunk(
+    p: np.ndarray, sc: np.ndarray, bits: int, start: int, stop: int, dst: np.ndarray
+) -> None:
+    """The numpy decoder: weights ``start:stop`` (``start`` at a group) into float32 ``dst``."""
     per = 8 // bits
-    for start in range(0, n, chunk_weights):
-        stop = min(start + chunk_weights, n)
-        levels = lut[p[start // per : -(-stop // per)]].reshape(-1)[: stop - start]
-        g0 = start // GROUP_SIZE
-        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
-        s = sc[g0 : g0 + num_groups(stop - start)].astype(np.float32)
-        np.multiply(
-            levels[:full].reshape(-1, GROUP_SIZE),
-            s[: full // GROUP_SIZE, None],
-            out=flat[start : start + full].reshape(-1, GROUP_SIZE),
-        )
-        if full < stop - start:
-            np.multiply(levels[full:], s[-1], out=flat[start + full : stop])
+    levels = _level_lut(bits)[p[start // per : -(-stop // per)]].reshape(-1)[: stop - start]
+    g0 = start // GROUP_SIZE
+    full = (stop - start) // GROUP_SIZE * GROUP_SIZE
+    s = sc[g0 : g0 + num_groups(stop - start)].astype(np.float32)
+    np.multiply(
+        levels[:full].reshape(-1, GROUP_SIZE),
+        s[: full // GROUP_SIZE, None],
+        out=dst[:full].reshape(-1, GROUP_SIZE),
+    )
+    if full < stop - start:
+        np.multiply(levels[full:], s[-1], out=dst[full : stop - start])
+
+
+def _scale_bytes(sc: np.ndarray) -> np.ndarray:
+    """fp16 scales as their little-endian bytes (``uint8``), as the compiled decoder reads."""
+    return np.ascontiguousarray(sc, np.dtype("<f2")).view(np.uint8)
+
+
+def decode(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    shape: tuple[int, ...],
+    *,
+    out: np.ndarray | None = None,
+    chunk_weights: int = CHUNK_WEIGHTS,
+    kernel: Kernel | None = None,
+) -> np.ndarray:
+    """Dequantise SMOE-Q``bits`` codes to a float32 array of ``shape`` (ruling D2).
+
+    ``packed``: ``uint8`` bytes; ``scales``: fp16 values or their raw ``uint8`` bytes.
+    Both must have exactly the D2 sizes for ``prod(shape)`` weights. ``out`` optionally
+    receives the result (float32, C-contiguous, ``shape``). ``kernel``: as for
+    :func:`encode` (the compiled decoder, :mod:`smoe.decode_kernels`, gives the same bits).
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> packed, scales = encode(w, 2)
+    >>> back = decode(packed, scales, 2, w.shape)
+    >>> back.shape, back.dtype
+    ((2, 64), dtype('float32'))
+    >>> np.unique(back)  # Q2: four levels, +-scale and +-scale/3
+    array([-0.7558594 , -0.25195312,  0.25195312,  0.7558594 ], dtype=float32)
+    """
+    p, sc, out, flat = _decode_args(packed, scales, bits, shape, out, np.float32, chunk_weights)
+    fast = _decode_kernels(flat.size, kernel)
+    if fast is not None:
+        fast.decode_into(p, _scale_bytes(sc), bits, flat)
+        return out
+    for start in range(0, flat.size, chunk_weights):
+        stop = min(start + chunk_weights, flat.size)
+        _decode_chunk(p, sc, bits, start, stop, flat[start:stop])
+    return out
+
+
+def _bf16_bits(f32: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Round float32 values to bfloat16 bit patterns (``uint16``) into ``out``, to nearest
+    even as torch rounds: ``(u + 0x7FFF + ((u >> 16) & 1)) >> 16`` on the float32 bits
+    ``u``, in uint32 arithmetic (beyond the bfloat16 range: inf), and every NaN, whatever
+    its sign and payload, to the quiet NaN 0x7FC0 (the sum would carry a NaN with a high
+    payload into the sign bit or wrap it around to zero).
+    ``scratch``: ``uint32`` of the same size. All three flat and C-contiguous.
+
+    >>> import numpy as np
+    >>> nans = np.array([0x7FC00000, 0x7FFFFFFF, 0xFFFFFFFF], np.uint32).view(np.float32)
+    >>> x = np.array([1.0, 1.00390625, 1.01171875, 3.4e38, *nans], np.float32)
+    >>> out = np.empty(x.size, np.uint16)
+    >>> _bf16_bits(x, out, np.empty(x.size, np.uint32))
+    >>> [hex(v) for v in out]  # ties to even: 1 + 2**-8 down to 1, 1 + 3 * 2**-8 up
+    ['0x3f80', '0x3f80', '0x3f82', '0x7f80', '0x7fc0', '0x7fc0', '0x7fc0']
+    """
+    u = f32.view(np.uint32)
+    np.right_shift(u, 16, out=scratch)
+    np.bitwise_and(scratch, 1, out=scratch)
+    scratch += 0x7FFF
+    scratch += u
+    scratch >>= 16
+    np.copyto(out, scratch, casting="unsafe")
+    np.bitwise_and(u, 0x7FFFFFFF, out=scratch)
+    np.putmask(out, scratch > 0x7F800000, 0x7FC0)
+
+
+def decode_bf16(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    shape: tuple[int, ...],
+    *,
+    out: np.ndarray | None = None,
+    chunk_weights: int = CHUNK_WEIGHTS,
+    kernel: Kernel | None = None,
+) -> np.ndarray:
+    """:func:`decode` rounded to bfloat16: its bit patterns as a ``uint16`` array of
+    ``shape`` (into ``out`` if given: uint16, C-contiguous, ``shape``). Each float32 value
+    is rounded by :func:`_bf16_bits`; the compiled decoder rounds in the same pass, the
+    numpy one chunk by chunk (working memory ``O(chunk_weights)``).
+
+    >>> import numpy as np
+    >>> w = np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64)  # two groups
+    >>> packed, scales = encode(w, 2)
+    >>> bf = decode_bf16(packed, scales, 2, w.shape)
+    >>> bf.shape, [hex(v) for v in np.unique(bf)]  # 0.7558594 is 0x3f418000: a tie, to even
+    ((2, 64), ['0x3e81', '0x3f42', '0xbe81', '0xbf42'])
+    """
+    p, sc, out, flat = _decode_args(packed, scales, bits, shape, out, np.uint16, chunk_weights)
+    fast = _decode_kernels(flat.size, kernel)
+    if fast is not None:
+        fast.decode_into(p, _scale_bytes(sc), bits, flat)
+        return out
+    chunk = min(chunk_weights, flat.size)
+    buf, scratch = np.empty(chunk, np.float32), np.empty(chunk, np.uint32)
+    for start in range(0, flat.size, chunk_weights):
+        stop = min(start + chunk_weights, flat.size)
+        _decode_chunk(p, sc, bits, start, stop, buf[: stop - start])
+        _bf16_bits(buf[: stop - start], flat[start:stop], scratch[: stop - start])
     return out
 
 

@@ -225,7 +225,6 @@ class _Slot:
         self._key: tuple[int, int] | None = None
         self._view: ExpertView | None = None
         self._f32 = np.empty(0, np.float32)
-        self._u32 = np.empty(0, np.uint32)
         self._u16 = np.empty(0, np.uint16)
 
     def _expert(self, key: tuple[int, int]) -> ExpertView:
@@ -250,43 +249,43 @@ class _Slot:
 
     def decode(self, task: _Task) -> np.ndarray:
         """The task's tensor as ``dtype`` values (a view of this slot's buffers, valid until
-        its next decode); rounding to 16 bits is to nearest even, as torch rounds."""
+        its next decode); rounding to 16 bits is to nearest even, as torch rounds (BF16:
+        :func:`smoe.quant.decode_bf16`, in the decoding pass when compiled)."""
         out, piece, dtype = task
         view = self._expert(piece.key).tensors[piece.tensor]
         n = view.rows * view.cols
+        if dtype == "BF16":
+            if self._u16.size < n:
+                self._u16 = np.empty(n, np.uint16)
+            u16 = self._u16[:n]
+            quant.decode_bf16(
+                view.packed, view.scales, view.bits, view.shape, out=u16.reshape(view.shape)
+            )
+            return u16
         if self._f32.size < n:
             self._f32 = np.empty(n, np.float32)
-            self._u32 = np.empty(n, np.uint32)
-            self._u16 = np.empty(n, np.uint16)
         f32 = self._f32[:n]
         quant.decode(view.packed, view.scales, view.bits, view.shape, out=f32.reshape(view.shape))
         if dtype == "F32":
             return f32
+        if self._u16.size < n:
+            self._u16 = np.empty(n, np.uint16)
         u16 = self._u16[:n]
-        if dtype == "F16":
-            np.copyto(u16.view(np.float16), f32, casting="same_kind")
-            if not np.isfinite(u16.view(np.float16)).all():
-                raise SmoeError(
-                    f"{out.name}: dequantised values beyond the float16 range "
-                    "(65504); export with --dtype bf16 or f32"
-                )
-            return u16
-        u = f32.view(np.uint32)
-        t = self._u32[:n]
-        np.right_shift(u, 16, out=t)
-        np.bitwise_and(t, 1, out=t)
-        t += 0x7FFF
-        t += u
-        t >>= 16
-        np.copyto(u16, t, casting="unsafe")
+        np.copyto(u16.view(np.float16), f32, casting="same_kind")
+        if not np.isfinite(u16.view(np.float16)).all():
+            raise SmoeError(
+                f"{out.name}: dequantised values beyond the float16 range "
+                "(65504); export with --dtype bf16 or f32"
+            )
         return u16
 
 
 class _Decoder:
     """Decodes the tasks, in order, ahead of the writer in ``threads`` worker threads
-    (numpy releases the GIL); the writer takes each result with :meth:`take`, writes it, and
-    only then is its slot given the next task. Memory: ``2 * threads`` slots' buffers.
-    Workers only read the vault: every write stays in the calling thread."""
+    (numpy and the compiled decoder release the GIL); the writer takes each result with
+    :meth:`take`, writes it, and only then is its slot given the next task. Memory:
+    ``2 * threads`` slots' buffers. Workers only read the vault: every write stays in the
+    calling thread."""
 
     def __init__(
         self,
