@@ -143,6 +143,18 @@ def write_rate(path: Path, nbytes: int, direct: bool) -> float:
         path.unlink()
 
 
+def write_limit(out_dir: Path, nbytes: int, repeat: int = 2) -> tuple[float, dict[str, float]]:
+    """(best GB/s, best GB/s per way) of writing ``nbytes`` to a new file in ``out_dir``,
+    fsynced: buffered writes as a job that commits its output does, and ``O_DIRECT``."""
+    per: dict[str, float] = {}
+    for _ in range(repeat):
+        for direct in (False, True):
+            way = "O_DIRECT writes" if direct else "buffered writes"
+            scratch = out_dir / f".write-limit-{os.getpid()}.bin"
+            per[way] = max(per.get(way, 0.0), write_rate(scratch, nbytes, direct))
+    return max(per.values()), per
+
+
 def read_write_limit(
     paths: Sequence[Path], out_dir: Path, nbytes: int, threads: Sequence[int] = (1, 2)
 ) -> tuple[float, dict[str, float]]:
