@@ -20,6 +20,7 @@ import numba
 import numpy as np
 from numba.extending import overload
 
+from smoe.jit import jit
 from smoe.quant import _level_lut
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
@@ -36,22 +37,7 @@ _U32 = np.uint32
 _TWO_M24 = np.float32(2.0**-24)
 
 
-def _jit(**options):
-    """``numba.njit`` with IEEE semantics (no fastmath), without the GIL (export decodes in
-    worker threads), cached on disk where a location is writable."""
-
-    def wrap(fn):
-        options.setdefault("error_model", "numpy")
-        options.setdefault("nogil", True)
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # no writable cache location (e.g. a read-only install)
-            return numba.njit(cache=False, **options)(fn)
-
-    return wrap
-
-
-@_jit(inline="always")
+@jit(inline="always")
 def _widen(h):
     """The float32 value of fp16 bits ``h`` (as uint32), as numpy's cast gives it."""
     sign = (h & _U32(0x8000)) << _U32(16)
@@ -66,13 +52,13 @@ def _widen(h):
     return _U32(u | sign).view(np.float32)
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _scale(sb, g):
     """Group ``g``'s scale from the little-endian fp16 bytes ``sb``."""
     return _widen(_U32(sb[2 * g]) | (_U32(sb[2 * g + 1]) << _U32(8)))
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _bf16(x):
     """float32 ``x`` rounded to bfloat16 bits as the reference rounds (NaN: 0x7FC0)."""
     u = np.float32(x).view(np.uint32)
@@ -94,14 +80,14 @@ def _entry_typed(x, table):
     return lambda x, table: x
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _products(levels, s, table):
     """``table[code]`` = ``levels[code] * s`` (float32), or its bfloat16 bits."""
     for c in range(levels.size):
         table[c] = _entry(levels[c] * s, table)
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _spread4(packed, p, table, out, o, nbytes):
     """Two Q4 codes per byte, low nibble first."""
     for k in range(nbytes):
@@ -110,7 +96,7 @@ def _spread4(packed, p, table, out, o, nbytes):
         out[o + 2 * k + 1] = table[b >> 4]
 
 
-@_jit(inline="always")
+@jit(inline="always")
 def _spread2(packed, p, table, out, o, nbytes):
     """Four Q2 codes per byte, lowest bits first."""
     for k in range(nbytes):
@@ -121,7 +107,7 @@ def _spread2(packed, p, table, out, o, nbytes):
         out[o + 4 * k + 3] = table[b >> 6]
 
 
-@_jit()
+@jit()
 def _decode(packed, sb, levels, bits, out, table):
     """Decode ``out.size`` weights; ``table`` (float32 or uint16, ``2**bits`` entries)
     chooses the output: float32 values or bfloat16 bits."""
@@ -145,7 +131,7 @@ def _decode(packed, sb, levels, bits, out, table):
             out[full * GROUP_SIZE + j] = table[(b >> (bits * (j % per))) & mask]
 
 
-@_jit()
+@jit()
 def _widen_all(h, out):
     for i in range(h.size):
         out[i] = _widen(_U32(h[i]))

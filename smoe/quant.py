@@ -77,6 +77,7 @@ every size; an error without numba).
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 from typing import Literal
@@ -972,8 +973,30 @@ def _encode_reference(
 
 
 _FAST: dict[str, ModuleType | bool | None] = {}
-"""Per process: the kernels module (None without numba), and whether numpy's einsum sums as
-the Q4 kernel assumes ("q4")."""
+"""Per process: the encoder's kernels module ("module") and the decoder's ("decode"), None
+without numba, and whether numpy's einsum sums as the Q4 kernel assumes ("q4")."""
+
+
+def _compiled(key: str, name: str, n: int, kernel: Kernel | None) -> ModuleType | None:
+    """The compiled module ``smoe.<name>`` (imported once, kept in ``_FAST[key]``) if
+    ``kernel`` (default: ``$SMOE_KERNEL`` or ``auto``) wants it for ``n`` weights; None for
+    numpy. ``fast`` without numba is an error; ``auto`` then quietly stays on numpy."""
+    choice = kernel or os.environ.get(KERNEL_ENV, "") or "auto"
+    if choice not in ("auto", "numpy", "fast"):
+        raise SmoeError(f"{KERNEL_ENV} must be auto, numpy or fast, got {choice!r}")
+    if choice == "numpy" or (choice == "auto" and n < FAST_MIN_WEIGHTS):
+        return None
+    if key not in _FAST:
+        try:
+            _FAST[key] = importlib.import_module(f"smoe.{name}")
+        except ImportError:
+            _FAST[key] = None
+    module = _FAST[key]
+    if not isinstance(module, ModuleType):  # None: the kernels could not be imported
+        if choice == "fast":
+            raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
+        return None
+    return module
 
 
 def fast_kernels(
@@ -987,22 +1010,8 @@ def fast_kernels(
     >>> fast_kernels(4, "optimal", kernel="numpy") is None
     True
     """
-    choice = kernel or os.environ.get(KERNEL_ENV, "") or "auto"
-    if choice not in ("auto", "numpy", "fast"):
-        raise SmoeError(f"{KERNEL_ENV} must be auto, numpy or fast, got {choice!r}")
-    if choice == "numpy" or (choice == "auto" and n < FAST_MIN_WEIGHTS):
-        return None
-    if "module" not in _FAST:
-        loaded: ModuleType | None
-        try:
-            from smoe import quant_kernels as loaded
-        except ImportError:
-            loaded = None
-        _FAST["module"] = loaded
-    module = _FAST["module"]
-    if not isinstance(module, ModuleType):  # None: the kernels could not be imported
-        if choice == "fast":
-            raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
+    module = _compiled("module", "quant_kernels", n, kernel)
+    if module is None:
         return None
     if bits == 4 and scale == "optimal":
         if "q4" not in _FAST:
@@ -1226,24 +1235,7 @@ def _decode_kernels(n: int, kernel: Kernel | None) -> ModuleType | None:
     """The compiled decoder (:mod:`smoe.decode_kernels`) if it should decode ``n`` weights
     with ``kernel`` (default: ``$SMOE_KERNEL`` or ``auto``), as :func:`fast_kernels` chooses
     the encoder; else None."""
-    choice = kernel or os.environ.get(KERNEL_ENV, "") or "auto"
-    if choice not in ("auto", "numpy", "fast"):
-        raise SmoeError(f"{KERNEL_ENV} must be auto, numpy or fast, got {choice!r}")
-    if choice == "numpy" or (choice == "auto" and n < FAST_MIN_WEIGHTS):
-        return None
-    if "decode" not in _FAST:
-        loaded: ModuleType | None
-        try:
-            from smoe import decode_kernels as loaded
-        except ImportError:
-            loaded = None
-        _FAST["decode"] = loaded
-    module = _FAST["decode"]
-    if not isinstance(module, ModuleType):  # None: the kernels could not be imported
-        if choice == "fast":
-            raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
-        return None
-    return module
+    return _compiled("decode", "decode_kernels", n, kernel)
 
 
 def _decode_chunk(

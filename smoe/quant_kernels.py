@@ -36,6 +36,7 @@ import numba
 import numpy as np
 
 from smoe.code_cache import compile_cached
+from smoe.jit import jit
 from smoe.quant import _Q4_FACTORS, _Q4W_FACTORS
 from smoe_gen.layout import GROUP_SIZE, code_centre
 
@@ -70,21 +71,6 @@ _Q4W_K = np.array([_F32(1) / _F32(f / _Q4W_FACTORS[0]) for f in _Q4W_FACTORS], n
 _NF = len(_Q4W_FACTORS)
 
 
-def _jit(**options):
-    """``numba.njit`` with IEEE division, without the GIL (a sculpt's reader thread runs
-    meanwhile), cached on disk where a location is writable."""
-
-    def wrap(fn):
-        options.setdefault("error_model", "numpy")  # x / 0 is inf or nan, as in numpy
-        options.setdefault("nogil", True)
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # no writable cache location (e.g. a read-only install)
-            return numba.njit(cache=False, **options)(fn)
-
-    return wrap
-
-
 def _generated(source: str):
     """Compile generated source (one function, attributed to this file, so that numba's
     disk cache keys it to this file's version; the Python code itself is cached on disk
@@ -92,7 +78,7 @@ def _generated(source: str):
     namespace: dict = {}
     exec(compile_cached(source, __file__), globals(), namespace)
     (fn,) = namespace.values()
-    return _jit()(fn)
+    return jit()(fn)
 
 
 def _sort_network(n: int) -> list[tuple[int, int]]:
@@ -179,7 +165,7 @@ def _q4_pick(absmax, svt0, svv0, svt1, svv1):
     return pick if pick <= _FP16_MAX else c0
 
 
-@_jit()
+@jit()
 def _bit_length(n):
     k = 0
     while n >> k:
@@ -187,30 +173,30 @@ def _bit_length(n):
     return k
 
 
-@_jit()
+@jit()
 def _q2_scale(bk, k, n):
     """The least-squares scale of Q2 split ``k`` (float64, as numpy computes it)."""
     return 3.0 * np.float64(bk) / (k + 9.0 * (n - k))
 
 
-@_jit()
+@jit()
 def _cx(a, b):
     """A comparator of the sorting network."""
     return np.uint32(min(a, b)), np.uint32(max(a, b))
 
 
-@_jit()
+@jit()
 def _cx64(a, b):
     """A comparator of the sorting network on 64-bit keys."""
     return np.uint64(min(a, b)), np.uint64(max(a, b))
 
 
-@_jit()
+@jit()
 def _as_f32(u):
     return np.uint32(u).view(np.float32)
 
 
-@_jit()
+@jit()
 def _wfirst(total, weight, mask):
     """Weighted Q2 split 0: ``b_0 = 3 P_n``, ``d_0 = 9 Q_n`` and its tag."""
     b0 = total * _F32(3)
@@ -218,7 +204,7 @@ def _wfirst(total, weight, mask):
     return b0, d0, np.int32(np.float32(b0 * (b0 / d0)).view(np.int32) & mask)
 
 
-@_jit()
+@jit()
 def _wsplit(pk, qk, b0, d0, mask, k, best_tag, best_b, best_d):
     """Weighted Q2 split ``k``: the better of it and the best so far, as (tag, b_k, d_k)."""
     bk = pk * _F32(-2) + b0
@@ -228,14 +214,14 @@ def _wsplit(pk, qk, b0, d0, mask, k, best_tag, best_b, best_d):
     return max(tag, best_tag), (bk if better else best_b), (dk if better else best_d)
 
 
-@_jit()
+@jit()
 def _first(total, r0, mask):
     """Q2 split 0: ``b_0 = 3 sum(a)`` and its tag."""
     b0 = total * _F32(3)
     return b0, np.int32(np.float32(b0 * r0).view(np.int32) & mask)
 
 
-@_jit()
+@jit()
 def _split(prefix, b0, rk, mask, k, best_tag, best_b):
     """Q2 split ``k``: the better of it and the best so far, as (tag, b_k)."""
     bk = prefix * _F32(-2) + b0
@@ -243,7 +229,7 @@ def _split(prefix, b0, rk, mask, k, best_tag, best_b):
     return max(tag, best_tag), (bk if tag > best_tag else best_b)
 
 
-@_jit(fastmath={"reassoc"})
+@jit(fastmath={"reassoc"})
 def _add_sums(x, e, acc):
     """``acc`` (float64[4]) += ``sum(x), sum(x^2), sum(e), sum(e^2)`` (float32 partial
     sums in any order, redone in float64 if they overflow)."""
@@ -271,7 +257,7 @@ def _add_sums(x, e, acc):
         acc[3] += z * z
 
 
-@_jit(fastmath={"reassoc"})
+@jit(fastmath={"reassoc"})
 def _add_wsums(x, e, h, acc):
     """``acc[4:6]`` += ``sum(h x^2), sum(h e^2)`` (as :func:`_add_sums`)."""
     a = _F32(0)
@@ -577,7 +563,7 @@ _q2w_optima64 = _generated(_q2w_optima_source(wide=True))
 # ---------------------------------------------------------------------------- tiles
 
 
-@_jit()
+@jit()
 def _load_bf16(src64, g0, t, words, yu, mx):
     """Tile of groups ``g0 .. g0 + t - 1`` from bfloat16 bits (``src64``: 4 per word) into
     ``yu`` (float32 bits; groups past ``t`` are zeros); ``mx[q]``: the lane's largest
@@ -595,7 +581,7 @@ def _load_bf16(src64, g0, t, words, yu, mx):
             mx[q] = max(mx[q], np.uint32(u & _MAG))
 
 
-@_jit()
+@jit()
 def _load_f32(src64, g0, t, yu, mx):
     """:func:`_load_bf16` for float32 weights (``src64``: 2 per word)."""
     y64 = yu.view(np.uint64)
@@ -612,7 +598,7 @@ def _load_f32(src64, g0, t, yu, mx):
             mx[q] = max(mx[q], np.uint32(yu[m * _W + q] & _MAG))
 
 
-@_jit()
+@jit()
 def _load(src64, f32, g0, t, words, yu, mx, amax):
     """Load tile ``g0`` (``t`` groups); ``amax[g]``: each group's largest ``|w|`` bit
     pattern. Returns the tile's largest."""
@@ -634,7 +620,7 @@ def _load(src64, f32, g0, t, words, yu, mx, amax):
     return top
 
 
-@_jit()
+@jit()
 def _spread(per_group, per_lane):
     """``per_lane[4 g + l] = per_group[g]``."""
     for g in range(TILE):
@@ -642,7 +628,7 @@ def _spread(per_group, per_lane):
             per_lane[_LANES * g + lane] = per_group[g]
 
 
-@_jit()
+@jit()
 def _load_importance(hcols, c0, g0, t, hy, last):
     """Importance tile of groups ``g0 .. g0 + t - 1`` into ``hy``, laid out as the weights:
     weight ``i`` of the chunk has column ``(c0 + i) % hcols.size``. Skipped when a whole tile
@@ -665,7 +651,7 @@ def _load_importance(hcols, c0, g0, t, hy, last):
                     hy[m * _W + _LANES * g + lane] = hcols[(col + _LANES * m + lane) % cols]
 
 
-@_jit()
+@jit()
 def _q4_scales(y, amax, scales, inv4, sums, which):
     """Q4 ``optimal`` scales of a tile (quant._scales_candidates), into ``scales[g]`` for the
     groups ``g`` with ``which[g]``."""
@@ -689,7 +675,7 @@ def _q4_scales(y, amax, scales, inv4, sums, which):
         scales[g] = _q4_pick(np.uint32(amax[g]).view(np.float32), svt0, svv0, svt1, svv1)
 
 
-@_jit()
+@jit()
 def _q4w_scales(y, hy, amax, plain, scales, inv4, sums, wsums):
     """Q4 ``optimal`` scales of a tile with importance (quant._weighted_scales): the ladder's
     weighted choice, or the plain one for the groups whose weighted signal is 0."""
@@ -703,7 +689,7 @@ def _q4w_scales(y, hy, amax, plain, scales, inv4, sums, wsums):
         _q4_scales(y, amax, scales, inv4, sums, plain)
 
 
-@_jit()
+@jit()
 def _bf16_exact(yu):
     """Whether every weight of a tile has 16 low zero bits (bfloat16 values)."""
     acc = np.uint32(0)
@@ -712,7 +698,7 @@ def _bf16_exact(yu):
     return (acc & np.uint32(0xFFFF)) == 0
 
 
-@_jit()
+@jit()
 def _q2w_optima(yu, hu, narrow, plain, optima, total, plain_optima):
     """Q2 ``optimal`` least-squares scales (float64) of a tile with importance
     (quant._weighted_scales); the plain ones where the weighted signal is 0."""
@@ -731,7 +717,7 @@ def _q2w_optima(yu, hu, narrow, plain, optima, total, plain_optima):
                 optima[g] = plain_optima[g]
 
 
-@_jit()
+@jit()
 def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed, scales, acc, hy):
     """Codes, packed bytes, scales and stats of a tile whose scales ``sc`` are chosen
     (also the importance-weighted stats from the importance tile ``hy``, unless None)."""
@@ -778,7 +764,7 @@ def _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, packed
         _tile_sums64(y, sc, bits, acc, hy)
 
 
-@_jit()
+@jit()
 def _tile_sums64(y, scales, bits, acc, hy):
     """The stats of a tile in float64 (padding groups are zeros with scale 0: they add
     nothing)."""
@@ -804,7 +790,7 @@ def _tile_sums64(y, scales, bits, acc, hy):
 # ---------------------------------------------------------------------------- one group
 
 
-@_jit()
+@jit()
 def _q4_group(w, absmax):
     """Q4 ``optimal`` scale of one group ``w`` (float32, fewer than 64 weights)."""
     n = w.size
@@ -835,7 +821,7 @@ def _q4_group(w, absmax):
     return _q4_pick(absmax, svt0, svv0, svt1, svv1)
 
 
-@_jit()
+@jit()
 def _q4w_group(w, h, absmax):
     """Q4 ``optimal`` scale of one group ``w`` (fewer than 64 weights) with importance ``h``:
     the ladder's sums in numpy's einsum order for a short row (:func:`_q4_group`)."""
@@ -872,7 +858,7 @@ def _q4w_group(w, h, absmax):
     return _q4w_pick(absmax, svt, svv)
 
 
-@_jit()
+@jit()
 def _q2_group(w, rtab):
     """Q2 ``optimal`` scale of one group ``w`` (float32, fewer than 64 weights); -1 when
     the optimum exceeds 65504."""
@@ -898,7 +884,7 @@ def _q2_group(w, rtab):
     return _f16_round(_F32(s)) if s <= 65504.0 else _F32(-1)
 
 
-@_jit()
+@jit()
 def _q2w_group(w, h, rtab):
     """Q2 ``optimal`` scale of one group ``w`` (fewer than 64 weights) with importance
     ``h`` (quant._scales_q2_weighted); -1 when the optimum exceeds 65504."""
@@ -935,7 +921,7 @@ def _q2w_group(w, h, rtab):
     return _f16_round(_F32(s)) if s <= 65504.0 else _F32(-1)
 
 
-@_jit()
+@jit()
 def _codes_group(w, s, bits, packed, acc, h):
     """Codes of one group ``w`` (float32) into ``packed`` (LSB-first); the stats (also
     those weighted by the importance ``h``, unless None)."""
@@ -956,7 +942,7 @@ def _codes_group(w, s, bits, packed, acc, h):
         _add_wsums(w, e, h, acc)
 
 
-@_jit()
+@jit()
 def _tail_max(tail, limit):
     """The tail group's largest ``|w|`` bit pattern, or -1 if it exceeds ``limit``."""
     mx = np.uint32(0)
@@ -968,7 +954,7 @@ def _tail_max(tail, limit):
 # ---------------------------------------------------------------------------- drivers
 
 
-@_jit()
+@jit()
 def _scratch(bits):
     """A chunk's working memory (about 70 KiB): tile bits, lane and group maxima, group
     scales, per-lane factors, codes, lane sums (float32 per tile, float64 per chunk),
@@ -987,13 +973,13 @@ def _scratch(bits):
     )
 
 
-@_jit()
+@jit()
 def _end(lanes, acc):
     for k in range(acc.size):
         acc[k] += lanes[k * _W : (k + 1) * _W].sum()
 
 
-@_jit()
+@jit()
 def _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales, acc):
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
     yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(bits)
@@ -1057,7 +1043,7 @@ def _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scal
     return OK
 
 
-@_jit()
+@jit()
 def _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc):
     """Q4 ``optimal``; with importance (``hcols``, ``htail``: not None) weighted."""
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
@@ -1128,7 +1114,7 @@ def _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc):
     return OK
 
 
-@_jit()
+@jit()
 def _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, rtab):
     """Q2 ``optimal``; with importance (``hcols``, ``htail``: not None) weighted."""
     groups = src64.size // (2 * _ROWS if f32 else _ROWS)
@@ -1269,7 +1255,7 @@ def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:
     return True
 
 
-@_jit()
+@jit()
 def _einsum_like(v, t):
     """Row sums of ``v * t`` in the order the Q4 kernels use."""
     out = np.empty(v.shape[0], np.float32)
