@@ -72,7 +72,7 @@ def _entry(x, table):
     return _bf16(x) if table.dtype == np.uint16 else x
 
 
-@overload(_entry, inline="always")
+@overload(_entry)
 def _entry_typed(x, table):
     """:func:`_entry` in compiled code: chosen by the table's type when compiling."""
     if table.dtype == numba.types.uint16:
