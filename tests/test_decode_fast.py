@@ -211,3 +211,32 @@ def test_export_bytes_do_not_depend_on_the_kernel(
             export_hf(FIXTURES / name, out, scout=scout, dtype=dtype, threads=2)
             files.append((out / "model.safetensors").read_bytes())
         assert files[0] == files[1]
+
+
+def test_first_compile_prints_nothing(tmp_path: Path) -> None:
+    """On an empty numba cache (a user's first export) compiling every variant of the
+    decoder (float32 and bfloat16 out, read-only and writable codes) writes nothing to
+    stderr: no numba warning reaches the user."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from smoe import quant\n"
+        "from smoe.reader import Vault\n"
+        "t = Vault.open(sys.argv[1]).expert(0, 0).tensors[0]\n"
+        "for packed in (t.packed, np.array(t.packed)):\n"
+        "    for fn in (quant.decode, quant.decode_bf16):\n"
+        "        fn(packed, t.scales, t.bits, t.shape, kernel='fast')\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    for bits in ("q4", "q2"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(FIXTURES / f"{bits}_v2.smoe")],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert (proc.returncode, proc.stderr) == (0, "")
+    assert any((tmp_path / "numba").rglob("*.nbi"))  # it did compile into the empty cache
