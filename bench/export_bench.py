@@ -22,7 +22,7 @@ from typing import cast
 import numpy as np
 
 from bench.figures import figure, peak_rss_of
-from bench.machine_bench import describe, read_limit, write_limit
+from bench.machine_bench import describe, describe_ways, read_limit, write_limit
 from bench.sculpt_bench import checkpoint
 from smoe.sculpt import SculptOptions, SculptResult, sculpt
 
@@ -92,8 +92,8 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
             "informative: the write limit",
             None,
             summary=True,
-            detail=f"the limit: best of {', '.join(f'{w} {v:.2f}' for w, v in ways.items())} "
-            f"GB/s; {total / 1e9:.2f} GB written by the export (its commit fsyncs it)",
+            detail=f"the limit: best of {describe_ways(ways)}; {total / 1e9:.2f} GB written "
+            "by the export (its commit fsyncs it)",
         ),
         figure(
             "export --hf: peak RSS of the export process",

@@ -186,6 +186,11 @@ def read_write_limit(
     return max(per.values()), per
 
 
+def describe_ways(per_way: dict[str, float]) -> str:
+    """ "buffered writes 1.90, O_DIRECT writes 3.10 GB/s": the rates behind a limit."""
+    return ", ".join(f"{way} {v:.2f}" for way, v in per_way.items()) + " GB/s"
+
+
 def describe(per_threads: dict[int, float]) -> str:
     """ "1 thread 5.1, 2 threads 9.8 GB/s": the rates behind a limit."""
     return (

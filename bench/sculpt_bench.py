@@ -31,7 +31,8 @@ d_model 2048, expert ffn 768, 128 experts per layer, 2 layers (2.4 GB), BF16, on
 * ``--resume`` when every expert is already done (a run stopped after its last expert,
   before the commit): it re-reads and hashes every source byte to decide by content.
 * ``smoe verify --deep`` and ``smoe export`` of the Q4 vault, in-process, vault warmed,
-  against the page-cached read limit of the vault.
+  against the page-cached read limit of the vault; the export's float32 output also
+  against writing a file of its size, fsynced (:func:`bench.machine_bench.write_limit`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ from typing import Any, cast
 import numpy as np
 
 from bench.figures import best_time, figure
-from bench.machine_bench import describe, drop_cache, read_limit, read_write_limit, warm
+from bench.machine_bench import (
+    describe,
+    describe_ways,
+    drop_cache,
+    read_limit,
+    read_write_limit,
+    warm,
+    write_limit,
+)
 from bench.quant_bench import ref_absmax_q4, ref_grid_q2
 from smoe import quant
 from smoe.checkpoint import Checkpoint
@@ -393,7 +402,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
             )
         )
         r = runs[(cores, "cold")]
-        ways = ", ".join(f"{way} {v:.2f}" for way, v in r["rw_ways"].items())
+        ways = describe_ways(r["rw_ways"])
         figs.append(
             figure(
                 f"sculpt Q{bits} --jobs {cores}, cold, vs read+write limit",
@@ -405,7 +414,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
                 summary=True,
                 detail="the limit: reading the dropped checkpoint while writing a file of "
                 f"the vault's size beside it (fsynced), the least a cold sculpt must move, "
-                f"measured in the same round as the run above; best of {ways} GB/s; the "
+                f"measured in the same round as the run above; best of {ways}; the "
                 f"experts phase alone runs at {r['steady_mb_s']:.0f} MB/s "
                 f"({r['steady_mb_s'] / r['rw_limit']:.2f} of it)",
             )
@@ -522,7 +531,8 @@ def resume_figures(
 
 
 def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
-    """``smoe verify --deep`` and ``smoe export --layer 0`` against the vault's read limit."""
+    """``smoe verify --deep`` and ``smoe export --layer 0`` against the vault's read limit,
+    and the export's float32 output against the write limit."""
     vault = next(vault_dir.glob("*.smoe"))
     size = vault.stat().st_size
     best, per = read_limit([vault], "cached", threads=(1, 2))
@@ -542,9 +552,10 @@ def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
     def one_export() -> None:
         export(vault, out, layer=0)
 
-    t_export = best_time(one_export, repeat=1)
+    t_export = best_time(one_export, repeat=2)
     f32 = out.stat().st_size
     out.unlink()
+    write, ways = write_limit(workdir, f32)
     return [
         figure(
             "smoe verify --deep vs read limit of the vault",
@@ -566,5 +577,16 @@ def vault_read_figures(vault_dir: Path, workdir: Path) -> list[dict]:
             None,
             summary=True,
             detail=f"MB/s of vault bytes in; writes {f32 / 1e9:.2f} GB of float32, in-process",
+        ),
+        figure(
+            "smoe export --layer 0: float32 out vs writing a file of its size, fsynced",
+            f32 / 1e6 / t_export,
+            write * 1e3,
+            "MB/s",
+            "informative: the write limit",
+            None,
+            summary=True,
+            detail=f"{f32 / 1e9:.2f} GB of float32 out, best of 2 runs, in-process; the limit: "
+            f"best of {describe_ways(ways)}",
         ),
     ]
