@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from smoe import fileio, manifest
+from smoe import fileio, manifest, quant
 from smoe.errors import SmoeError
 from smoe.reader import Vault
 from smoe.safetensors_io import write_file
@@ -65,14 +65,19 @@ def export(
             items.append((_tensor_name(*key, view.name), "F32", (view.rows, view.cols)))
             where.append((key, t))
     current: dict[tuple[int, int], Any] = {}  # the expert being written (one at a time)
+    f32 = [np.empty(0, np.float32)]  # one buffer for every tensor: no fresh pages each time
 
     def fill(fd: int, i: int, offset: int) -> None:
         key, t = where[i]
         if key not in current:  # an expert's three names are adjacent in name order
             current.clear()
             current[key] = vault.expert(*key)
-        data = np.ascontiguousarray(current[key].tensors[t].dequantize(), dtype="<f4")
-        fileio.pwrite_all(fd, data, offset, out)
+        view = current[key].tensors[t]
+        if f32[0].size < view.rows * view.cols:
+            f32[0] = np.empty(view.rows * view.cols, np.float32)
+        data = f32[0][: view.rows * view.cols].reshape(view.shape)
+        quant.decode(view.packed, view.scales, view.bits, view.shape, out=data)
+        fileio.pwrite_all(fd, data.astype("<f4", copy=False), offset, out)
 
     write_file(out, items, fill, metadata={"format": "pt", "source": vault_path.name})
     return [name for name, _, _ in items]
