@@ -27,7 +27,9 @@ d_model 2048, expert ffn 768, 128 experts per layer, 2 layers (2.4 GB), BF16, on
   (:func:`bench.machine_bench.read_write_limit`): the least data a cold sculpt must move
   through the one device.
 * **Peak RSS** of the process tree (the sum over the processes, sampled every 10 ms; the
-  PSS, which counts pages shared after fork once, is in the figure's detail), every run.
+  PSS, which counts pages shared after fork once, is in the figure's detail), every run;
+  and the full page-cached Q4 run's against a run of 8 experts per layer: memory does not
+  grow with the size of the job (:func:`rss_growth_figure`).
 * ``--resume`` when every expert is already done (a run stopped after its last expert,
   before the commit): it re-reads and hashes every source byte to decide by content.
 * ``smoe verify --deep`` and ``smoe export`` of the Q4 vault, in-process, vault warmed,
@@ -243,6 +245,7 @@ def sculpt_run(ckpt: Path, out: Path, bits: int, jobs: int, extra: list[str]) ->
         "rss": rss,
         "pss": pss,
         "mb": mb,
+        "experts": summary["experts_written"] + summary["experts_resumed"],
     }
 
 
@@ -452,6 +455,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
                 "f32 tensors",
             )
         )
+    figs.append(rss_growth_figure(ckpt, workdir, cores, all_runs[4][(cores, "cached")]))
     figs.extend(
         resume_figures(
             ckpt, workdir, (clean_seconds, clean_wall), limits["cached"], 32 if quick else None
@@ -460,6 +464,30 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     figs.extend(vault_read_figures(q4_vault, workdir))
     remove_tree(q4_vault)
     return figs
+
+
+FEW_EXPERTS = 8  # per layer: the small run of :func:`rss_growth_figure`
+
+
+def rss_growth_figure(ckpt: Path, workdir: Path, cores: int, full: dict) -> dict:
+    """Peak RSS of the page-cached Q4 ``--jobs cores`` run (``full``, every expert) against
+    a run of the same checkpoint limited to the first :data:`FEW_EXPERTS` experts of each
+    layer: memory that does not grow with the number of experts sculpted."""
+    warm(sorted(ckpt.glob("*.safetensors")))
+    out = workdir / "out-q4-few"
+    few = sculpt_run(ckpt, out, 4, cores, ["--max-experts", str(FEW_EXPERTS)])
+    remove_tree(out)
+    ratio = full["rss"] / few["rss"]
+    return figure(
+        f"sculpt Q4 --jobs {cores}: peak RSS, {full['experts']} experts vs {few['experts']}",
+        full["rss"] / 2**20,
+        few["rss"] / 2**20,
+        "MiB",
+        "<= 1.1x: bounded, whatever the size",
+        ratio <= 1.1,
+        detail=f"page-cached; the process tree's peak RSS (PSS {full['pss'] / 2**20:.0f} "
+        f"and {few['pss'] / 2**20:.0f} MiB)",
+    )
 
 
 def resume_figures(
