@@ -520,9 +520,10 @@ def resume_figures(
     cmd = [*SCULPT, str(ckpt), str(out), "--resume", "--jobs", str(cores), "--json"]
     if max_experts is not None:
         cmd += ["--max-experts", str(max_experts)]
-    # page-cached, as the clean run it is held against (a sculpt of a cold checkpoint reads
-    # it with O_DIRECT and leaves nothing in the page cache)
-    warm(sorted(ckpt.glob("*.safetensors")))
+    # page-cached, as the clean run it is held against: the checkpoint and the partial vault
+    # (a sculpt reads a cold checkpoint with O_DIRECT and writes blobs read from the page
+    # cache with O_DIRECT: either may have left nothing in the cache)
+    warm(sorted(ckpt.glob("*.safetensors")) + sorted(p for p in out.iterdir() if p.is_file()))
     wall, _, stdout, _ = run_tree(cmd)
     summary = json.loads(stdout)
     seconds = summary["seconds"]
