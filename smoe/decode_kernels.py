@@ -29,7 +29,7 @@ __all__ = ["decode_into", "widen_f16"]
 if GROUP_SIZE != 64 or set(SUPPORTED_BITS) != {2, 4}:
     raise ImportError("the compiled decoder is written for Q2 and Q4 in groups of 64 weights")
 
-_LEVELS = {bits: np.ascontiguousarray(_level_lut(bits)[: 1 << bits, 0]) for bits in (2, 4)}
+_LEVELS = {b: np.ascontiguousarray(_level_lut(b)[: 1 << b, 0]) for b in SUPPORTED_BITS}
 """Per width, the level of each code: field 0 of the bytes below ``2**bits`` in quant's
 table, the same float32 values the numpy decoder multiplies."""
 

@@ -65,17 +65,18 @@ def export(
             items.append((_tensor_name(*key, view.name), "F32", (view.rows, view.cols)))
             where.append((key, t))
     current: dict[tuple[int, int], Any] = {}  # the expert being written (one at a time)
-    f32 = [np.empty(0, np.float32)]  # one buffer for every tensor: no fresh pages each time
+    f32 = np.empty(0, np.float32)  # one buffer for every tensor: no fresh pages each time
 
     def fill(fd: int, i: int, offset: int) -> None:
+        nonlocal f32
         key, t = where[i]
         if key not in current:  # an expert's three names are adjacent in name order
             current.clear()
             current[key] = vault.expert(*key)
         view = current[key].tensors[t]
-        if f32[0].size < view.rows * view.cols:
-            f32[0] = np.empty(view.rows * view.cols, np.float32)
-        data = f32[0][: view.rows * view.cols].reshape(view.shape)
+        if f32.size < view.rows * view.cols:
+            f32 = np.empty(view.rows * view.cols, np.float32)
+        data = f32[: view.rows * view.cols].reshape(view.shape)
         quant.decode(view.packed, view.scales, view.bits, view.shape, out=data)
         fileio.pwrite_all(fd, data.astype("<f4", copy=False), offset, out)
 

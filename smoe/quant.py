@@ -1287,15 +1287,7 @@ def decode(
     >>> np.unique(back)  # Q2: four levels, +-scale and +-scale/3
     array([-0.7558594 , -0.25195312,  0.25195312,  0.7558594 ], dtype=float32)
     """
-    p, sc, out, flat = _decode_args(packed, scales, bits, shape, out, np.float32, chunk_weights)
-    fast = _decode_kernels(flat.size, kernel)
-    if fast is not None:
-        fast.decode_into(p, _scale_bytes(sc), bits, flat)
-        return out
-    for start in range(0, flat.size, chunk_weights):
-        stop = min(start + chunk_weights, flat.size)
-        _decode_chunk(p, sc, bits, start, stop, flat[start:stop])
-    return out
+    return _decode_as(np.float32, packed, scales, bits, shape, out, chunk_weights, kernel)
 
 
 def _bf16_bits(f32: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
@@ -1347,17 +1339,36 @@ def decode_bf16(
     >>> bf.shape, [hex(v) for v in np.unique(bf)]  # 0.7558594 is 0x3f418000: a tie, to even
     ((2, 64), ['0x3e81', '0x3f42', '0xbe81', '0xbf42'])
     """
-    p, sc, out, flat = _decode_args(packed, scales, bits, shape, out, np.uint16, chunk_weights)
+    return _decode_as(np.uint16, packed, scales, bits, shape, out, chunk_weights, kernel)
+
+
+def _decode_as(
+    dtype: type,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    shape: tuple[int, ...],
+    out: np.ndarray | None,
+    chunk_weights: int,
+    kernel: Kernel | None,
+) -> np.ndarray:
+    """:func:`decode` (``dtype`` float32) or :func:`decode_bf16` (uint16): compiled when
+    ``kernel`` wants it, else numpy chunk by chunk (bfloat16 through a float32 chunk)."""
+    p, sc, out, flat = _decode_args(packed, scales, bits, shape, out, dtype, chunk_weights)
     fast = _decode_kernels(flat.size, kernel)
     if fast is not None:
         fast.decode_into(p, _scale_bytes(sc), bits, flat)
         return out
     chunk = min(chunk_weights, flat.size)
-    buf, scratch = np.empty(chunk, np.float32), np.empty(chunk, np.uint32)
+    wide = dtype is np.uint16  # decoded into a float32 chunk, then rounded into ``out``
+    f32 = np.empty(chunk if wide else 0, np.float32)
+    scratch = np.empty(chunk if wide else 0, np.uint32)
     for start in range(0, flat.size, chunk_weights):
         stop = min(start + chunk_weights, flat.size)
-        _decode_chunk(p, sc, bits, start, stop, buf[: stop - start])
-        _bf16_bits(buf[: stop - start], flat[start:stop], scratch[: stop - start])
+        dst = f32[: stop - start] if wide else flat[start:stop]
+        _decode_chunk(p, sc, bits, start, stop, dst)
+        if wide:
+            _bf16_bits(dst, flat[start:stop], scratch[: stop - start])
     return out
 
 

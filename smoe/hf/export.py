@@ -254,10 +254,10 @@ class _Slot:
         out, piece, dtype = task
         view = self._expert(piece.key).tensors[piece.tensor]
         n = view.rows * view.cols
+        if dtype != "F32" and self._u16.size < n:
+            self._u16 = np.empty(n, np.uint16)
+        u16 = self._u16[:n]
         if dtype == "BF16":
-            if self._u16.size < n:
-                self._u16 = np.empty(n, np.uint16)
-            u16 = self._u16[:n]
             quant.decode_bf16(
                 view.packed, view.scales, view.bits, view.shape, out=u16.reshape(view.shape)
             )
@@ -268,9 +268,6 @@ class _Slot:
         quant.decode(view.packed, view.scales, view.bits, view.shape, out=f32.reshape(view.shape))
         if dtype == "F32":
             return f32
-        if self._u16.size < n:
-            self._u16 = np.empty(n, np.uint16)
-        u16 = self._u16[:n]
         np.copyto(u16.view(np.float16), f32, casting="same_kind")
         if not np.isfinite(u16.view(np.float16)).all():
             raise SmoeError(
