@@ -135,7 +135,8 @@ def write_rate(path: Path, nbytes: int, direct: bool) -> float:
     try:
         start = time.perf_counter()
         for at in range(0, nbytes, DIRECT_CHUNK):
-            os.pwrite(fd, buf, at)
+            if os.pwrite(fd, buf, at) != DIRECT_CHUNK:
+                raise OSError(f"{path}: short write at {at}")
         os.fsync(fd)
         return nbytes / (time.perf_counter() - start) / 1e9
     finally:
