@@ -1,6 +1,6 @@
-"""Reading a checkpoint's experts: our reader (:class:`smoe.expert_reader.ExpertReader`,
+"""Reading a checkpoint's experts: our reader (:class:`smoe.sculpt.expert_reader.ExpertReader`,
 positioned reads into reused buffers) against the ``safetensors`` library
-(:class:`smoe.library_reader.LibraryReader`, ``safe_open`` + ``get_slice`` over mmap),
+(:class:`smoe_testkit.library_reader.LibraryReader`, ``safe_open`` + ``get_slice`` over mmap),
 on the sculpt benchmark's checkpoint (Qwen3-30B-A3B expert shapes, BF16, one shard).
 
 Each reader reads every expert once (``read``, CRC-32C included, as the sculptor does) in
@@ -30,8 +30,8 @@ from pathlib import Path
 from bench.figures import figure, peak_rss_of
 from bench.machine_bench import describe, read_limit, warm
 from bench.sculpt_bench import checkpoint, remove_tree, run_tree
-from smoe.cpus import usable_cores
-from smoe.library_reader import LibraryReader
+from smoe.plumbing.cpus import usable_cores
+from smoe_testkit.library_reader import LibraryReader
 
 READERS = {"smoe": "ExpertReader", "safetensors": "LibraryReader"}
 GOAL = 1.10  # the library's peak RSS at most this times ours
@@ -52,13 +52,13 @@ def _decision(lib: float, ours: float) -> str:
 def child(reader: str, ckpt: Path) -> dict:
     """In the measured process: read every expert with ``reader`` ("smoe",
     "safetensors" or "none" for the floor); bytes and seconds of the reads."""
-    from smoe.checkpoint import Checkpoint
+    from smoe.sculpt.source.checkpoint import Checkpoint
 
     ck = Checkpoint.open(ckpt)
     refs = list(ck.experts.values())
     if reader == "none":
         return {"bytes": 0, "seconds": 0.0, "experts": 0}
-    from smoe.expert_reader import ExpertReader
+    from smoe.sculpt.expert_reader import ExpertReader
 
     total = 0
     with ExpertReader() if reader == "smoe" else LibraryReader() as r:
@@ -84,7 +84,7 @@ def measure(reader: str, ckpt: Path) -> dict:
 _SCULPT_WITH_LIBRARY = (
     "import sys\n"
     "import smoe.sculpt\n"
-    "from smoe.library_reader import LibraryReader\n"
+    "from smoe_testkit.library_reader import LibraryReader\n"
     "smoe.sculpt.ExpertReader = LibraryReader\n"
     "from smoe.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
@@ -93,7 +93,7 @@ _SCULPT_WITH_LIBRARY = (
 
 def sculpt_with(reader: str, ckpt: Path, out: Path, extra: list[str]) -> dict:
     """``smoe sculpt`` with ``reader``: MB/s over the sculpt's own seconds, peak tree RSS."""
-    head = ["-m", "smoe.cli"] if reader == "smoe" else ["-c", _SCULPT_WITH_LIBRARY]
+    head = ["-m", "smoe"] if reader == "smoe" else ["-c", _SCULPT_WITH_LIBRARY]
     args = ["sculpt", str(ckpt), str(out), "--bits", "4", "--jobs", str(usable_cores())]
     _, rss, stdout, _ = run_tree([sys.executable, *head, *args, "--json", *extra])
     remove_tree(out)

@@ -62,7 +62,7 @@ def run(workdir: Path, quick: bool = False) -> list[dict]:
     best_mb_s, peak, summary = 0.0, 0, {}
     for _ in range(2):
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [sys.executable, "-m", "smoe.cli", "export", str(src), str(out), "--hf", "--json"]
+        cmd = [sys.executable, "-m", "smoe", "export", str(src), str(out), "--hf", "--json"]
         _, rss, stdout = peak_rss_of(cmd)
         summary = json.loads(stdout)
         best_mb_s = max(best_mb_s, summary["expert_bytes_out"] / 1e6 / summary["seconds"])

@@ -24,8 +24,8 @@ import numpy as np
 
 from bench.figures import figure
 from smoe import quant
-from smoe.records import ArchInfo, ModelInfo
-from smoe.writer import VaultWriter
+from smoe.format.records import ArchInfo, ModelInfo
+from smoe.vault.writer import VaultWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "build" / "smoe-stream"

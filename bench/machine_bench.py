@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.figures import best_time, figure
-from smoe import fileio, quant
+from smoe import quant
+from smoe.plumbing import fileio
 
 CHUNK = 1 << 20
 DIRECT_CHUNK = 8 << 20  # O_DIRECT has no read-ahead: each read is one request to the device

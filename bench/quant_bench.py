@@ -13,7 +13,7 @@ few runs, one process, weights already in memory.
 
 Per-core encode rate (issue 13): the realistic tensor as bfloat16 bits, encoded as sculpt
 does (``encode_into`` with SNR statistics, caller buffers) by the compiled encoder
-(``kernel="fast"``, :mod:`smoe.quant_kernels`) against the numpy encoder (``kernel="numpy"``)
+(``kernel="fast"``, :mod:`smoe.quant.kernels.encode`) against the numpy encoder (``kernel="numpy"``)
 in the same run, in MB/s of bf16 input per CPU second of the process (the best of several
 runs: per core, and unmoved by other processes taking turns on the machine's cores); then
 the two encoders compared byte for byte, and the compiled encoder's first-call cost

@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 
 from bench.figures import best_time, figure
-from smoe.dump import collect
-from smoe.reader import Vault
-from smoe.synth import qwen3_235b_arch, write_sparse_vault
-from smoe.upgrade import upgrade
-from smoe.verify import verify
-from smoe.view import FileView
+from smoe.cli.dump import collect
+from smoe.format.verify import verify
+from smoe.format.view import FileView
+from smoe.vault.reader import Vault
+from smoe.vault.upgrade import upgrade
 from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
+from smoe_testkit.synth import qwen3_235b_arch, write_sparse_vault
 
 ENTRY = struct.Struct("<IIQQQIQ4s")
 DESC = struct.Struct("<BB2sIIQQQQ")

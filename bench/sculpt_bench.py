@@ -63,18 +63,18 @@ from bench.machine_bench import (
 )
 from bench.quant_bench import ref_absmax_q4, ref_grid_q2
 from smoe import quant
-from smoe.checkpoint import Checkpoint
-from smoe.cpus import usable_cores
-from smoe.export import export
-from smoe.plan import Shape, make_plan
-from smoe.reader import Vault
+from smoe.export.float32 import export
+from smoe.format.plan import Shape, make_plan
+from smoe.format.verify import verify_path
+from smoe.plumbing.cpus import usable_cores
 from smoe.sculpt import Job, SculptOptions, quantise_expert, sculpt, select
-from smoe.synth import write_checkpoint
-from smoe.verify import verify_path
+from smoe.sculpt.source.checkpoint import Checkpoint
+from smoe.vault.reader import Vault
 from smoe_gen import layout
+from smoe_testkit.synth import write_checkpoint
 
 GEOMETRY = {"d_model": 2048, "ffn": 768, "experts": 128, "vocab": 1024}
-SCULPT = [sys.executable, "-m", "smoe.cli", "sculpt"]
+SCULPT = [sys.executable, "-m", "smoe", "sculpt"]
 GOAL = 0.7  # of the read limit, at --jobs = cores
 REPEAT = 2  # page-cached sculpt runs per configuration (the best counts)
 COLD_ROUNDS = 3  # rounds of (cold read limit, cold sculpt) per bit width

@@ -40,7 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
-SMOE = [sys.executable, "-m", "smoe.cli"]
+SMOE = [sys.executable, "-m", "smoe"]
 
 
 def fuzz_python(runs: int, seconds: int, seed: int, work: Path, quick: bool = False) -> dict:
@@ -116,7 +116,7 @@ def fuzz_cpp(mutations: int, seed: int, work: Path) -> dict:
 def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
     """Kill `smoe sculpt --resume` at random instants; always finish byte-identical."""
     from smoe.sculpt import SculptOptions, SculptResult, sculpt
-    from smoe.synth import write_checkpoint
+    from smoe_testkit.synth import write_checkpoint
 
     rng = random.Random(seed)
     layers, experts = 4, 32
@@ -189,8 +189,8 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
 
 PAUSE = """
 import sys
-from smoe.records import ArchInfo
-from smoe.upgrade import OsOps, upgrade
+from smoe.format.records import ArchInfo
+from smoe.vault.upgrade import OsOps, upgrade
 class Pause(OsOps):
     def _pause(self):
         print("step", flush=True); sys.stdin.readline()
@@ -206,8 +206,8 @@ upgrade(sys.argv[1], arch, ops=Pause() if sys.argv[2] == "pause" else None)
 
 def kill_upgrade(random_kills: int, seed: int, work: Path) -> dict:
     """Kill `upgrade` before each write/fsync, then at random instants: always valid."""
-    from smoe.reader import Vault
-    from smoe.verify import verify
+    from smoe.format.verify import verify
+    from smoe.vault.reader import Vault
 
     rng = random.Random(seed)
     src = FIXTURES / "q4_v1.smoe"

@@ -24,7 +24,7 @@ from fuzz.oracle import CaseReport, Outcome, attempt, cli_verdict
 from fuzz.st_target import CHECKPOINTS, convertible
 
 if TYPE_CHECKING:
-    from smoe.records import ArchInfo
+    from smoe.format.records import ArchInfo
     from smoe.sculpt import SculptResult
 
 
@@ -61,8 +61,8 @@ def _sculpt(model: Path, out: Path) -> SculptResult:
 
 def config_only(path: Path, rows: int) -> ArchInfo:
     """What ``smoe upgrade --config PATH`` computes before touching the vault."""
-    from smoe.config import arch_from_config, load_config
-    from smoe.records import arch_record
+    from smoe.families.config import arch_from_config, load_config
+    from smoe.format.records import arch_record
 
     arch, _ = arch_from_config(load_config(path), str(path), rows)
     arch.check()
@@ -71,7 +71,7 @@ def config_only(path: Path, rows: int) -> ArchInfo:
 
 
 def setup(work: Path) -> list[Base]:
-    from smoe.checkpoint import Checkpoint
+    from smoe.sculpt.source.checkpoint import Checkpoint
 
     bases = []
     for name in convertible():

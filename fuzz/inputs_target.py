@@ -5,7 +5,7 @@
 
 Seeded (case i of seed s is always the same mutation) and time-boxed. Each case runs
 in-process under a time limit; every ``cli_every``-th case also through ``python -m
-smoe.cli``. A failing case is copied to ``REPRO/<target>/s<seed>-c<case>/`` with a
+smoe``. A failing case is copied to ``REPRO/<target>/s<seed>-c<case>/`` with a
 ``case.json`` saying what was mutated, what each side said and how to replay it.
 """
 
@@ -128,7 +128,7 @@ def _save(rep: CaseReport, target: str, seed: int, cdir: Path, repro: Path | Non
         "failures": rep.failures,
         **rep.detail,
         "replay": f"python -m fuzz.inputs_target {target} --seed {seed} --case {rep.case}",
-        "cli": f"python -m smoe.cli sculpt {dest / rep.base} OUT_DIR",
+        "cli": f"python -m smoe sculpt {dest / rep.base} OUT_DIR",
     }
     (dest / "case.json").write_text(json.dumps(info, indent=1) + "\n")
     return dest

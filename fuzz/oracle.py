@@ -3,7 +3,7 @@
 A call ends ``accepted`` (returned), ``refused`` (SmoeError), or in a failure: any other
 exception, a RuntimeWarning (numpy's overflow/invalid warnings), no verdict within the
 time limit, or file descriptors left open. ``cli_verdict`` runs the same input through
-``python -m smoe.cli`` and checks the user's view: exit 1 with exactly one line on stderr
+``python -m smoe`` and checks the user's view: exit 1 with exactly one line on stderr
 for a refusal, exit 0 for an acceptance, never a traceback.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from smoe.errors import SmoeError
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOE = [sys.executable, "-m", "smoe.cli"]
+SMOE = [sys.executable, "-m", "smoe"]
 CLI_TIMEOUT = 120.0
 
 

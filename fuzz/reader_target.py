@@ -16,8 +16,8 @@ with atheris.instrument_imports():
     import numpy as np
 
     from smoe.errors import SmoeError
-    from smoe.reader import Vault
-    from smoe.verify import verify
+    from smoe.format.verify import verify
+    from smoe.vault.reader import Vault
 
 
 def one_input(data: bytes) -> None:

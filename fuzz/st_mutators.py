@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from smoe.safetensors_io import DTYPE_SIZES
+from smoe.interop.safetensors_io import DTYPE_SIZES
 
 SIZES = DTYPE_SIZES  # one table of safetensors dtype sizes
 HUGE = [2**31, 2**32, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30]

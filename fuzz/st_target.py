@@ -62,7 +62,7 @@ def reference(path: Path) -> str | None:
 
 def check_outputs(result: SculptResult) -> str | None:
     """A successful sculpt's scout opens with safe_open and its vault verifies (deep)."""
-    from smoe.verify import verify_path
+    from smoe.format.verify import verify_path
 
     scout = reference(result.scout)
     if scout is not None:
@@ -76,8 +76,8 @@ def check_outputs(result: SculptResult) -> str | None:
 def one_case(
     seed: int, case: int, bases: list[Base], work: Path, limit: float, cli: bool
 ) -> CaseReport:
-    from smoe.checkpoint import Checkpoint
     from smoe.sculpt import SculptOptions, sculpt
+    from smoe.sculpt.source.checkpoint import Checkpoint
 
     rng = random.Random(f"safetensors:{seed}:{case}")
     base = rng.choice(bases)

@@ -165,7 +165,7 @@ std::string default_manifest_path(const std::string& vault) {
 }
 
 std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, bool optional) {
-    // expected = what the manifest says, actual = what the vault holds (as smoe/manifest.py)
+    // expected = what the manifest says, actual = what the vault holds (as smoe/format/manifest.py)
     auto bad = [&](const Rule& rule, const std::string& field, uint64_t offset,
                    const std::string& why, JsonScalar expected = {}, JsonScalar actual = {}) {
         return InvalidVault(Issue{rule.code, field, offset, path + ": " + why, expected, actual});
@@ -217,7 +217,7 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
     if (w.entry_problem)
         throw malformed(w.entry_problem.field, w.entry_problem.message);
 
-    // The manifest belongs to this vault (offsets as smoe/manifest.py reports them) ...
+    // The manifest belongs to this vault (offsets as smoe/format/manifest.py reports them) ...
     char msg[256];
     const uint64_t actual[2] = {v.size, v.header.total_experts};
     const Scalar* said[2] = {&w.size, &w.experts_count};

@@ -195,7 +195,7 @@ void Vault::open_fd(int f, const std::string& path) {
 // Everything is bounded here before anything else is read or allocated: the table and
 // descriptors end at or before data_offset, which is inside the file, and the arch
 // block lies in the gap between them. Expected and actual values are the Python
-// verifier's (smoe/verify.py), so that both report the same finding.
+// verifier's (smoe/format/verify/__init__.py), so that both report the same finding.
 void Vault::check_header() {
     const SmoeHeader& h = header;
     if (!has_magic(h))

@@ -17,13 +17,14 @@ __version__ = "0.1.0"  # the package's only version string (pyproject.toml reads
 __all__ = ["Vault", "__version__"]
 
 if TYPE_CHECKING:
-    from smoe.reader import Vault
+    from smoe.vault.reader import Vault
 
 
 def __getattr__(name: str) -> object:
-    """Lazy attributes: ``smoe.Vault`` imports :mod:`smoe.reader` (and numpy) when asked for."""
+    """Lazy attributes: ``smoe.Vault`` imports :mod:`smoe.vault.reader` (and numpy) when asked
+    for."""
     if name == "Vault":
-        from smoe.reader import Vault
+        from smoe.vault.reader import Vault
 
         return Vault
     raise AttributeError(f"module 'smoe' has no attribute {name!r}")

@@ -1,13 +1,55 @@
-"""Exceptions of the smoe tools; every message names the file, field or expert at fault."""
+"""The one error taxonomy of the smoe tools; every message names the file, field or expert.
 
-__all__ = ["SmoeError", "WriterStateError"]
+Errors are raised where the problem is found, as the kind that says what went wrong; the
+CLI maps kind -> exit status in one table (:data:`smoe.cli.failures.EXIT_STATUS`) and
+prints the message as one ``error:`` line, word for word:
+
+* :class:`UnreadableInput` (2): an input cannot be read at all: not a regular file, it
+  cannot be opened, a read of it fails, it is too short to hold a header;
+* :class:`UsageError` (2): a command line or API call refused as such;
+* :class:`RefusedInput` (1): an input was read but is refused: a family the format cannot
+  hold, a lying config, a file of another model;
+* :class:`FormatError` (1): a vault or manifest breaks a rule of the format;
+* :class:`WriteFailed` (1): an output cannot be written: a full disk, a foreign file in the
+  way, a lost race for a lock;
+* :class:`SmoeError` (1): any other refused operation; the base of all of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "FormatError",
+    "RefusedInput",
+    "SmoeError",
+    "UnreadableInput",
+    "UsageError",
+    "WriteFailed",
+    "WriterStateError",
+    "os_message",
+]
+
+
+def os_message(e: OSError) -> str:
+    """``FILE: STRERROR`` (``FILE -> FILE2`` for a rename or link) of an ``OSError``.
+
+    >>> os_message(FileNotFoundError(2, "No such file or directory", "m/config.json"))
+    'm/config.json: No such file or directory'
+    """
+    why = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return why
+    name = os.fsdecode(e.filename)
+    where = name if e.filename2 is None else f"{name} -> {os.fsdecode(e.filename2)}"
+    return f"{where}: {why}"
 
 
 class SmoeError(Exception):
     """A user-facing error: bad input, a broken vault, or a refused operation. The CLI
-    prints its message as one ``error:`` line (exit status 1).
+    prints its message as one ``error:`` line (exit status 1 unless its kind says otherwise).
 
-    >>> from smoe.hub import check_stem
+    >>> from smoe.sculpt.source.hub import check_stem
     >>> try:
     ...     check_stem("a/b")
     ... except SmoeError as e:
@@ -16,12 +58,76 @@ class SmoeError(Exception):
     """
 
 
+class UnreadableInput(SmoeError):
+    """An input cannot be read at all (CLI exit status 2).
+
+    >>> raise UnreadableInput.from_os(PermissionError(13, "Permission denied", "v.smoe"))
+    Traceback (most recent call last):
+    ...
+    smoe.errors.UnreadableInput: v.smoe: Permission denied
+    """
+
+    @classmethod
+    def from_os(cls, e: OSError) -> UnreadableInput:
+        """The error of a failed open or read of an input, worded as ``FILE: STRERROR``.
+
+        >>> str(UnreadableInput.from_os(IsADirectoryError(21, "Is a directory", "m")))
+        'm: Is a directory'
+        """
+        return cls(os_message(e))
+
+
+class UsageError(SmoeError):
+    """A command line (or an API call) refused as such, before any input is read (exit 2).
+
+    >>> str(UsageError("--jobs: must be at least 1"))
+    '--jobs: must be at least 1'
+    """
+
+
+class RefusedInput(SmoeError):
+    """An input that was read but is refused: what it says cannot be converted, or it
+    contradicts another input (exit status 1).
+
+    >>> isinstance(RefusedInput("m/config.json: no hidden_size"), SmoeError)
+    True
+    """
+
+
+class FormatError(SmoeError):
+    """A vault or manifest breaks a rule of the format (exit status 1); the readers'
+    :class:`~smoe.vault.reader.VaultError` and
+    :class:`~smoe.format.manifest.ManifestError` carry the rule's finding.
+
+    >>> issubclass(FormatError, SmoeError)
+    True
+    """
+
+
+class WriteFailed(SmoeError):
+    """An output cannot be written or put in place (exit status 1).
+
+    >>> str(WriteFailed.from_os(OSError(28, "No space left on device", "out/v.smoe")))
+    'out/v.smoe: No space left on device'
+    """
+
+    @classmethod
+    def from_os(cls, e: OSError) -> WriteFailed:
+        """The error of a failed write, worded as ``FILE: STRERROR``.
+
+        >>> str(WriteFailed.from_os(OSError(30, "Read-only file system", "o/v.smoe")))
+        'o/v.smoe: Read-only file system'
+        """
+        return cls(os_message(e))
+
+
 class WriterStateError(SmoeError):
-    """A VaultWriter method was called in a state that does not allow it.
+    """A VaultWriter method was called in a state that does not allow it (a misuse of the
+    API, exit status 1).
 
     >>> import tempfile
-    >>> from smoe.records import ModelInfo
-    >>> from smoe.writer import VaultWriter
+    >>> from smoe.format.records import ModelInfo
+    >>> from smoe.vault.writer import VaultWriter
     >>> model = ModelInfo(1, 1, d_model=64, vocab_size=0, ffn_dim=0)
     >>> try:
     ...     VaultWriter(tempfile.mkdtemp() + "/v.smoe", model, version=1).plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from smoe.records import ArchInfo
+from smoe.format.records import ArchInfo
 from smoe_gen import layout
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -40,7 +40,7 @@ OLMOE_CONFIG = {
     "num_experts": 4,
 }
 
-# smoe.synth.write_checkpoint keyword sets: one checkpoint per tensor layout the sculptor
+# smoe_testkit.synth.write_checkpoint keyword sets: one checkpoint per tensor layout the sculptor
 # reads (per-expert BF16, fused 3-D, F16 in 3 shards, Mixtral naming in F32)
 CHECKPOINT_LAYOUTS = {
     "per-expert": {"dtype": "BF16"},

@@ -1,4 +1,4 @@
-/* Test helper for tests/test_harness_safety.py, loaded with LD_PRELOAD into smoe-stream:
+/* Test helper for tests/harness/test_harness_safety.py, loaded with LD_PRELOAD into smoe-stream:
  * the first time a pread on the file SMOE_SHRINK_FILE reaches past byte SMOE_SHRINK_AT,
  * the file is truncated to SMOE_SHRINK_TO bytes before the read runs. The vault thus
  * shrinks under the reader after it was opened and checked, at a point fixed by the

@@ -1,0 +1,1158 @@
+"""`smoe report`: one self-contained HTML page that pictures a vault.
+
+The page (``smoe/cli/templates/report.html.j2``, rendered by jinja2 with autoescaping) holds
+inline SVG and CSS only: no script, no external resource, it opens from disk. It shows a
+map of the file (every region, blobs coloured by layer), the header and arch fields with
+their offsets, per-layer sizes, the verifier's findings and, when the integrity manifest
+(docs/MANIFEST.md) is there, per-expert quantisation SNR as a layer x expert heat map with
+a histogram per tensor kind.
+
+The page stays small however large the vault: blobs are drawn per run of one layer (at most
+:data:`MAX_RUNS` segments), the heat map is one SVG path per colour rather than one element
+per expert, and per-expert tooltips are only written for vaults of up to
+:data:`CELL_TITLES_MAX` experts (per-layer ones otherwise). Qwen3-235B's 12,032 experts
+with a manifest give a page of about 0.3 MB.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smoe.errors import SmoeError
+from smoe.format import manifest as manifests
+from smoe.format.findings import Finding, Value, display
+from smoe.format.verify import Report, verify_file
+from smoe.format.view import FileView, Geometry, arch_view, header_view, table_views
+from smoe.plumbing import fileio
+from smoe.plumbing.atomic import AtomicFile
+from smoe.quant import SNR_FLOOR_DB
+from smoe_gen import layout
+from smoe_gen.layout import TENSOR_NAMES
+
+__all__ = [
+    "ReportResult",
+    "collect",
+    "colour_domain",
+    "fit_widths",
+    "human",
+    "layer_colour",
+    "manifest_for",
+    "render",
+    "viridis",
+    "write_report",
+]
+
+TEMPLATE = "report.html.j2"
+SCHEMA = "smoe-report/1"  # the "schema" key of `smoe report --json` (docs/JSON.md)
+WIDTH = 1160  # drawing width of the maps, in CSS pixels
+MAX_RUNS = 512  # blob segments drawn on the file map at most (runs are merged beyond)
+BLOB_DETAIL_MAX = 256  # up to this many blobs, the blob strip shows each (raw | padding)
+CELL_TITLES_MAX = 2048  # up to this many experts, every heat-map cell has a tooltip
+MAX_ROWS = 1024  # layers shown in the heat map and the per-layer table at most
+MAX_COLS = 1024  # expert columns of the heat map at most
+COLOUR_BINS = 32  # heat-map colours (one SVG path each)
+HIST_BINS = 40
+
+VIRIDIS = (
+    "#440154",
+    "#482878",
+    "#3e4989",
+    "#31688e",
+    "#26828e",
+    "#1f9e89",
+    "#35b779",
+    "#6ece58",
+    "#fde725",
+)
+REGION_COLOURS = {
+    "header": "#1e293b",
+    "table": "#2563eb",
+    "descriptors": "#0ea5e9",
+    "arch": "#9333ea",
+    "align": "#cbd5e1",
+    "gap": "#e2e8f0",
+}
+BELOW_FLOOR = "#e11d48"  # cells and bars under the bit width's SNR floor
+EXACT = "#f5d0fe"  # every tensor all-zero or exactly representable: no finite SNR
+UNRECORDED = "#94a3b8"  # the manifest has no SNR for the expert
+ABSENT = "#eef1f5"  # no such expert in the vault (partial vault)
+MIXED = "#a8a29e"  # a merged blob segment holding several layers
+UNUSED = "url(#hatch)"  # bytes no region claims (holes between blobs, a tail)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass
+class ReportResult:
+    """What :func:`write_report` wrote and what it found.
+
+    >>> import os, tempfile
+    >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
+    >>> result = write_report("fixtures/q4_v2.smoe", out)
+    >>> result.experts, result.layers, result.ok, result.snr
+    (8, 2, True, False)
+    """
+
+    path: Path
+    vault: Path
+    bytes: int
+    experts: int
+    layers: int
+    manifest: Path | None
+    snr: bool
+    ok: bool
+    errors: int
+    warnings: int
+    unreadable: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document of ``smoe report``.
+
+        >>> import os, tempfile
+        >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
+        >>> doc = write_report("fixtures/q4_v2.smoe", out).to_dict()
+        >>> doc["schema"], doc["report"] == out, doc["vault"], doc["manifest"]
+        ('smoe-report/1', True, 'fixtures/q4_v2.smoe', None)
+        """
+        return {
+            "schema": SCHEMA,
+            "report": str(self.path),
+            "vault": str(self.vault),
+            "bytes": self.bytes,
+            "experts": self.experts,
+            "layers": self.layers,
+            "manifest": None if self.manifest is None else str(self.manifest),
+            "snr": self.snr,
+            "ok": self.ok,
+            "errors": self.errors,
+            "warnings": self.warnings,
+        }
+
+
+def write_report(
+    vault: str | os.PathLike,
+    out: str | os.PathLike,
+    deep: bool = False,
+    manifest: str | os.PathLike | None = "auto",
+) -> ReportResult:
+    """Write the report page of ``vault`` to ``out`` atomically.
+
+    ``manifest``: "auto" (the sidecar ``VAULT.manifest.json`` when it exists), a path, or
+    None (no SNR). ``deep`` also reads every blob and checks them against the manifest, as
+    ``smoe verify --deep`` does. An output that is the vault or its manifest (also through
+    symlinks or hard links), or a folder, is refused before anything is written. A vault that
+    breaks rules still gets its page (its findings are on it).
+
+    >>> import os, tempfile
+    >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
+    >>> write_report("fixtures/q4_v2.smoe", out).bytes == os.path.getsize(out)
+    True
+    >>> write_report("fixtures/q4_v2.smoe", "fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: the output is the input ... itself; ...
+    """
+    vault, out = Path(vault), Path(out)
+    side = manifest_for(vault, manifest)
+    fileio.refuse_same_file(out, [vault, manifests.path_for(vault), *([side] if side else [])])
+    if out.is_dir():
+        raise SmoeError(f"{out}: is a folder; name the .html file to write")
+    with FileView.open(vault) as view:
+        report = verify_file(view, vault, deep=deep, manifest=manifest)
+        context = collect(view, vault, report, side, deep)
+    html = render(context).encode("utf-8")
+    with AtomicFile(out) as f:
+        f.pwrite(html, 0)
+        f.commit()
+    return ReportResult(
+        path=out,
+        vault=vault,
+        bytes=len(html),
+        experts=context["experts"],
+        layers=context["layer_count"],
+        manifest=side if context["snr"] is not None else None,
+        snr=context["snr"] is not None,
+        ok=report.ok,
+        errors=len(report.errors),
+        warnings=sum(f.severity == "warning" for f in report.findings),
+        unreadable=any(f.code == "header.size" for f in report.errors),
+    )
+
+
+def manifest_for(vault: Path, manifest: str | os.PathLike | None) -> Path | None:
+    """The manifest whose SNR the page shows: the sidecar when it exists ("auto"), the
+    given file, or None.
+
+    >>> manifest_for(Path("fixtures/q4_v2.smoe"), "auto")
+    PosixPath('fixtures/q4_v2.smoe.manifest.json')
+    >>> manifest_for(Path("fixtures/q4_v2.smoe"), None) is None
+    True
+    """
+    if manifest is None:
+        return None
+    if isinstance(manifest, str) and manifest == "auto":
+        side = manifests.path_for(vault)
+        return side if os.path.lexists(side) else None
+    return Path(manifest)
+
+
+def render(context: dict[str, Any]) -> str:
+    """The page for a :func:`collect` context.
+
+    >>> from smoe.format.verify import verify_file
+    >>> with FileView.open("fixtures/q4_v2.smoe") as view:
+    ...     report = verify_file(view, "fixtures/q4_v2.smoe")
+    ...     context = collect(view, Path("fixtures/q4_v2.smoe"), report, None, deep=False)
+    >>> page = render(context)
+    >>> page.startswith("<!DOCTYPE html>"), "<script" in page
+    (True, False)
+    """
+    return _template().render(**context)
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("smoe.cli", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(num=_num, human=human, hexa=lambda v: f"{int(v):#x}")
+    return env.get_template(TEMPLATE)
+
+
+# ---- what the page shows ---------------------------------------------------------------
+def collect(
+    view: FileView | np.ndarray, path: Path, report: Report, manifest: Path | None, deep: bool
+) -> dict[str, Any]:
+    """Everything the template draws, as plain data (coordinates already computed).
+
+    ``report`` is the verifier's report of the same ``view``; ``manifest`` the file to take
+    SNR from (see :func:`manifest_for`), or None.
+
+    >>> from smoe.format.verify import verify_file
+    >>> with FileView.open("fixtures/q4_v2.smoe") as view:
+    ...     report = verify_file(view, "fixtures/q4_v2.smoe")
+    ...     context = collect(view, Path("fixtures/q4_v2.smoe"), report, None, deep=False)
+    >>> [r["label"] for r in context["regions"]]
+    ['header', 'expert table', 'tensor descriptors', 'alignment (zero)', 'arch block', 'zero gap']
+    >>> context["experts"], [lay["count"] for lay in context["layers"]], context["snr"]
+    (8, [4, 4], None)
+    """
+    size = len(view)
+    geo = report.geometry
+    from smoe import __version__
+
+    ctx: dict[str, Any] = {
+        "name": _text(path.name),
+        "path": _text(os.fsdecode(path)),
+        "size": size,
+        "version": __version__,
+        "deep": deep,
+        "header": None,
+        "arch": None,
+        "summary": [],
+        "findings": [_finding(f) for f in report.findings],
+        "experts": 0,
+        "layer_count": 0,
+        "maps": None,
+        "regions": [],
+        "layers": [],
+        "layers_hidden": 0,
+        "snr": None,
+        "snr_note": "",
+        "verdict": _verdict(report, deep),
+    }
+    if size < layout.HEADER_SIZE:
+        ctx["snr_note"] = "The file is shorter than a header; there is nothing to picture."
+        return ctx
+    h = header_view(view)
+    ctx["header"] = _fields(h, layout.HEADER_DTYPE, "header", 0)
+    bits = int(h["bits"])
+    ctx["summary"] = [
+        (
+            "format",
+            f"v{int(h['version'])} · SMOE-Q{bits}",
+            f"group {int(h['group_size'])}, {human(layout.PAGE_SIZE, 0)} pages",
+        ),
+        ("file size", human(size), f"{_num(size)} bytes"),
+    ]
+    if geo is None:
+        ctx["snr_note"] = "The header cannot be trusted (see the findings), so nothing is drawn."
+        return ctx
+    arch = None
+    if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
+        arch = arch_view(view, geo)
+        ctx["arch"] = _fields(arch, layout.ARCH_BLOCK_DTYPE, "arch_block", geo.reserved_ext)
+    table = descs = None
+    if geo.table_readable:
+        table, descs = table_views(view, geo)
+    blobs = _blobs(table, size)
+    layers = _layers(table, descs, size)
+    ctx["experts"] = geo.total
+    ctx["layer_count"] = distinct = len(np.unique(blobs["layer"]))
+    width = int(h["num_moe_layers"]) * int(h["max_experts_per_layer"])
+    kind = (
+        f"full: {int(h['num_moe_layers'])} × {int(h['max_experts_per_layer'])}"
+        if geo.total >= width
+        else f"partial: {_num(geo.total)} of {_num(width)}"
+    )
+    padded, raw = int(blobs["padded"].sum()), int(blobs["raw"].sum())
+    model = f"d_model {int(h['d_model'])}"
+    if arch is not None:
+        model += f" · top-{int(arch['moe_top_k'])} of {int(h['max_experts_per_layer'])}"
+    ctx["summary"] += [
+        ("experts", _num(geo.total), kind),
+        ("layers", f"{distinct} of {int(h['num_moe_layers'])}", "MoE layers in this file"),
+        ("model", _text(_model_type(arch)) if arch is not None else "unknown (v1)", model),
+        (
+            "expert blobs",
+            human(padded),
+            f"data {human(raw)}, padding {100 * (padded - raw) / padded:.1f} %"
+            if padded
+            else "none",
+        ),
+    ]
+    regions = _regions(geo, blobs, size)
+    ctx["regions"] = [r for r in regions if r["kind"] != "blobs"]
+    ctx["maps"] = _maps(regions, blobs, geo, size, distinct)
+    snr, ctx["snr_note"] = _manifest_snr(manifest, size, geo, table, bits)
+    if snr is not None and table is not None:
+        ctx["snr"] = _snr_view(snr, table, layers, int(h["max_experts_per_layer"]), bits)
+        for lay in layers:
+            lay["snr"] = ctx["snr"]["per_layer"].get(lay["layer"])
+    ctx["layers_hidden"] = distinct - len(layers)
+    ctx["layers"] = layers
+    return ctx
+
+
+def _verdict(report: Report, deep: bool) -> dict[str, Any]:
+    counts = {
+        s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")
+    }
+    return {"ok": report.ok, **counts, "deep": deep}
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {
+        "severity": f.severity,
+        "code": f.code,
+        "offset": f.offset,
+        "path": _text(f.path),
+        "message": _text(f.message),
+        "expected": _value(f.expected),
+        "actual": _value(f.actual),
+    }
+
+
+def _value(v: Value) -> str | None:
+    shown = display(v)
+    return None if shown is None else _text(shown)
+
+
+def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict[str, Any]]:
+    """Rows of (absolute offset, size, name, shown value, first sentence of the spec doc)."""
+    docs = layout.FIELD_DOCS[doc_key]
+    rows = []
+    fields: Mapping[str, tuple[Any, ...]] = dtype.fields or {}
+    for name in dtype.names or ():
+        sub, off = fields[name][:2]
+        v = rec[name]
+        if name == "model_type":
+            shown = repr(_model_type_bytes(rec))
+        elif name == "flags":
+            names = [n for n, bit in layout.FLAG_NAMES.items() if int(v) & bit]
+            shown = f"{int(v):#x} = {' | '.join(names) or 'none'}"
+        elif getattr(v, "shape", ()) != () or isinstance(v, bytes):
+            raw = bytes(np.asarray(v).tobytes()) if not isinstance(v, bytes) else v
+            shown = raw.hex(" ")
+            if name.startswith("reserved") and not any(raw):
+                shown = "all zero"
+        elif sub.kind == "f":
+            shown = str(np.float32(v))
+        else:
+            shown = f"{int(v)} ({int(v):#x})" if int(v) > 9 else str(int(v))
+        doc = docs.get(name, "")
+        rows.append(
+            {
+                "offset": base + off,
+                "size": sub.itemsize,
+                "name": name,
+                "value": _text(shown),
+                "doc": _first_sentence(doc),
+                "full_doc": doc,
+            }
+        )
+    return rows
+
+
+def _model_type_bytes(arch: np.void) -> str:
+    at = layout.ARCH_BLOCK_OFFSETS["model_type"]
+    raw = arch.tobytes()[at : at + layout.MODEL_TYPE_SIZE]
+    return raw.rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _model_type(arch: np.void) -> str:
+    return _model_type_bytes(arch) or "(empty model_type)"
+
+
+def _first_sentence(doc: str) -> list[tuple[str, bool]]:
+    """The doc's first sentence as (text, is code) pieces (backticks mark code)."""
+    m = re.match(r"((?:e\.g\.|i\.e\.|\.(?!\s)|[^.;])+[.;])(\s|$)", doc)
+    text = (m.group(1) if m else doc).rstrip(";.")
+    return [(piece, i % 2 == 1) for i, piece in enumerate(text.split("`")) if piece]
+
+
+# ---- blobs and layers ----------------------------------------------------------------------
+def _blobs(table: np.ndarray | None, size: int) -> dict[str, np.ndarray]:
+    """Blob columns in file order (start clipped to the file, end clipped too)."""
+    if table is None or not len(table):
+        z = np.zeros(0, np.int64)
+        return {"layer": z, "expert": z, "start": z, "end": z, "raw": z, "padded": z}
+    order = np.argsort(table["byte_offset"], kind="stable")
+    start = _clip(table["byte_offset"][order], size)
+    padded = _clip(table["padded_size"][order], size)
+    return {
+        "layer": table["layer_id"][order].astype(np.int64),
+        "expert": table["expert_id"][order].astype(np.int64),
+        "start": start,
+        "end": np.minimum(start + padded, size),
+        "padded": padded,
+        "raw": _clip(table["raw_size"][order], size),
+    }
+
+
+def _clip(column: np.ndarray, size: int) -> np.ndarray:
+    """An unsigned column clipped to ``size`` as int64 (sums of two cannot overflow)."""
+    return np.minimum(column.astype(np.uint64), np.uint64(size)).astype(np.int64)
+
+
+def _layers(table: np.ndarray | None, descs: np.ndarray | None, size: int) -> list[dict[str, Any]]:
+    """Per layer id (the first MAX_ROWS): expert count and ids, shapes of its first
+    expert, bytes, span."""
+    if table is None or not len(table):
+        return []
+    ids = table["layer_id"].astype(np.int64)
+    uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    raw = np.bincount(np.searchsorted(uniq, ids), weights=table["raw_size"].astype(np.float64))
+    pad = np.bincount(np.searchsorted(uniq, ids), weights=table["padded_size"].astype(np.float64))
+    out = []
+    for i, lay in enumerate(uniq[:MAX_ROWS].tolist()):
+        sel = ids == lay
+        offs = table["byte_offset"][sel].tolist()  # as written (may point past the end)
+        ends = [o + p for o, p in zip(offs, table["padded_size"][sel].tolist())]
+        d = descs[int(first[i])] if descs is not None else None
+        shapes = (
+            [f"{int(d[t]['rows'])}×{int(d[t]['cols'])}" for t in range(len(d))]
+            if d is not None
+            else []
+        )
+        out.append(
+            {
+                "layer": int(lay),
+                "count": int(counts[i]),
+                "ids": _ranges(table["expert_id"][sel].astype(np.int64).tolist()),
+                "shapes": shapes,
+                "raw": int(raw[i]),
+                "padded": int(pad[i]),
+                "share": float(pad[i]) / size if size else 0.0,
+                "start": min(offs),
+                "end": max(ends),
+                "colour": "",
+                "snr": None,
+            }
+        )
+    for i, lay in enumerate(out):
+        lay["colour"] = layer_colour(i, len(uniq))
+    return out
+
+
+def layer_colour(i: int, n: int) -> str:
+    """Layer ``i`` of ``n``'s colour: warm-to-green hues along the layers, lightness
+    alternating so that neighbours differ.
+
+    >>> layer_colour(0, 94), layer_colour(1, 94), layer_colour(93, 94)
+    ('hsl(28,68%,50%)', 'hsl(29,68%,62%)', 'hsl(148,68%,62%)')
+    """
+    hue = 28 + 120 * (i / max(1, n - 1))
+    light = 50 if i % 2 == 0 else 62
+    return f"hsl({hue:.0f},68%,{light}%)"
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    parts: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if parts and parts[-1][1] == i - 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
+# ---- the file map ------------------------------------------------------------------------
+def _regions(geo: Geometry, blobs: dict[str, np.ndarray], size: int) -> list[dict[str, Any]]:
+    """A non-overlapping cover of [0, size): metadata regions, blob runs, unclaimed bytes."""
+    claimed: list[tuple[int, int, str, str, str, int | None]] = []  # start, end, kind, ...
+
+    def add(
+        start: int, end: int, kind: str, label: str, colour: str, layer: int | None = None
+    ) -> None:
+        if end > start:
+            claimed.append((start, end, kind, label, colour, layer))
+
+    k = layout
+    add(0, k.HEADER_SIZE, "header", "header", REGION_COLOURS["header"])
+    add(k.TABLE_OFFSET, geo.descriptors_offset, "table", "expert table", REGION_COLOURS["table"])
+    add(
+        geo.descriptors_offset,
+        geo.descriptors_end,
+        "descriptors",
+        "tensor descriptors",
+        REGION_COLOURS["descriptors"],
+    )
+    meta_end = geo.descriptors_end
+    if geo.version >= k.VERSION_WITH_ARCH and geo.reserved_ext:
+        add(
+            geo.descriptors_end,
+            geo.reserved_ext,
+            "align",
+            "alignment (zero)",
+            REGION_COLOURS["align"],
+        )
+        add(
+            geo.reserved_ext,
+            geo.reserved_ext + k.ARCH_BLOCK_SIZE,
+            "arch",
+            "arch block",
+            REGION_COLOURS["arch"],
+        )
+        meta_end = max(meta_end, geo.reserved_ext + k.ARCH_BLOCK_SIZE)
+    add(meta_end, geo.data_offset, "gap", "zero gap", REGION_COLOURS["gap"])
+    n_layers = len(np.unique(blobs["layer"]))
+    rank = {int(v): i for i, v in enumerate(np.unique(blobs["layer"]).tolist())}
+    for start, end, lay in _runs(blobs):
+        label = "blobs, several layers" if lay is None else f"layer {lay} blobs"
+        colour = MIXED if lay is None else layer_colour(rank[lay], n_layers)
+        add(start, end, "blobs", label, colour, lay)
+    claimed.sort(key=lambda r: (r[0], r[1]))
+    out: list[dict[str, Any]] = []
+    cursor = 0
+    for start, end, kind, label, colour, lay in claimed:
+        start = max(start, cursor)
+        end = min(end, size)
+        if start > cursor:
+            out.append(_region(cursor, min(start, size), "unused", "unclaimed bytes", UNUSED))
+        if end > start:
+            out.append(_region(start, end, kind, label, colour, lay))
+            cursor = end
+    if cursor < size:
+        out.append(_region(cursor, size, "unused", "unclaimed bytes", UNUSED))
+    for r in out:
+        r["share"] = (r["end"] - r["start"]) / size if size else 0.0
+    return out
+
+
+def _region(
+    start: int, end: int, kind: str, label: str, colour: str, layer: int | None = None
+) -> dict[str, Any]:
+    ink = "#ffffff" if kind in ("header", "table", "descriptors", "arch") else "#0f172a"
+    return {
+        "start": start,
+        "end": end,
+        "size": end - start,
+        "kind": kind,
+        "label": label,
+        "colour": colour,
+        "layer": layer,
+        "ink": ink,
+    }
+
+
+def _runs(blobs: dict[str, np.ndarray]) -> list[tuple[int, int, int | None]]:
+    """(start, end, layer) of contiguous runs of one layer's blobs in file order; merged
+    into at most MAX_RUNS segments (layer None when a segment mixes layers)."""
+    start, end, lay = blobs["start"], blobs["end"], blobs["layer"]
+    if not len(start):
+        return []
+    brk = np.ones(len(start), bool)
+    brk[1:] = (lay[1:] != lay[:-1]) | (start[1:] != end[:-1])
+    first = np.flatnonzero(brk)
+    if len(first) > MAX_RUNS:
+        first = first[np.linspace(0, len(first) - 1, MAX_RUNS).astype(np.int64)]
+        first = np.unique(first)
+    last = np.r_[first[1:], len(start)] - 1
+    out = []
+    for a, b in zip(first.tolist(), last.tolist()):
+        layers = lay[a : b + 1]
+        one = int(layers[0]) if (layers == layers[0]).all() else None
+        out.append((int(start[a]), int(end[a : b + 1].max()), one))
+    return out
+
+
+def fit_widths(sizes: Sequence[float], width: float, minimum: float) -> list[float]:
+    """Widths proportional to ``sizes`` summing to ``width``, none below ``minimum``.
+
+    >>> fit_widths([64, 1000, 100_000], 100, 5)
+    [5.0, 5.0, 90.0]
+    >>> fit_widths([1, 3], 100, 0)
+    [25.0, 75.0]
+    """
+    n = len(sizes)
+    if not n:
+        return []
+    if n * minimum >= width:
+        return [width / n] * n
+    s = np.asarray(sizes, np.float64)
+    fixed = np.zeros(n, bool)
+    while True:
+        free = width - minimum * fixed.sum()
+        total = s[~fixed].sum()
+        w = np.where(fixed, minimum, s * (free / total if total > 0 else 0.0))
+        small = ~fixed & (w < minimum)
+        if not small.any():
+            return w.tolist()
+        fixed |= small
+
+
+def _bar(
+    regions: list[dict[str, Any]], width: float, minimum: float, lo: int, hi: int
+) -> list[dict[str, Any]]:
+    """Segments of [lo, hi) (regions clipped to it), laid out with :func:`fit_widths`."""
+    parts = []
+    for r in regions:
+        a, b = max(r["start"], lo), min(r["end"], hi)
+        if b > a:
+            parts.append({**r, "start": a, "end": b, "size": b - a})
+    widths = fit_widths([p["size"] for p in parts], width, minimum)
+    x = 0.0
+    for p, w in zip(parts, widths):
+        p["x"], p["w"] = round(x, 2), round(w, 2)
+        p["text"] = _fit_label(p, w)
+        p["title"] = (
+            f"{p['label']}: {_num(p['start'])}..{_num(p['end'])} "
+            f"({p['start']:#x}), {_num(p['size'])} bytes ({human(p['size'])})"
+        )
+        x += w
+    return parts
+
+
+def _fit_label(p: dict[str, Any], w: float) -> str:
+    for text in (p["label"], p["label"].replace(" blobs", "").replace("layer ", "L")):
+        if len(text) * 6.3 + 10 <= w:
+            return text
+    return ""
+
+
+def _maps(
+    regions: list[dict[str, Any]],
+    blobs: dict[str, np.ndarray],
+    geo: Geometry,
+    size: int,
+    layers: int,
+) -> dict[str, Any]:
+    """The three bars: the whole file, the metadata area, the blob area."""
+    whole = _bar(regions, WIDTH, 4.0, 0, size)
+    meta_hi = min(geo.data_offset, size)
+    meta = _bar(regions, WIDTH, 3.0, 0, meta_hi) if meta_hi > 0 else []
+    blob_lo = min(geo.data_offset, size)
+    strip: dict[str, Any] = {
+        "segments": [],
+        "padding": [],
+        "ticks": [],
+        "labels": [],
+        "detail": False,
+    }
+    if size > blob_lo:
+        scale = WIDTH / (size - blob_lo)
+        strip["segments"] = [
+            {
+                **p,
+                "x": round((p["start"] - blob_lo) * scale, 2),
+                "w": round(max((p["end"] - p["start"]) * scale, 0.0), 3),
+            }
+            for p in _bar(regions, WIDTH, 0.0, blob_lo, size)
+        ]
+        last = -1e9
+        for p in strip["segments"]:
+            p["text"] = _fit_label(p, p["w"])
+            centre = p["x"] + p["w"] / 2
+            if p["kind"] == "blobs" and p["layer"] is not None and centre - last >= 34:
+                strip["labels"].append({"x": round(centre, 2), "label": str(p["layer"])})
+                last = centre
+        if any(p["text"] for p in strip["segments"]):
+            strip["labels"] = []
+        strip["padding"] = _padding_marks(blobs, blob_lo, scale, strip)
+        strip["ticks"] = _ticks(blob_lo, size, scale)
+    return {
+        "whole": whole,
+        "meta": meta,
+        "meta_end": meta_hi,
+        "strip": strip,
+        "blob_lo": blob_lo,
+        "width": WIDTH,
+        "layers": layers,
+        "zoom_x": _x_at(whole, blob_lo),
+    }
+
+
+def _x_at(bar: list[dict[str, Any]], offset: int) -> float:
+    """Where byte ``offset`` falls on a bar laid out by :func:`_bar`."""
+    for p in bar:
+        if p["start"] <= offset < p["end"]:
+            return round(p["x"] + p["w"] * (offset - p["start"]) / p["size"], 2)
+    return float(WIDTH)
+
+
+def _padding_marks(
+    blobs: dict[str, np.ndarray], lo: int, scale: float, strip: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Where the padding lies: per blob for few blobs, else summed per blob-strip segment
+    (drawn at each segment's end, to scale)."""
+    start, end, raw = blobs["start"], blobs["end"], blobs["raw"]
+    pad_start = np.minimum(start + raw, end)
+    if len(start) <= BLOB_DETAIL_MAX:
+        strip["detail"] = True
+        return [
+            {
+                "x": round((int(a) - lo) * scale, 2),
+                "w": round((int(b) - int(a)) * scale, 3),
+                "title": f"padding of layer {int(la)} expert {int(e)}: {_num(int(b) - int(a))} "
+                f"bytes at {int(a):#x}",
+            }
+            for a, b, la, e in zip(pad_start, end, blobs["layer"], blobs["expert"])
+            if b > a
+        ]
+    marks = []
+    for seg in strip["segments"]:
+        if seg["kind"] != "blobs":
+            continue
+        inside = (start >= seg["start"]) & (end <= seg["end"])
+        padding = int((end[inside] - pad_start[inside]).sum())
+        if padding > 0:
+            w = padding * scale
+            marks.append(
+                {
+                    "x": round(seg["x"] + seg["w"] - w, 2),
+                    "w": round(w, 3),
+                    "title": f"{seg['label']}: {_num(padding)} bytes of padding in "
+                    f"{int(inside.sum())} blobs (drawn together)",
+                }
+            )
+    return marks
+
+
+def _ticks(lo: int, hi: int, scale: float) -> list[dict[str, Any]]:
+    """Byte-offset ticks at round values, at least ~90 px apart."""
+    span = hi - lo
+    raw_step = span / max(1, WIDTH // 90)
+    step = _nice(raw_step)
+    first = -(-lo // step) * step
+    return [
+        {"x": round((v - lo) * scale, 2), "label": human(v, 0 if v % (1 << 30) == 0 else 1)}
+        for v in range(first, hi + 1, step)
+    ]
+
+
+def _nice(x: float) -> int:
+    """The smallest 1, 2 or 5 times a power of two's decimal-ish neighbour >= x (bytes)."""
+    unit = 1
+    for u in (1 << 10, 1 << 20, 1 << 30, 1 << 40):
+        if x >= u:
+            unit = u
+    for m in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1024):
+        if m * unit >= x:
+            return m * unit
+    return math.ceil(x)
+
+
+# ---- SNR from the manifest ---------------------------------------------------------------
+def _manifest_snr(
+    where: Path | None, size: int, geo: Geometry, table: np.ndarray | None, bits: int
+) -> tuple[np.ndarray | None, str]:
+    """Per table entry the three tensors' SNR (NaN: none recorded, +inf: exact), or None and
+    the reason the page gives."""
+    if where is None:
+        return None, (
+            "No integrity manifest beside this vault, so there is no SNR to show "
+            "(smoe sculpt writes VAULT.manifest.json)."
+        )
+    if table is None:
+        return None, "The expert table cannot be read, so the manifest is not used."
+    try:
+        doc = manifests.load(where, geo.total)
+    except SmoeError as e:
+        return None, f"The manifest {_text(os.fsdecode(where))} cannot be used: {_text(str(e))}"
+    vault = doc["vault"]
+    if vault["size"] != size or vault["experts"] != geo.total:
+        return None, (
+            f"The manifest {_text(os.fsdecode(where))} describes another file "
+            f"({vault['size']} bytes, {vault['experts']} experts), so its SNR is "
+            "not shown."
+        )
+    index = {
+        (int(la), int(e)): i
+        for i, (la, e) in enumerate(zip(table["layer_id"].tolist(), table["expert_id"].tolist()))
+    }
+    snr = np.full((len(table), layout.TENSORS_PER_EXPERT), np.nan)
+    recorded = weighted = 0
+    for row in doc["experts"]:
+        i = index.get((row["layer"], row["expert"]))
+        tensors = row.get("tensors")
+        if i is None or not isinstance(tensors, list):
+            continue
+        recorded += 1
+        for t, tensor in enumerate(tensors[: layout.TENSORS_PER_EXPERT]):
+            # an imatrix sculpt records the importance-weighted SNR (the expected SNR of the
+            # expert's output), which is what its scales were chosen for: show that one
+            key = "snr_db"
+            if isinstance(tensor, dict) and _finite_number(tensor.get("weighted_snr_db")):
+                key = "weighted_snr_db"
+                weighted += 1
+            v = tensor.get(key) if isinstance(tensor, dict) else None
+            if v is None and isinstance(tensor, dict) and key in tensor:
+                snr[i, t] = np.inf  # null: all zero or exactly representable
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                snr[i, t] = float(v)
+    if not recorded:
+        return None, (
+            f"The manifest {_text(os.fsdecode(where))} records no per-tensor SNR "
+            "(it was not written by smoe sculpt)."
+        )
+    if weighted:
+        return snr, (
+            f"Importance-weighted SNR (the expected SNR of each expert's output, "
+            f"from the imatrix sculpt) from {_text(os.fsdecode(where))}."
+        )
+    return snr, f"SNR from {_text(os.fsdecode(where))}."
+
+
+def _finite_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def viridis(t: float) -> str:
+    """The viridis colour at ``t`` in [0, 1] (linear between nine stops).
+
+    >>> viridis(0.0), viridis(1.0), viridis(2.0)
+    ('#440154', '#fde725', '#fde725')
+    """
+    t = min(1.0, max(0.0, t)) * (len(VIRIDIS) - 1)
+    i = min(int(t), len(VIRIDIS) - 2)
+    f = t - i
+    a, b = VIRIDIS[i], VIRIDIS[i + 1]
+    mix = [round(int(a[k : k + 2], 16) * (1 - f) + int(b[k : k + 2], 16) * f) for k in (1, 3, 5)]
+    return "#" + "".join(f"{c:02x}" for c in mix)
+
+
+def _snr_view(
+    snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]], max_experts: int, bits: int
+) -> dict[str, Any]:
+    """Heat map (cells as one path per colour), legend, histograms, worst experts."""
+    floor = SNR_FLOOR_DB.get(bits)
+    finite = snr[np.isfinite(snr)]
+    expert_min = np.where(np.isfinite(snr), snr, np.inf).min(axis=1)  # inf: no finite value
+    mins = expert_min[np.isfinite(expert_min)]
+    lo, hi = colour_domain(mins, floor)
+    recorded = ~np.isnan(snr).all(axis=1)
+    exact = recorded & ~np.isfinite(expert_min)
+    lay_ids = table["layer_id"].astype(np.int64)
+    exp_ids = table["expert_id"].astype(np.int64)
+    rows = [lay["layer"] for lay in layers[:MAX_ROWS]]
+    row_of = {v: i for i, v in enumerate(rows)}
+    cols = int(min(MAX_COLS, max(max_experts, int(exp_ids.max()) + 1 if len(exp_ids) else 1)))
+    # cell codes: 0 absent, 1 unrecorded, 2 exact, 3 below floor, 4 + colour bin
+    code = np.zeros((len(rows), cols), np.int64)
+    r = np.array([row_of.get(int(v), -1) for v in lay_ids.tolist()], np.int64)
+    shown = (r >= 0) & (exp_ids < cols)
+    t = np.clip((expert_min - lo) / (hi - lo), 0.0, 1.0)
+    bins = np.minimum(
+        (np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64), COLOUR_BINS - 1
+    )
+    value_code = np.where(~recorded, 1, np.where(exact, 2, 4 + bins))
+    if floor is not None:
+        value_code = np.where(recorded & ~exact & (expert_min < floor), 3, value_code)
+    code[r[shown], exp_ids[shown]] = value_code[shown]
+    fills = {0: ABSENT, 1: UNRECORDED, 2: EXACT, 3: BELOW_FLOOR}
+    fills.update({4 + b: viridis((b + 0.5) / COLOUR_BINS) for b in range(COLOUR_BINS)})
+    cw = int(min(44, max(2, (WIDTH - 60) // cols)))
+    ch = cw if len(rows) * cw <= 900 else int(max(2, 900 // max(1, len(rows))))
+    heat: dict[str, Any] = {
+        "cols": cols,
+        "rows": len(rows),
+        "cw": cw,
+        "ch": ch,
+        "ox": 52,
+        "oy": 30,
+        "paths": _cell_paths(code, fills),
+        "cells": [],
+        "row_titles": [],
+        "xticks": _axis_ticks(cols, cw, 26),
+        "yticks": [],
+        "hidden": int((~shown).sum()),
+    }
+    heat["w"], heat["h"] = heat["ox"] + cols * cw + 8, heat["oy"] + len(rows) * ch + 8
+    step = _tick_step(len(rows), ch, 14)
+    heat["yticks"] = [{"y": i * ch + ch / 2, "label": rows[i]} for i in range(0, len(rows), step)]
+    names = TENSOR_NAMES
+    if len(table) <= CELL_TITLES_MAX:
+        for i in np.flatnonzero(shown).tolist():
+            vals = ", ".join(
+                f"{names[k].split('_')[0]} {_db(snr[i, k])}" for k in range(snr.shape[1])
+            )
+            heat["cells"].append(
+                {
+                    "x": int(exp_ids[i]),
+                    "y": int(r[i]),
+                    "title": f"layer {int(lay_ids[i])} expert {int(exp_ids[i])}: {vals}",
+                }
+            )
+    per_layer: dict[int, dict[str, Any]] = {}
+    for lay in rows:
+        sel = lay_ids == lay
+        vals = snr[sel]
+        fin = vals[np.isfinite(vals)]
+        if not fin.size:
+            per_layer[lay] = {"min": None, "mean": None, "worst": None, "low": 0}
+            continue
+        m = np.where(np.isfinite(vals), vals, np.inf)
+        at = np.unravel_index(int(np.argmin(m)), m.shape)
+        worst = int(exp_ids[np.flatnonzero(sel)[at[0]]])
+        low = int((expert_min[sel] < floor).sum()) if floor is not None else 0
+        per_layer[lay] = {
+            "min": float(fin.min()),
+            "mean": float(fin.mean()),
+            "worst": f"expert {worst} {names[at[1]]}",
+            "low": low,
+        }
+    if len(table) > CELL_TITLES_MAX:
+        for i, lay in enumerate(rows):
+            p = per_layer[lay]
+            text = (
+                f"layer {lay}: lowest {_db(p['min'])} ({p['worst']}), mean {_db(p['mean'])}"
+                if p["min"] is not None
+                else f"layer {lay}: no SNR recorded"
+            )
+            heat["row_titles"].append({"y": i, "title": text})
+    legend = [{"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in range(COLOUR_BINS)]
+    keys = [
+        (BELOW_FLOOR, f"below the Q{bits} floor ({floor:g} dB)", int((value_code == 3).sum()))
+        if floor is not None
+        else None,
+        (EXACT, "exact (all-zero tensors, no finite SNR)", int(exact.sum())),
+        (UNRECORDED, "no SNR in the manifest", int((~recorded).sum())),
+        (ABSENT, "not in this vault", int((code == 0).sum())),
+    ]
+    h_lo, h_hi = _widen(float(finite.min()), float(finite.max())) if finite.size else (lo, hi)
+    hists = [
+        _histogram(snr[:, k], names[k], (h_lo, h_hi), (lo, hi), floor) for k in range(snr.shape[1])
+    ]
+    order = np.argsort(np.where(np.isfinite(expert_min), expert_min, np.inf), kind="stable")
+    worst_rows = []
+    for i in order[:8].tolist():
+        if not np.isfinite(expert_min[i]):
+            break
+        k = int(np.nanargmin(np.where(np.isfinite(snr[i]), snr[i], np.nan)))
+        worst_rows.append(
+            {
+                "layer": int(lay_ids[i]),
+                "expert": int(exp_ids[i]),
+                "tensor": names[k],
+                "snr": float(expert_min[i]),
+                "low": floor is not None and expert_min[i] < floor,
+            }
+        )
+    return {
+        "heat": heat,
+        "lo": lo,
+        "hi": hi,
+        "legend": legend,
+        "legend_ticks": _legend_ticks(
+            lo,
+            hi,
+            COLOUR_BINS * 8,
+            below=bool(mins.size and mins.min() < lo),
+            above=bool(mins.size and mins.max() > hi),
+        ),
+        "swatches": [
+            {"fill": f, "label": lab, "count": n}
+            for f, lab, n in (k for k in keys if k is not None)
+            if n or f == BELOW_FLOOR
+        ],
+        "floor": floor,
+        "bits": bits,
+        "hists": hists,
+        "worst": worst_rows,
+        "per_layer": per_layer,
+        "recorded": int(recorded.sum()),
+        "total": len(table),
+        "tensors": int(finite.size),
+    }
+
+
+def _cell_paths(code: np.ndarray, fills: dict[int, str]) -> list[dict[str, str]]:
+    """One SVG path per cell code: a rectangle per run of equal codes along each row, in
+    cell units (the template scales them)."""
+    pieces: dict[int, list[str]] = {}
+    for y, row in enumerate(code.tolist()):
+        x = 0
+        n = len(row)
+        while x < n:
+            c = row[x]
+            e = x + 1
+            while e < n and row[e] == c:
+                e += 1
+            pieces.setdefault(c, []).append(f"M{x} {y}h{e - x}v1h-{e - x}z")
+            x = e
+    return [{"fill": fills[c], "d": "".join(p)} for c, p in sorted(pieces.items())]
+
+
+def _tick_step(n: int, cell: float, spacing: float) -> int:
+    for step in (1, 2, 4, 5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 256, 512, 1024):
+        if step * cell >= spacing:
+            return step
+    return max(1, n)
+
+
+def _axis_ticks(n: int, cell: float, spacing: float) -> list[dict[str, Any]]:
+    step = _tick_step(n, cell, spacing)
+    return [{"x": i * cell + cell / 2, "label": i} for i in range(0, n, step)]
+
+
+def colour_domain(values: np.ndarray, floor: float | None) -> tuple[float, float]:
+    """The SNR range the colours span: the middle 99 % of ``values`` (outliers take the end
+    colours), starting no lower than the floor (cells below it are drawn in red anyway).
+
+    >>> colour_domain(np.array([8.0, 17.0, 18.0, 19.0]), 10.0)
+    (10.0, 19.0)
+    >>> colour_domain(np.array([17.0, 17.0]), None)
+    (16.75, 17.25)
+    """
+    if not values.size:
+        return 0.0, 1.0
+    lo = float(np.quantile(values, 0.005, method="lower"))
+    hi = float(np.quantile(values, 0.995, method="higher"))
+    if floor is not None and lo < floor < hi:
+        lo = floor
+    return _widen(lo, hi)
+
+
+def _widen(lo: float, hi: float, least: float = 0.5) -> tuple[float, float]:
+    if hi - lo < least:
+        mid = (lo + hi) / 2
+        return mid - least / 2, mid + least / 2
+    return lo, hi
+
+
+def _legend_ticks(
+    lo: float, hi: float, width: float, below: bool = False, above: bool = False
+) -> list[dict[str, Any]]:
+    out = []
+    digits = 2 if hi - lo < 2 else 1
+    for i in range(5):
+        v = lo + (hi - lo) * i / 4
+        label = f"{v:.{digits}f}"
+        if i == 0 and below:
+            label = "≤ " + label
+        elif i == 4 and above:
+            label = "≥ " + label
+        out.append({"x": width * i / 4, "label": label})
+    return out
+
+
+def _histogram(
+    values: np.ndarray,
+    name: str,
+    span: tuple[float, float],
+    colours: tuple[float, float],
+    floor: float | None,
+) -> dict[str, Any]:
+    """Bars over ``span`` (the same for every tensor kind), coloured like the heat map
+    (whose colours span ``colours``); below the floor in red."""
+    w, h, head = 340, 120, 14
+    lo, hi = span
+    c_lo, c_hi = colours
+    fin = values[np.isfinite(values)]
+    counts, edges = np.histogram(fin, bins=HIST_BINS, range=(lo, hi))
+    top = max(1, int(counts.max()) if counts.size else 1)
+    bw = w / HIST_BINS
+    bars = []
+    for i, n in enumerate(counts.tolist()):
+        if not n:
+            continue
+        bh = max(1.5, (h - head) * n / top)
+        mid = (edges[i] + edges[i + 1]) / 2
+        fill = (
+            BELOW_FLOOR
+            if floor is not None and mid < floor
+            else viridis((mid - c_lo) / (c_hi - c_lo))
+        )
+        bars.append(
+            {
+                "x": round(i * bw + 0.5, 2),
+                "w": round(bw - 1, 2),
+                "y": round(h - bh, 2),
+                "h": round(bh, 2),
+                "fill": fill,
+                "title": f"{name}: {n} tensors with SNR {edges[i]:.2f}..{edges[i + 1]:.2f} dB",
+            }
+        )
+    floor_x = (w * (floor - lo) / (hi - lo)) if floor is not None and lo <= floor <= hi else None
+    return {
+        "name": name,
+        "bars": bars,
+        "w": w,
+        "h": h,
+        "top": top,
+        "floor_x": floor_x,
+        "n": int(fin.size),
+        "exact": int(np.isposinf(values).sum()),
+        "min": float(fin.min()) if fin.size else None,
+        "median": float(np.median(fin)) if fin.size else None,
+        "max": float(fin.max()) if fin.size else None,
+        "low": int((fin < floor).sum()) if floor is not None else 0,
+        "ticks": _legend_ticks(lo, hi, w),
+    }
+
+
+# ---- text helpers --------------------------------------------------------------------------
+def _db(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if math.isinf(v):
+        return "exact"
+    return f"{v:.2f} dB"
+
+
+def _num(v: int | float) -> str:
+    return f"{int(v):,}"
+
+
+def human(n: int | float, digits: int = 1) -> str:
+    """Bytes in IEC units.
+
+    >>> human(64), human(16384), human(120_647_139_328)
+    ('64 B', '16.0 KiB', '112.4 GiB')
+    """
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.{digits}f} {unit}"
+        n /= 1024
+    return f"{n:.{digits}f} TiB"
+
+
+def _text(s: str) -> str:
+    """Valid Unicode for the page: a lone surrogate (an undecodable path byte) -> U+FFFD."""
+    return s if s.isascii() else _SURROGATE.sub("\ufffd", s)

@@ -1,0 +1,11 @@
+"""A vault and its scout back into a HuggingFace checkpoint folder (``smoe export --hf``).
+
+* :mod:`smoe.export.hf.names`: which checkpoint tensor each vault tensor becomes (the names and
+  layout the source had, from the manifest, or the family's standard names);
+* :mod:`smoe.export.hf.transformers_config`: the ``config.json`` written (a copy, or rebuilt from
+  the arch block and the scout's shapes, naming what it had to assume);
+* :mod:`smoe.export.hf.checkpoint`: the streamed, atomic writer of the folder (shards, index,
+  config).
+"""
+
+__all__ = ["checkpoint", "names", "transformers_config"]

@@ -1,0 +1,706 @@
+"""``smoe export VAULT OUT_DIR --hf``: a runnable HuggingFace checkpoint folder.
+
+The folder holds the scout's tensors byte for byte, every routed expert dequantised under
+the names and in the layout of the source checkpoint (:mod:`smoe.export.hf.names`), in shards of
+at most ``max_shard_size`` bytes with ``model.safetensors.index.json`` when there are
+several (as ``save_pretrained`` writes them), and ``config.json``
+(:mod:`smoe.export.hf.transformers_config`).
+
+* **Complete or absent**: everything is written in a temporary folder beside ``OUT_DIR``
+  (``.<name>.<hex>.tmp``), each file fsynced, then the folder is renamed onto ``OUT_DIR``
+  (which must not exist, or be an empty folder) under the lock ``.<name>.lock``; on any
+  error the temporary folder is removed.
+* **Bounded memory**: vault tensors are decoded ahead by worker threads (one per usable
+  core), each of ``2 * threads`` slots holding one tensor in reused buffers; the calling
+  thread writes each at its place; scout tensors are copied in chunks.
+* **Inputs untouched**: ``OUT_DIR`` may not be, or contain, the vault, its manifest, the
+  scout or the config.
+* **Only whole models**: a partial vault (``sculpt --max-layers/--max-experts``) is
+  refused, naming the layers and experts it lacks; a manifest that describes another vault
+  is refused; each blob's CRC-32C is checked against the manifest as it is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import stat
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smoe import quant
+from smoe.errors import SmoeError
+from smoe.export.hf import transformers_config as hf_config
+from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
+from smoe.format import manifest
+from smoe.interop.safetensors_io import (
+    DTYPE_SIZES,
+    FLOAT_DTYPES,
+    TensorInfo,
+    copy_range,
+    read_header,
+)
+from smoe.interop.safetensors_io import write_file as write_safetensors
+from smoe.plumbing import fileio
+from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.cpus import usable_cores
+from smoe.vault.companions import companions
+from smoe.vault.reader import ExpertView, Vault
+
+__all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
+
+MAX_SHARD_SIZE = 5 * 10**9
+"""Default bytes of tensor data per shard (``save_pretrained``'s ``max_shard_size`` "5GB")."""
+INDEX_NAME = "model.safetensors.index.json"
+_TMP_DIR = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
+
+
+@dataclass
+class HfExportResult:
+    """What an export wrote; :meth:`summary` is what the CLI prints.
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+    >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
+    >>> result.files, result.tensors, result.expert_tensors, result.dtype
+    (['model.safetensors', 'config.json'], 25, 24, 'F32')
+    """
+
+    out: Path
+    files: list[str]
+    tensors: int
+    expert_tensors: int
+    bytes_out: int
+    expert_bytes_out: int
+    dtype: str
+    config: str
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The result as a JSON object (``smoe export --hf --json``), with the throughput.
+
+        >>> import tempfile, numpy as np
+        >>> from safetensors.numpy import save_file
+        >>> d = tempfile.mkdtemp()
+        >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+        >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+        >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
+        >>> doc = result.summary()
+        >>> doc["bytes_out"], doc["config"], doc["throughput_mb_s"] > 0
+        (229376, 'rebuilt from the arch block and the scout', True)
+        """
+        return {
+            "out": str(self.out),
+            "files": self.files,
+            "tensors": self.tensors,
+            "expert_tensors": self.expert_tensors,
+            "bytes_out": self.bytes_out,
+            "expert_bytes_out": self.expert_bytes_out,
+            "dtype": self.dtype,
+            "config": self.config,
+            "seconds": self.seconds,
+            "throughput_mb_s": (
+                self.expert_bytes_out / 1e6 / self.seconds if self.seconds > 0 else None
+            ),
+            "notes": self.notes,
+        }
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+def _ids(ids: list[int]) -> str:
+    """``0..3, 7``: sorted ids as runs."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
+def _refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
+    """Every MoE layer the header counts, each with all its experts, or refused naming
+    what is missing."""
+    want_layers = int(vault.header["num_moe_layers"])
+    want = int(vault.header["max_experts_per_layer"])
+    layer_ids, expert_ids = vault.table["layer_id"], vault.table["expert_id"]
+    held = vault.layers()
+    problems = []
+    if len(held) < want_layers:
+        problems.append(
+            f"it holds {len(held)} of the model's {want_layers} MoE layers "
+            f"(layers {_ids(list(held))}; {want_layers - len(held)} missing)"
+        )
+    short = []
+    for lay in sorted(held):
+        have = {int(e) for e in expert_ids[layer_ids == lay]}
+        missing = sorted(set(range(want)) - have)
+        if missing:
+            short.append(f"layer {lay} lacks experts {_ids(missing)} of 0..{want - 1}")
+    if short:
+        more = f" and {len(short) - 3} more layers" if len(short) > 3 else ""
+        problems.append("; ".join(short[:3]) + more)
+    if not problems:
+        return
+    opts = ((doc or {}).get("tool") or {}).get("options") or {}
+    how = " ".join(
+        f"--{k.replace('_', '-')} {opts[k]}"
+        for k in ("max_layers", "max_experts")
+        if isinstance(opts.get(k), int)
+    )
+    made = f" (sculpted with {how})" if how else ""
+    raise SmoeError(
+        f"{vault.path}: a partial vault{made}: {'; '.join(problems)}; a "
+        "checkpoint needs every expert: sculpt the model again without "
+        "--max-layers/--max-experts"
+    )
+
+
+def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
+    """The manifest beside the vault (None if there is none), checked to describe it:
+    size, table entries, offsets and raw sizes (blob CRCs are checked while exporting)."""
+    path = manifest.path_for(vault.path)
+    if not os.path.lexists(path):
+        return None, path
+    try:
+        doc = manifest.load(path, len(vault))
+    except manifest.ManifestError as e:
+        raise SmoeError(f"{path}: {e.finding.message}") from None
+    rows = doc["experts"]
+    size = doc["vault"]["size"]
+    if size != len(vault.data) or len(rows) != len(vault):
+        raise SmoeError(
+            f"{path}: describes another vault ({size} bytes, {len(rows)} experts; "
+            f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)"
+        )
+    table = vault.table
+    for i, row in enumerate(rows):
+        t = table[i]
+        want = (int(t["layer_id"]), int(t["expert_id"]), int(t["byte_offset"]), int(t["raw_size"]))
+        if (row["layer"], row["expert"], row["offset"], row["raw_size"]) != want:
+            raise SmoeError(
+                f"{path}: experts[{i}] is layer {row['layer']} expert "
+                f"{row['expert']} at offset {row['offset']}, but table entry {i} "
+                f"of {vault.path} is layer {want[0]} expert {want[1]} at offset "
+                f"{want[2]}: the manifest describes another vault"
+            )
+    return doc, path
+
+
+def _scout_dtype(scout: dict[str, TensorInfo]) -> str | None:
+    """The float dtype holding most of the scout's bytes (None if it has no float tensor)."""
+    by: dict[str, int] = {}
+    for t in scout.values():
+        if t.dtype in FLOAT_DTYPES:
+            by[t.dtype] = by.get(t.dtype, 0) + t.nbytes
+    return max(by, key=lambda d: (by[d], d)) if by else None
+
+
+# ---- decoding expert tensors ----------------------------------------------------------------
+_Task = tuple[OutTensor, Piece, str]
+"""One vault tensor to decode: the output tensor it fills, its place there, the dtype."""
+
+
+class _Slot:
+    """Decodes one vault tensor at a time into its own reused buffers, in the output dtype;
+    the expert last read is kept (its three tensors are usually wanted in a row)."""
+
+    def __init__(
+        self,
+        vault: Vault,
+        crcs: dict[tuple[int, int], int] | None,
+        manifest_path: Path,
+        checked: set[tuple[int, int]],
+    ) -> None:
+        self.vault = vault
+        self.crcs = crcs
+        self.manifest_path = manifest_path
+        self._checked = checked  # shared by the slots: each blob's CRC is checked once
+        self._key: tuple[int, int] | None = None
+        self._view: ExpertView | None = None
+        self._f32 = np.empty(0, np.float32)
+        self._u16 = np.empty(0, np.uint16)
+
+    def _expert(self, key: tuple[int, int]) -> ExpertView:
+        if key != self._key:
+            self._view, self._key = self.vault.expert(*key), key
+            if self.crcs is not None and key not in self._checked:
+                self._check_crc(key)
+        assert self._view is not None
+        return self._view
+
+    def _check_crc(self, key: tuple[int, int]) -> None:
+        e = self.vault.table[self.vault.index(*key)]
+        off, raw = int(e["byte_offset"]), int(e["raw_size"])
+        assert self.crcs is not None
+        if manifest.checksum(self.vault.data[off : off + raw]) != self.crcs[key]:
+            raise SmoeError(
+                f"{self.vault.path}: layer {key[0]} expert {key[1]}: the blob at "
+                f"offset {off} differs from its CRC-32C in {self.manifest_path} "
+                "(changed or damaged); refused"
+            )
+        self._checked.add(key)
+
+    def decode(self, task: _Task) -> np.ndarray:
+        """The task's tensor as ``dtype`` values (a view of this slot's buffers, valid until
+        its next decode); rounding to 16 bits is to nearest even, as torch rounds (BF16:
+        :func:`smoe.quant.decode_bf16`, in the decoding pass when compiled)."""
+        out, piece, dtype = task
+        view = self._expert(piece.key).tensors[piece.tensor]
+        n = view.rows * view.cols
+        if dtype != "F32" and self._u16.size < n:
+            self._u16 = np.empty(n, np.uint16)
+        u16 = self._u16[:n]
+        if dtype == "BF16":
+            quant.decode_bf16(
+                view.packed, view.scales, view.bits, view.shape, out=u16.reshape(view.shape)
+            )
+            return u16
+        if self._f32.size < n:
+            self._f32 = np.empty(n, np.float32)
+        f32 = self._f32[:n]
+        quant.decode(view.packed, view.scales, view.bits, view.shape, out=f32.reshape(view.shape))
+        if dtype == "F32":
+            return f32
+        np.copyto(u16.view(np.float16), f32, casting="same_kind")
+        if not np.isfinite(u16.view(np.float16)).all():
+            raise SmoeError(
+                f"{out.name}: dequantised values beyond the float16 range "
+                "(65504); export with --dtype bf16 or f32"
+            )
+        return u16
+
+
+class _Decoder:
+    """Decodes the tasks, in order, ahead of the writer in ``threads`` worker threads
+    (numpy and the compiled decoder release the GIL); the writer takes each result with
+    :meth:`take`, writes it, and only then is its slot given the next task. Memory:
+    ``2 * threads`` slots' buffers. Workers only read the vault: every write stays in the
+    calling thread."""
+
+    def __init__(
+        self,
+        vault: Vault,
+        crcs: dict[tuple[int, int], int] | None,
+        manifest_path: Path,
+        tasks: list[_Task],
+        threads: int,
+    ) -> None:
+        checked: set[tuple[int, int]] = set()
+        self._slots = [_Slot(vault, crcs, manifest_path, checked) for _ in range(2 * threads)]
+        self._tasks = tasks
+        self._next = 0
+        self._pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+        self._ahead: deque[tuple[int, int, Future[np.ndarray] | None]] = deque()
+        for slot in range(len(self._slots)):
+            self._submit(slot)
+
+    def _submit(self, slot: int) -> None:
+        if self._next >= len(self._tasks):
+            return
+        i, self._next = self._next, self._next + 1
+        future = (
+            None
+            if self._pool is None  # decoded when taken
+            else self._pool.submit(self._slots[slot].decode, self._tasks[i])
+        )
+        self._ahead.append((slot, i, future))
+
+    @contextlib.contextmanager
+    def take(self, out: OutTensor, piece: Piece) -> Iterator[np.ndarray]:
+        """The next result, which must be ``piece`` of ``out``; its slot is reused after."""
+        slot, i, future = self._ahead.popleft()
+        task = self._tasks[i]
+        assert task[0] is out and task[1] == piece, "tasks taken out of order"
+        yield future.result() if future is not None else self._slots[slot].decode(task)
+        self._submit(slot)
+
+    def close(self) -> None:
+        """Stop: queued tasks are dropped, running ones finish (they write nothing)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._ahead.clear()
+
+
+def _expert_tasks(plan: _Plan) -> list[_Task]:
+    """Every vault tensor in the order the shards' writers want them: shard by shard,
+    tensor names sorted as in the safetensors file, pieces in place order."""
+    out = []
+    for names in plan.shards:
+        for name in sorted(names):
+            o = plan.experts.get(name)
+            if o is not None:
+                out += [(o, p, plan.dtypes[name]) for p in _pieces_in_order(o)]
+    return out
+
+
+def _pieces_in_order(o: OutTensor) -> list[Piece]:
+    return sorted(o.pieces, key=lambda p: (p.index or 0, p.rows))
+
+
+def write_expert(
+    fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: _Decoder
+) -> None:
+    """Write output tensor ``o`` at ``offset``: each piece where its slab and rows lie."""
+    row = o.cols * DTYPE_SIZES[dtype]
+    slab = o.shape[-2] * row
+    for p in _pieces_in_order(o):
+        with decoder.take(o, p) as data:
+            fileio.pwrite_all(fd, data, offset + (p.index or 0) * slab + p.rows[0] * row, path)
+
+
+# ---- the output folder ----------------------------------------------------------------------
+def _natural_key(name: str) -> list[Any]:
+    """``model.layers.10`` after ``model.layers.9``: numbers compared as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _shard(items: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+    """Names in order, split greedily into shards of at most ``max_bytes`` of data (a tensor
+    larger than that gets a shard of its own), as huggingface_hub splits a state dict."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, n in items:
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards
+
+
+def _shard_names(count: int) -> list[str]:
+    if count == 1:
+        return ["model.safetensors"]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
+    """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
+    if os.path.islink(out_dir):
+        raise SmoeError(
+            f"{out_dir}: is a symlink; name the folder to write itself (the "
+            "folder is renamed into place, never written through a link)"
+        )
+    try:
+        st = os.stat(out_dir)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise SmoeError(f"{out_dir}: cannot use as the output folder: {e.strerror}") from None
+    real = os.path.realpath(out_dir)
+    for src in inputs:
+        try:
+            if st is not None and fileio.same_file(st, os.stat(src)):
+                raise SmoeError(
+                    f"{out_dir}: the output is the input {src} itself; refusing "
+                    "to overwrite an input"
+                )
+        except FileNotFoundError:
+            continue
+        if os.path.realpath(src).startswith(real.rstrip(os.sep) + os.sep):
+            raise SmoeError(
+                f"{out_dir}: the output folder holds the input {src}; refusing to replace an input"
+            )
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise SmoeError(f"{out_dir}: exists and is not a folder")
+    if os.listdir(out_dir):
+        raise SmoeError(
+            f"{out_dir}: exists and is not empty; remove it or name a new folder "
+            "(the checkpoint folder is written whole, never merged)"
+        )
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a temporary folder of ours: its regular files, then itself (a symlink or a
+    folder in it is left alone, and so is the folder then)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_file(follow_symlinks=False):
+            fileio.unlink_owned(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _sweep_stale_dirs(out_dir: Path) -> None:
+    """Temporary folders a killed export of ``out_dir`` left (call under the lock)."""
+    try:
+        names = os.listdir(out_dir.parent)
+    except OSError:
+        return
+    for name in names:
+        m = _TMP_DIR.match(name)
+        path = out_dir.parent / name
+        if m and m.group("name") == out_dir.name and path.is_dir() and not path.is_symlink():
+            _remove_tree(path)
+
+
+def _make_tmp_dir(out_dir: Path) -> Path:
+    while True:
+        tmp = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.mkdir(tmp, 0o777)
+            return tmp
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise SmoeError(f"{tmp}: cannot create the folder: {e.strerror or e}") from None
+
+
+@dataclass
+class _Plan:
+    """Every output tensor (scout copies and experts), its dtype and shard."""
+
+    scout: dict[str, TensorInfo]
+    experts: dict[str, OutTensor]
+    dtypes: dict[str, str]
+    shards: list[list[str]]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        t = self.scout.get(name)
+        return t.shape if t is not None else self.experts[name].shape
+
+    def nbytes(self, name: str) -> int:
+        return math.prod(self.shape(name)) * DTYPE_SIZES[self.dtype(name)]
+
+    def dtype(self, name: str) -> str:
+        t = self.scout.get(name)
+        return t.dtype if t is not None else self.dtypes[name]
+
+
+def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes) -> list[str]:
+    names = _shard_names(len(plan.shards))
+    fds: dict[Path, int] = {}
+    try:
+        for file_name, tensors in zip(names, plan.shards):
+            path = tmp / file_name
+            items = [(n, plan.dtype(n), plan.shape(n)) for n in tensors]
+
+            def fill(
+                fd: int, i: int, offset: int, path: Path = path, tensors: list[str] = tensors
+            ) -> None:
+                name = tensors[i]
+                info = plan.scout.get(name)
+                if info is None:
+                    write_expert(fd, path, plan.experts[name], plan.dtypes[name], offset, decoder)
+                    return
+                src = fds.get(info.path)
+                if src is None:
+                    src = fds[info.path] = fileio.open_input(info.path)
+                copy_range(
+                    src, info.offset, fd, offset, info.nbytes, src_path=info.path, dst_path=path
+                )
+
+            write_safetensors(path, items, fill, metadata={"format": "pt"})
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    files = list(names)
+    if len(names) > 1:
+        weight_map = {n: f for f, tensors in zip(names, plan.shards) for n in tensors}
+        total = sum(plan.nbytes(n) for n in weight_map)
+        params = sum(math.prod(plan.shape(n)) for n in weight_map)
+        index = {
+            "metadata": {"total_parameters": params, "total_size": total},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+        _write_small(tmp / INDEX_NAME, (_json(index)).encode())
+        files.append(INDEX_NAME)
+    _write_small(tmp / "config.json", config_bytes)
+    return [*files, "config.json"]
+
+
+def _json(doc: object) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def _write_small(path: Path, data: bytes) -> None:
+    f = AtomicFile(path)
+    try:
+        f.pwrite(data, 0)
+        f.commit()
+    except BaseException:
+        f.abort()
+        raise
+
+
+# ---- the export -----------------------------------------------------------------------------
+def export_hf(
+    vault_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    scout: str | os.PathLike | None = None,
+    config: str | os.PathLike | None = None,
+    dtype: str | None = None,
+    max_shard_size: int = MAX_SHARD_SIZE,
+    threads: int | None = None,
+) -> HfExportResult:
+    """Write the checkpoint folder ``out_dir`` for ``vault_path`` (see the module docstring).
+
+    ``scout``: default ``<stem>.scout.safetensors`` beside the vault; ``config``: default
+    ``<stem>.config.json`` beside it, else rebuilt; ``dtype`` (``bf16``, ``f16``, ``f32``):
+    the experts' dtype, default the source's (manifest), else the scout's, else bf16;
+    ``threads``: decoding threads (default: the usable cores).
+
+    >>> import tempfile, numpy as np
+    >>> from safetensors.numpy import save_file
+    >>> d = tempfile.mkdtemp()
+    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
+    >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", dtype="bf16")
+    >>> sorted(os.listdir(result.out)), result.expert_bytes_out
+    (['config.json', 'model.safetensors'], 98304)
+    >>> export_hf("fixtures/partial_vault.smoe", f"{d}/hf2", scout=f"{d}/scout.st")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/partial_vault.smoe: a partial vault...: sculpt the model \
+again without --max-layers/--max-experts
+    """
+    t0 = time.perf_counter()
+    vault_path, out_dir = Path(vault_path), Path(out_dir)
+    if dtype is not None and dtype not in hf_config.DTYPES:
+        raise SmoeError(f"--dtype: {dtype!r} is not one of {', '.join(hf_config.DTYPES)}")
+    if threads is not None and threads < 1:
+        raise SmoeError(f"threads: must be at least 1, got {threads}")
+    if max_shard_size < 1:
+        raise SmoeError(f"--max-shard-size: must be at least 1 byte, got {max_shard_size}")
+    notes: list[str] = []
+    with Vault.open(vault_path) as vault:
+        doc, manifest_path = _load_manifest(vault)
+        _refuse_partial(vault, doc)
+        scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
+        if scout is None and not os.path.lexists(scout_path):
+            raise SmoeError(
+                f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
+                "which the sculptor writes); name it with --scout"
+            )
+        scout_info = read_header(scout_path)
+        emb = scout_info.get("model.embed_tokens.weight")
+        d_model = int(vault.header["d_model"])
+        if emb is not None and emb.shape[-1] != d_model:
+            raise SmoeError(
+                f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
+                f"columns, but {vault_path} has d_model {d_model}: the scout "
+                "belongs to another model"
+            )
+        model_type = (
+            ""
+            if vault.arch is None
+            else bytes(vault.arch["model_type"]).rstrip(b"\0").decode("utf-8", "replace")
+        )
+        experts = manifest_layout(vault, doc, manifest_path) if doc is not None else None
+        if experts is None:
+            experts = family_layout(vault, set(scout_info), model_type)
+            first = next(iter(experts))
+            why = (
+                "no manifest beside the vault"
+                if doc is None
+                else f"{manifest_path.name} records no source tensors"
+            )
+            notes.append(
+                f"{why}: experts named as the family's checkpoints name them "
+                f"({first.replace('.0.', '.{L}.', 1)} ...)"
+            )
+        clash = sorted(set(experts) & set(scout_info))
+        if clash:
+            raise SmoeError(
+                f"{scout_path}: already has {clash[0]!r}, which the vault's experts "
+                "would write: the scout belongs to another vault"
+            )
+        explicit = hf_config.DTYPES[dtype] if dtype is not None else None
+        fallback = _scout_dtype(scout_info) or "BF16"
+        dtypes = {n: explicit or o.dtype or fallback for n, o in experts.items()}
+        chosen = explicit or (
+            dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
+        )
+        cfg_path = Path(config) if config is not None else companions(vault_path)[1]
+        if config is not None or os.path.lexists(cfg_path):
+            config_bytes, more = hf_config.copied(cfg_path, explicit)
+            notes += more
+            config_from = f"copied from {cfg_path}"
+        else:
+            cfg, assumed = hf_config.rebuild(vault, scout_info, explicit or fallback)
+            config_bytes = _json(cfg).encode()
+            config_from = "rebuilt from the arch block and the scout"
+            notes.append(
+                f"config.json rebuilt from {vault_path.name}'s arch block and the "
+                f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
+                f"assumed: {', '.join(assumed)}"
+            )
+        inputs = [vault_path, manifest_path, scout_path, cfg_path]
+        _refuse_outputs(out_dir, inputs)
+        order = sorted([*scout_info, *experts], key=_natural_key)
+        plan = _Plan(scout_info, experts, dtypes, [])
+        plan.shards = _shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
+        crcs = (
+            {(r["layer"], r["expert"]): r["crc32c"] for r in doc["experts"]}
+            if doc is not None
+            else None
+        )
+        decoder = _Decoder(
+            vault,
+            crcs,
+            manifest_path,
+            _expert_tasks(plan),
+            usable_cores() if threads is None else threads,
+        )
+        try:
+            files = _commit_folder(
+                out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs
+            )
+        finally:
+            decoder.close()
+    expert_bytes = sum(plan.nbytes(n) for n in experts)
+    total = sum(plan.nbytes(n) for n in order)
+    return HfExportResult(
+        out_dir,
+        files,
+        len(order),
+        len(experts),
+        total,
+        expert_bytes,
+        chosen,
+        config_from,
+        time.perf_counter() - t0,
+        notes,
+    )
+
+
+def _commit_folder(
+    out_dir: Path, write: Callable[[Path], list[str]], inputs: list[Path]
+) -> list[str]:
+    """Run ``write(tmp)`` in a temporary folder beside ``out_dir``, then rename it onto
+    ``out_dir``; under ``.<name>.lock``; the temporary folder is removed on any failure."""
+    parent = fileio.ensure_dir(out_dir.parent if str(out_dir.parent) else Path("."))
+    with fileio.Lock(parent / f".{out_dir.name}.lock", out_dir):
+        _sweep_stale_dirs(out_dir)
+        _refuse_outputs(out_dir, inputs)  # again, under the lock
+        tmp = _make_tmp_dir(out_dir)
+        try:
+            files = write(tmp)
+            fileio.fsync_dir(tmp)
+            fileio.rename(tmp, out_dir)
+        except BaseException:
+            _remove_tree(tmp)
+            raise
+        fileio.fsync_dir(parent)
+    return files

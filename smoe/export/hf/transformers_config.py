@@ -1,0 +1,234 @@
+"""The ``config.json`` of an exported checkpoint: a copy of the model's own, or rebuilt.
+
+A copy (``--config``, or ``<stem>.config.json`` staged beside the vault) keeps its bytes,
+except that an explicit ``--dtype`` sets its ``dtype`` (``torch_dtype``) so that
+``from_pretrained`` loads the model at the precision asked for. Without one, the config
+is rebuilt from the vault's arch block and header and the scout's shapes, for the families
+the sculptor converts; every value that neither records (rope scaling, group-limited
+routing, the routed scaling factor, ...) is an assumption, and :func:`rebuild` names each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from smoe.errors import SmoeError
+from smoe.families.config import read_json
+from smoe.interop.safetensors_io import TensorInfo
+from smoe.vault.reader import Vault
+from smoe_gen import layout
+
+__all__ = ["DTYPES", "copied", "rebuild"]
+
+DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+"""``--dtype`` -> safetensors dtype."""
+TORCH_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+ARCHITECTURES = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+}
+EXPERT_COUNT_KEY = {
+    "mixtral": "num_local_experts",
+    "deepseek_v2": "n_routed_experts",
+    "deepseek_v3": "n_routed_experts",
+}  # others: num_experts
+DENSE_MLP = re.compile(r"^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$")
+MAX_POSITIONS = 4096
+
+
+def _config_dtype(cfg: dict[str, Any]) -> str | None:
+    """The safetensors dtype a config names (``dtype`` or ``torch_dtype``), if any."""
+    for key in ("dtype", "torch_dtype"):
+        name = cfg.get(key)
+        for st, torch_name in TORCH_NAMES.items():
+            if name == torch_name:
+                return st
+    return None
+
+
+def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
+    """The bytes of ``path`` (checked: UTF-8 JSON, an object, no key twice), with ``dtype``
+    (a safetensors dtype) set when given and different; and the notes to print.
+
+    >>> import json
+    >>> from pathlib import Path
+    >>> path = Path("fixtures/checkpoints/qwen3_moe/config.json")
+    >>> data, notes = copied(path, "F32")
+    >>> json.loads(data)["dtype"]
+    'float32'
+    >>> print(*notes)
+    config.json: dtype set to 'float32' (was "bfloat16") to match --dtype
+    >>> copied(path, "BF16") == (path.read_bytes(), [])  # already bfloat16: the bytes as they are
+    True
+    """
+    cfg = read_json(path)
+    if not isinstance(cfg, dict):
+        raise SmoeError(f"{path}: not a JSON object")
+    if dtype is None or _config_dtype(cfg) == dtype:
+        return path.read_bytes(), []
+    keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
+    was = json.dumps(cfg[keys[0]]) if keys[0] in cfg else "absent"
+    for key in keys:
+        cfg[key] = TORCH_NAMES[dtype]
+    note = f"config.json: {keys[0]} set to {TORCH_NAMES[dtype]!r} (was {was}) to match --dtype"
+    return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode(), [note]
+
+
+def _f32(value: float) -> float:
+    """A float32 field of the arch block as the decimal it was written from (7 digits)."""
+    return float(f"{float(np.float32(value)):.7g}")
+
+
+def _rows(scout: dict[str, TensorInfo], name: str) -> int | None:
+    info = scout.get(name)
+    return int(info.shape[0]) if info is not None else None
+
+
+def rebuild(
+    vault: Vault, scout: dict[str, TensorInfo], dtype: str
+) -> tuple[dict[str, Any], list[str]]:
+    """A config.json for ``vault`` + ``scout`` (arch block, header, tensor shapes) and the
+    fields it had to assume. Refused: a v1 vault (no arch block) and unknown families.
+
+    >>> from smoe.interop.safetensors_io import read_header
+    >>> scout = read_header("fixtures/checkpoints/qwen3_moe/model.safetensors")
+    >>> with Vault.open("fixtures/qwen3_v2.smoe") as vault:
+    ...     cfg, assumed = rebuild(vault, scout, "BF16")
+    >>> cfg["architectures"], cfg["hidden_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
+    (['Qwen3MoeForCausalLM'], 64, 4, 48)
+    >>> assumed[:2]
+    ["rope_type 'default' (no rope scaling)", 'max_position_embeddings 4096']
+    """
+    a = vault.arch
+    if a is None:
+        raise SmoeError(
+            f"{vault.path}: no config.json beside it and no arch block (a v1 "
+            "vault) to rebuild one from; pass --config MODEL/config.json"
+        )
+    model_type = bytes(a["model_type"]).rstrip(b"\0").decode("utf-8", "replace")
+    if model_type not in ARCHITECTURES:
+        raise SmoeError(
+            f"{vault.path}: no config.json beside it, and model_type "
+            f"{model_type!r} has no recipe to rebuild one (known: "
+            f"{', '.join(sorted(ARCHITECTURES))}); pass --config"
+        )
+    emb = scout.get("model.embed_tokens.weight")
+    if emb is None or len(emb.shape) != 2:
+        raise SmoeError(
+            f"{vault.path}: the scout has no 2-D model.embed_tokens.weight to "
+            "take hidden_size and vocab_size from; pass --config"
+        )
+    flags = int(a["flags"])
+    heads, kv, head_dim = int(a["num_heads"]), int(a["num_kv_heads"]), int(a["head_dim"])
+    moe_ffn, shared = int(a["moe_ffn_dim"]), int(a["shared_expert_ffn_dim"])
+    moe_layers = sorted(vault.layers())
+    dense = sorted(int(m.group(1)) for n in scout if (m := DENSE_MLP.match(n)))
+    layer0 = f"model.layers.{dense[0] if dense else moe_layers[0]}"
+    assumed = [
+        "rope_type 'default' (no rope scaling)",
+        f"max_position_embeddings {MAX_POSITIONS}",
+        "no bos/eos/pad token ids (the tokenizer's config has them)",
+    ]
+    cfg: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "hidden_size": int(emb.shape[1]),
+        "vocab_size": int(emb.shape[0]),
+        "num_hidden_layers": int(a["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": _f32(a["rms_norm_eps"]),
+        "rope_parameters": {"rope_theta": _f32(a["rope_theta"]), "rope_type": "default"},
+        "hidden_act": "silu",
+        "num_experts_per_tok": int(a["moe_top_k"]),
+        EXPERT_COUNT_KEY.get(model_type, "num_experts"): int(vault.header["max_experts_per_layer"]),
+        "tie_word_embeddings": "lm_head.weight" not in scout,
+        "max_position_embeddings": MAX_POSITIONS,
+        "dtype": TORCH_NAMES[dtype],
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
+    bias = f"{layer0}.self_attn.q_proj.bias" in scout
+    if model_type == "mixtral":
+        cfg.update(intermediate_size=moe_ffn, head_dim=head_dim, sliding_window=None)
+        assumed.append("sliding_window null")
+        return cfg, assumed
+    cfg.update(
+        moe_intermediate_size=moe_ffn, norm_topk_prob=bool(flags & layout.FLAG_NORM_TOPK_PROB)
+    )
+    if dense:
+        cfg["intermediate_size"] = _rows(scout, f"model.layers.{dense[0]}.mlp.gate_proj.weight")
+    if model_type.startswith("deepseek"):
+        _deepseek(cfg, scout, layer0, head_dim, moe_ffn, shared, dense, assumed)
+        return cfg, assumed
+    cfg["head_dim"] = head_dim
+    if model_type == "olmoe":  # its experts' width is intermediate_size
+        del cfg["moe_intermediate_size"]
+        cfg.update(intermediate_size=moe_ffn, attention_bias=bias, clip_qkv=None)
+        assumed.append("clip_qkv null")
+        return cfg, assumed
+    cfg.update(decoder_sparse_step=1, mlp_only_layers=dense, use_sliding_window=False)
+    if model_type == "qwen2_moe":
+        cfg.update(qkv_bias=bias, shared_expert_intermediate_size=shared)
+    else:
+        cfg["attention_bias"] = bias
+    return cfg, assumed
+
+
+def _deepseek(
+    cfg: dict[str, Any],
+    scout: dict[str, TensorInfo],
+    layer0: str,
+    qk_dim: int,
+    moe_ffn: int,
+    shared: int,
+    dense: list[int],
+    assumed: list[str],
+) -> None:
+    """MLA widths from the attention tensors (R3: the arch block's head_dim is the q/k
+    width), shared experts, dense layers; routing knobs a vault does not record."""
+    attn = f"{layer0}.self_attn"
+    kv_rank = _rows(scout, f"{attn}.kv_a_layernorm.weight")
+    kv_a = _rows(scout, f"{attn}.kv_a_proj_with_mqa.weight")
+    kv_b = _rows(scout, f"{attn}.kv_b_proj.weight")
+    if kv_rank is None or kv_a is None or kv_b is None:
+        raise SmoeError(
+            f"the scout has no {attn}.kv_a_layernorm / kv_a_proj_with_mqa / "
+            "kv_b_proj weights to take the MLA widths from; pass --config"
+        )
+    rope = kv_a - kv_rank
+    nope = qk_dim - rope
+    heads = cfg["num_attention_heads"]
+    cfg.update(
+        q_lora_rank=_rows(scout, f"{attn}.q_a_layernorm.weight"),
+        kv_lora_rank=kv_rank,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope,
+        qk_head_dim=qk_dim,
+        v_head_dim=kv_b // heads - nope,
+        head_dim=rope,
+        n_shared_experts=shared // moe_ffn if moe_ffn else 0,
+        first_k_dense_replace=len(dense),
+        routed_scaling_factor=1.0,
+        n_group=1,
+        topk_group=1,
+        attention_bias=False,
+    )
+    cfg.setdefault("intermediate_size", moe_ffn)
+    assumed += ["routed_scaling_factor 1.0", "n_group 1", "topk_group 1"]
+    if cfg["model_type"] == "deepseek_v2":
+        cfg["topk_method"] = "greedy"
+        assumed.append("topk_method 'greedy'")
+    else:
+        cfg["rope_interleave"] = True
+        assumed.append("rope_interleave true")

@@ -1,0 +1,424 @@
+"""HF ``config.json`` -> arch block facts, accepting every transformers spelling (D8).
+
+Every field read is type-checked (a JSON boolean is not the string ``"false"``, a count is
+not ``true`` or ``2.0``); a wrong type is refused naming the file, key, value and the type
+expected. A JSON ``null`` counts as absent, as in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from smoe.errors import SmoeError
+from smoe.format.records import ArchInfo
+from smoe.plumbing import fileio
+
+__all__ = [
+    "Structure",
+    "arch_from_config",
+    "config_object",
+    "get_int",
+    "get_str",
+    "is_mla",
+    "load_config",
+    "parse_json",
+    "read_json",
+    "read_small",
+    "refuse_unsupported",
+]
+
+# transformers' default of norm_topk_prob per model type when config.json has no key (D8)
+_NORM_TOPK_DEFAULT = {
+    "mixtral": True,
+    "deepseek_v3": True,
+    "qwen3_moe": False,
+    "qwen2_moe": False,
+    "olmoe": False,
+    "deepseek_v2": False,
+}
+_QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
+_MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
+
+
+def _json(value: object) -> str:
+    """``value`` as it reads in JSON, cut to 60 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _get(
+    cfg: dict,
+    where: str,
+    keys: tuple[str, ...],
+    test: Callable[[object], bool],
+    expected: str,
+    prefix: str = "",
+) -> object:
+    """The value of the first spelling present and not null (None if none), checked."""
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            if not test(value):
+                raise SmoeError(f"{where}: {prefix}{key} is {_json(value)}, expected {expected}")
+            return value
+    return None
+
+
+def get_int(cfg: dict, where: str, *keys: str, minimum: int = 1) -> int | None:
+    """A count: a JSON integer (not a boolean, not 2.0) of at least ``minimum`` (0 or 1).
+
+    The first of ``keys`` present and not null is read; None if none is.
+
+    >>> get_int({"num_experts": None, "n_routed_experts": 64}, "config.json",
+    ...         "num_experts", "n_routed_experts")
+    64
+    >>> get_int({"num_experts": 2.0}, "config.json", "num_experts")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: config.json: num_experts is 2.0, expected a positive integer
+    """
+    expected = "a positive integer" if minimum else "a non-negative integer"
+    value = _get(cfg, where, keys, lambda v: type(v) is int and v >= minimum, expected)
+    return value if isinstance(value, int) else None
+
+
+def _finite(v: object, positive: bool) -> bool:
+    # exactly int or float, not bool (isinstance only narrows the type for the checker)
+    if type(v) not in (int, float) or not isinstance(v, (int, float)):
+        return False
+    try:
+        f = float(v)
+    except OverflowError:
+        return False
+    return math.isfinite(f) and (f > 0 if positive else f >= 0)
+
+
+def _get_float(
+    cfg: dict, where: str, *keys: str, positive: bool = True, prefix: str = ""
+) -> float | None:
+    """A finite JSON number (integers allowed), > 0 (or >= 0 unless ``positive``)."""
+    value = _get(
+        cfg,
+        where,
+        keys,
+        lambda v: _finite(v, positive),
+        f"a finite number {'>' if positive else '>='} 0",
+        prefix,
+    )
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _get_bool(cfg: dict, where: str, key: str) -> bool | None:
+    """A JSON boolean: ``"false"`` or ``0`` is refused, not read as a flag."""
+    value = _get(cfg, where, (key,), lambda v: type(v) is bool, "a JSON boolean (true or false)")
+    return value if isinstance(value, bool) else None
+
+
+def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
+    """A string; one with a lone surrogate (a ``\\ud800`` escape) is refused.
+
+    >>> get_str({"model_type": "olmoe"}, "config.json", "model_type")
+    'olmoe'
+    >>> get_str({}, "config.json", "hidden_act", default="silu")
+    'silu'
+    """
+    value = _get(cfg, where, keys, lambda v: isinstance(v, str), "a string")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            key = next(k for k in keys if cfg.get(k) is not None)
+            raise SmoeError(
+                f"{where}: {key} is {_json(value)}, which is not valid Unicode (a lone surrogate)"
+            ) from None
+    return value if isinstance(value, str) else default
+
+
+def _get_object(cfg: dict, where: str, key: str) -> dict | None:
+    value = _get(cfg, where, (key,), lambda v: isinstance(v, dict), "a JSON object")
+    return value if isinstance(value, dict) else None
+
+
+class _Duplicate(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def read_small(path: Path) -> bytes:
+    """The bytes of a small input (config.json, an index): a regular file of at most
+    16 MiB, read whole. FIFOs, folders and devices are refused without blocking
+    (``fileio.open_input``).
+
+    >>> from pathlib import Path
+    >>> read_small(Path("fixtures/checkpoints/qwen3_moe/config.json"))[:1]
+    b'{'
+    """
+    return fileio.read_whole(
+        path,
+        _MAX_JSON,
+        lambda size: SmoeError(
+            f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
+        ),
+    )
+
+
+def parse_json(raw: bytes, path: Path) -> object:
+    """``raw`` (the bytes of ``path``) as JSON: UTF-8, no key twice in one object.
+
+    >>> from pathlib import Path
+    >>> parse_json(b'{"a": 1, "a": 2}', Path("x.json"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: x.json: the key 'a' appears twice in one object
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SmoeError(
+            f"{path}: not valid UTF-8 at offset {e.start} (byte 0x{raw[e.start]:02x})"
+        ) from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique)
+    except _Duplicate as e:
+        raise SmoeError(f"{path}: the key {e.key!r} appears twice in one object") from None
+    except json.JSONDecodeError as e:
+        at = len(text[: e.pos].encode("utf-8"))
+        raise SmoeError(
+            f"{path}: not valid JSON at offset {at} ({e.msg.removesuffix(' at').lower()})"
+        ) from None
+    except RecursionError:
+        raise SmoeError(f"{path}: JSON nested too deeply") from None
+    except ValueError:  # an integer literal of more than 4300 digits
+        raise SmoeError(f"{path}: has an integer too long to read") from None
+
+
+def read_json(path: Path) -> object:
+    """A small JSON input (config.json, an index): :func:`read_small`, then
+    :func:`parse_json`.
+
+    >>> from pathlib import Path
+    >>> read_json(Path("fixtures/checkpoints/qwen3_moe/config.json"))["model_type"]
+    'qwen3_moe'
+    >>> read_json(Path("fixtures/q4_v2.smoe"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
+    """
+    return parse_json(read_small(path), path)
+
+
+def config_object(doc: object, path: Path) -> dict:
+    """The model's settings in a parsed config.json: the object itself, or its
+    ``text_config`` for multimodal wrappers.
+
+    >>> config_object({"text_config": {"model_type": "qwen3_moe"}}, Path("config.json"))
+    {'model_type': 'qwen3_moe'}
+    """
+    if not isinstance(doc, dict):
+        raise SmoeError(f"{path}: not a JSON object")
+    inner = doc.get("text_config")
+    return inner if isinstance(inner, dict) else doc
+
+
+def load_config(path: Path) -> dict:
+    """config.json as a dict (its ``text_config`` for multimodal wrappers).
+
+    >>> from pathlib import Path
+    >>> cfg = load_config(Path("fixtures/checkpoints/qwen3_moe/config.json"))
+    >>> cfg["model_type"], cfg["num_experts_per_tok"]
+    ('qwen3_moe', 2)
+    """
+    return config_object(read_json(path), path)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Structural facts; from the tensors when available (they win), else from the config.
+
+    >>> Structure(has_qk_norm=True, dense_ffn_dim=0, shared_expert_ffn_dim=0)
+    Structure(has_qk_norm=True, dense_ffn_dim=0, shared_expert_ffn_dim=0)
+    """
+
+    has_qk_norm: bool
+    dense_ffn_dim: int
+    shared_expert_ffn_dim: int
+
+
+def _structure_from_config(cfg: dict, where: str) -> Structure:
+    qk = _get_bool(cfg, where, "use_qk_norm")
+    dense = 0
+    if get_int(cfg, where, "first_k_dense_replace", minimum=0):
+        dense = get_int(cfg, where, "intermediate_size") or 0
+    shared = get_int(cfg, where, "shared_expert_intermediate_size", minimum=0)
+    if shared is None:
+        n_shared = get_int(cfg, where, "n_shared_experts", minimum=0) or 0
+        shared = n_shared * (get_int(cfg, where, "moe_intermediate_size") or 0)
+    qk_default = get_str(cfg, where, "model_type") in _QK_NORM_FAMILIES
+    return Structure(qk if qk is not None else qk_default, dense, shared)
+
+
+def is_mla(cfg: dict, where: str) -> bool:
+    """DeepSeek multi-head latent attention: q/k widths instead of one head_dim (R3).
+
+    >>> is_mla({"qk_nope_head_dim": 128, "qk_rope_head_dim": 64}, "config.json")
+    True
+    >>> is_mla({"head_dim": 128}, "config.json")
+    False
+    """
+    nope = get_int(cfg, where, "qk_nope_head_dim", minimum=0)
+    rope = get_int(cfg, where, "qk_rope_head_dim", minimum=0)
+    return nope is not None and rope is not None
+
+
+def _rope_theta(cfg: dict, where: str) -> float:
+    """``rope_theta``: top-level (old spelling) or in ``rope_parameters``/``rope_scaling``."""
+    theta = _get_float(cfg, where, "rope_theta")
+    for nested in ("rope_parameters", "rope_scaling"):
+        sub = _get_object(cfg, where, nested)
+        if theta is None and sub is not None:
+            theta = _get_float(sub, where, "rope_theta", prefix=f"{nested}.")
+    if theta is None:
+        raise SmoeError(f"{where}: no rope_theta (top-level or in rope_parameters)")
+    return theta
+
+
+def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
+    """(num_heads, num_kv_heads, head_dim); head_dim = hidden_size // heads when absent."""
+    heads = get_int(cfg, where, "num_attention_heads")
+    if heads is None:
+        raise SmoeError(f"{where}: no num_attention_heads")
+    kv = get_int(cfg, where, "num_key_value_heads") or heads
+    if heads % kv:
+        raise SmoeError(
+            f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
+        )
+    if is_mla(cfg, where):
+        # Ruling R3: MLA (DeepSeek) has no single head_dim; the block carries the q/k width.
+        head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        if head_dim < 1:
+            raise SmoeError(
+                f"{where}: qk_nope_head_dim + qk_rope_head_dim is 0, expected a "
+                "positive q/k head width"
+            )
+        return heads, kv, head_dim
+    head_dim = get_int(cfg, where, "head_dim")
+    if head_dim is None:
+        hidden = get_int(cfg, where, "hidden_size")
+        if hidden is None:
+            raise SmoeError(f"{where}: no head_dim, and no hidden_size to derive it from")
+        head_dim = hidden // heads
+        if head_dim < 1:
+            raise SmoeError(
+                f"{where}: head_dim = hidden_size {hidden} // num_attention_heads {heads} is 0"
+            )
+    return heads, kv, head_dim
+
+
+_SILU_ACTS = {"silu", "swish", "swiglu"}
+_REFUSED_FAMILIES = {
+    "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
+    "only bias-free SiLU-gated (SwiGLU) experts can be represented",
+}
+
+
+def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> None:
+    """Refuse model families and activations the format cannot represent (D8).
+
+    ``where`` (the config file) is named in type errors, ``subject`` (default ``where``,
+    e.g. the model folder) in the refusal.
+
+    >>> refuse_unsupported({"model_type": "qwen3_moe", "hidden_act": "silu"}, "config.json")
+    >>> refuse_unsupported({"hidden_act": "gelu"}, "config.json", "ckpt")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: ckpt: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts can \
+be represented
+    """
+    subject = subject or where
+    model_type = get_str(cfg, where, "model_type")
+    if model_type in _REFUSED_FAMILIES:
+        raise SmoeError(
+            f"{subject}: model_type {model_type!r} refused: {_REFUSED_FAMILIES[model_type]}"
+        )
+    act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
+    if act not in _SILU_ACTS:
+        raise SmoeError(
+            f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
+            "experts can be represented"
+        )
+
+
+def arch_from_config(
+    cfg: dict, where: str, moe_ffn_dim: int, shapes: Structure | None = None
+) -> tuple[ArchInfo, list[str]]:
+    """The arch block from config values; ``shapes`` (from tensors) override structure.
+
+    Returns the block and the warnings for every disagreement between config and shapes.
+
+    >>> from pathlib import Path
+    >>> cfg = load_config(Path("fixtures/checkpoints/qwen3_moe/config.json"))
+    >>> arch, warnings = arch_from_config(cfg, "config.json", moe_ffn_dim=48)
+    >>> arch.rope_theta, arch.num_heads, arch.head_dim, arch.moe_top_k, arch.has_qk_norm
+    (1000000.0, 4, 16, 2, True)
+    >>> arch_from_config(cfg, "config.json", moe_ffn_dim=32)[1]
+    ['moe_ffn_dim: config.json says 48, the tensors say 32; using the tensors']
+    """
+    warnings = []
+    refuse_unsupported(cfg, where)
+    theta = _rope_theta(cfg, where)
+    heads, kv, head_dim = _attention_from_config(cfg, where)
+    top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
+    if top_k is None:
+        raise SmoeError(f"{where}: no num_experts_per_tok")
+    model_type = get_str(cfg, where, "model_type", default="unknown")
+    moe_cfg = get_int(cfg, where, "moe_intermediate_size")
+    if moe_cfg is None and model_type == "mixtral":
+        moe_cfg = get_int(cfg, where, "intermediate_size")
+    if moe_cfg is not None and moe_cfg != moe_ffn_dim:
+        warnings.append(
+            f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
+            f"{moe_ffn_dim}; using the tensors"
+        )
+    from_cfg = _structure_from_config(cfg, where)
+    facts = shapes or from_cfg
+    if shapes is not None:
+        for name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
+            c, s = getattr(from_cfg, name), getattr(shapes, name)
+            cfg_has = (
+                name != "has_qk_norm" or "use_qk_norm" in cfg or model_type in _QK_NORM_FAMILIES
+            )
+            if cfg_has and c != s:
+                warnings.append(
+                    f"{name}: config.json says {c!r}, the tensors say {s!r}; using the tensors"
+                )
+    norm_topk = _get_bool(cfg, where, "norm_topk_prob")
+    if norm_topk is None:
+        norm_topk = _NORM_TOPK_DEFAULT.get(model_type, False)
+    eps = _get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
+    arch = ArchInfo(
+        rope_theta=theta,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        moe_top_k=top_k,
+        moe_ffn_dim=int(moe_ffn_dim),
+        num_hidden_layers=get_int(cfg, where, "num_hidden_layers") or 0,
+        rms_norm_eps=1e-6 if eps is None else eps,
+        model_type=model_type,
+        norm_topk_prob=norm_topk,
+        has_qk_norm=facts.has_qk_norm,
+        has_dense_layer_0=facts.dense_ffn_dim > 0,
+        dense_ffn_dim=facts.dense_ffn_dim,
+        shared_expert_ffn_dim=facts.shared_expert_ffn_dim,
+    )
+    return arch, warnings

@@ -1,0 +1,354 @@
+"""The integrity manifest beside a vault (``<vault>.manifest.json``; docs/MANIFEST.md).
+
+Per expert: the CRC-32C of its blob, plus provenance (source tensors and their CRC-32C,
+SNR, tool version and options). Writers build it with :class:`ManifestBuilder`; ``smoe
+verify --deep`` checks a vault against it with :func:`check`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import crc32c as _crc32c
+import numpy as np
+
+from smoe.errors import FormatError, SmoeError
+from smoe.format.findings import Finding
+from smoe.plumbing import fileio
+from smoe_gen.layout import Rule
+
+__all__ = [
+    "CHECKSUM",
+    "SCHEMA",
+    "ManifestBuilder",
+    "ManifestError",
+    "check",
+    "checksum",
+    "encode",
+    "load",
+    "path_for",
+    "tool_info",
+]
+
+SCHEMA = "smoe-manifest/1"
+"""The manifest's ``"schema"`` key."""
+CHECKSUM = "crc32c"
+"""The manifest's ``"checksum"`` key: the checksum of every blob."""
+_SUFFIX = ".manifest.json"
+_MAX_BYTES = 64 << 20
+_BYTES_PER_ENTRY = 4096
+_MAX_DEPTH = 16
+_CHUNK = 8 << 20  # bytes of a blob checksummed at a time
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def checksum(data: bytes | bytearray | memoryview | np.ndarray, value: int = 0) -> int:
+    """CRC-32C of ``data`` (continuing from ``value``).
+
+    >>> hex(checksum(b"123456789")), checksum(b"6789", checksum(b"12345")) == 0xE3069283
+    ('0xe3069283', True)
+    """
+    if isinstance(data, np.ndarray):
+        data = memoryview(np.ascontiguousarray(data)).cast("B")
+    return _crc32c.crc32c(data, value)
+
+
+def path_for(vault: str | os.PathLike) -> Path:
+    """Where the manifest of ``vault`` lives: its name with ``.manifest.json`` appended.
+
+    >>> path_for("out/qwen3.smoe")
+    PosixPath('out/qwen3.smoe.manifest.json')
+    """
+    vault = Path(vault)
+    return vault.with_name(vault.name + _SUFFIX)
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(float(v), 4)
+
+
+def tool_info(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``tool``: this package's name and version, the command and its options.
+
+    >>> info = tool_info("sculpt", {"version": 2, "bits": 4})
+    >>> info["name"], info["command"], info["options"]
+    ('smoe', 'sculpt', {'bits': 4, 'version': 2})
+    """
+    from smoe import __version__
+
+    return {
+        "name": "smoe",
+        "version": __version__,
+        "command": command,
+        "options": dict(sorted(options.items())),
+    }
+
+
+class ManifestBuilder:
+    """Collects per-expert entries while a vault is written; :meth:`document` gives the
+    manifest, :func:`encode` its bytes.
+
+    >>> builder = ManifestBuilder(tool_info("sculpt", {"bits": 4}))
+    >>> builder.add(0, 0, checksum(b"blob"), [{"name": "gate_proj", "snr_db": 18.123456}])
+    >>> doc = builder.document("v.smoe", 32768, 4, [(0, 0, 16384, 4)])
+    >>> doc["vault"], doc["experts"][0]["tensors"]
+    ({'name': 'v.smoe', 'size': 32768, 'experts': 1, 'bits': 4}, \
+[{'name': 'gate_proj', 'snr_db': 18.1235}])
+    """
+
+    def __init__(self, tool: dict[str, Any], source: dict[str, Any] | None = None) -> None:
+        self.tool = tool
+        self.source = source
+        self.experts: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def add(
+        self, layer: int, expert: int, crc: int, tensors: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Record one blob's CRC-32C and its tensors' provenance (SNR rounded to 4 places,
+        non-finite as None); offsets come from the table at :meth:`document`.
+
+        >>> builder = ManifestBuilder(tool_info("sculpt", {}))
+        >>> builder.add(1, 3, 0xE3069283)
+        >>> builder.experts
+        {(1, 3): {'crc32c': 3808858755}}
+        """
+        entry: dict[str, Any] = {"crc32c": int(crc)}
+        if tensors is not None:
+            entry["tensors"] = [{**t, "snr_db": _finite(t.get("snr_db"))} for t in tensors]
+        self.experts[(int(layer), int(expert))] = entry
+
+    def document(
+        self, name: str, size: int, bits: int, slots: Iterable[tuple[int, int, int, int]]
+    ) -> dict[str, Any]:
+        """The manifest for a vault whose table is ``slots`` = (layer, expert, offset, raw).
+
+        >>> builder = ManifestBuilder(tool_info("sculpt", {}))
+        >>> builder.add(0, 0, 0xE3069283)
+        >>> builder.document("v.smoe", 32768, 4, [(0, 0, 16384, 9)])["experts"]
+        [{'layer': 0, 'expert': 0, 'offset': 16384, 'raw_size': 9, 'crc32c': 3808858755}]
+        >>> builder.document("v.smoe", 32768, 4, [(0, 1, 16384, 9)])
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: manifest: no checksum recorded for layer 0 expert 1
+        """
+        rows = []
+        for layer, expert, offset, raw in slots:
+            entry = self.experts.get((layer, expert))
+            if entry is None:
+                raise SmoeError(f"manifest: no checksum recorded for layer {layer} expert {expert}")
+            rows.append(
+                {"layer": layer, "expert": expert, "offset": offset, "raw_size": raw, **entry}
+            )
+        return {
+            "schema": SCHEMA,
+            "checksum": CHECKSUM,
+            "vault": {"name": name, "size": size, "experts": len(rows), "bits": bits},
+            "tool": self.tool,
+            "source": self.source,
+            "experts": rows,
+        }
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline.
+
+    >>> print(encode({"vault": {"name": "é.smoe"}, "schema": SCHEMA}).decode("ascii"), end="")
+    {
+      "schema": "smoe-manifest/1",
+      "vault": {
+        "name": "\\u00e9.smoe"
+      }
+    }
+    """
+    return (
+        json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n"
+    ).encode("ascii")
+
+
+# ---- reading and checking ---------------------------------------------------------------
+class ManifestError(FormatError):
+    """The manifest cannot be used: ``finding`` says why (code ``manifest.malformed``).
+
+    >>> try:
+    ...     load("fixtures/q4_v2.smoe", entries=8)  # the vault, not its manifest
+    ... except ManifestError as e:
+    ...     e.finding.code, e.finding.path
+    ('manifest.malformed', 'manifest')
+    """
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(f"{finding.path}: {finding.message}")
+        self.finding = finding
+
+
+def _malformed(where: str, message: str) -> ManifestError:
+    return ManifestError(Finding.of(Rule.MANIFEST_MALFORMED, 0, where, message))
+
+
+def _depth(obj: Any, limit: int) -> int:
+    stack = [(obj, 1)]
+    deepest = 0
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > limit:
+            return d
+        if isinstance(node, dict):
+            stack.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, d + 1) for v in node)
+    return deepest
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load(path: str | os.PathLike, entries: int) -> dict[str, Any]:
+    """Read and parse a manifest, bounded by the vault's table size; ManifestError if bad.
+
+    >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
+    >>> doc["schema"], doc["vault"]["size"], len(doc["experts"]), sorted(doc["experts"][0])
+    ('smoe-manifest/1', 147456, 8, ['crc32c', 'expert', 'layer', 'offset', 'raw_size'])
+    """
+    path = Path(path)
+    limit = _MAX_BYTES + _BYTES_PER_ENTRY * entries
+    raw = fileio.read_whole(
+        path,
+        limit,
+        lambda size: _malformed(
+            "manifest",
+            f"{path} is {size} bytes, more than the {limit} bytes allowed for {entries} experts",
+        ),
+    )
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _malformed("manifest", f"{path} is not UTF-8 JSON ({e})") from None
+    if _depth(doc, _MAX_DEPTH) > _MAX_DEPTH:
+        raise _malformed("manifest", f"{path} nests deeper than {_MAX_DEPTH} levels")
+    if not isinstance(doc, dict):
+        raise _malformed("manifest", f"{path} is not a JSON object")
+    for key, want in (("schema", SCHEMA), ("checksum", CHECKSUM)):
+        if doc.get(key) != want:
+            raise _malformed(f"manifest/{key}", f"is {doc.get(key)!r}, expected {want!r}")
+    vault = doc.get("vault")
+    if not isinstance(vault, dict):
+        raise _malformed("manifest/vault", "missing or not an object")
+    for key in ("size", "experts"):
+        _uint(vault.get(key), f"manifest/vault/{key}", _U64)
+    rows = doc.get("experts")
+    if not isinstance(rows, list):
+        raise _malformed("manifest/experts", "missing or not an array")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _malformed(f"manifest/experts/{i}", "not an object")
+        for key, top in (
+            ("layer", _U32),
+            ("expert", _U32),
+            ("offset", _U64),
+            ("raw_size", _U64),
+            ("crc32c", _U32),
+        ):
+            _uint(row.get(key), f"manifest/experts/{i}/{key}", top)
+    return doc
+
+
+def _uint(v: Any, where: str, top: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+        raise _malformed(where, f"is {v!r}, expected an integer in [0, {top}]")
+    return v
+
+
+def check(
+    doc: dict[str, Any],
+    size: int,
+    table: np.ndarray,
+    read: Callable[[int, int], bytes | np.ndarray],
+) -> list[Finding]:
+    """Findings of a vault (its ``size``, its table, a blob reader) against a loaded manifest.
+
+    ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank).
+
+    >>> from smoe.vault.reader import Vault
+    >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     check(doc, len(v.data), v.table, lambda offset, n: v.data[offset : offset + n])
+    []
+    >>> other = load("fixtures/q2_v2.smoe.manifest.json", entries=8)
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     found = check(other, len(v.data), v.table, lambda o, n: v.data[o : o + n])
+    >>> [(f.code, f.path, f.expected, f.actual) for f in found]
+    [('manifest.expert', 'manifest/experts/0/raw_size', 1728, 3264)]
+    """
+    out: list[Finding] = []
+    vault = doc["vault"]
+    for key, actual in (("size", size), ("experts", len(table))):
+        if vault[key] != actual:
+            out.append(
+                Finding.of(
+                    Rule.MANIFEST_VAULT,
+                    0,
+                    f"manifest/vault/{key}",
+                    f"the manifest describes a vault with {key} {vault[key]}, "
+                    f"this one has {actual} (it belongs to another file)",
+                    vault[key],
+                    actual,
+                )
+            )
+    if out:
+        return out
+    rows = doc["experts"]
+    if len(rows) != len(table):
+        return [
+            Finding.of(
+                Rule.MANIFEST_EXPERT,
+                0,
+                "manifest/experts",
+                f"the manifest lists {len(rows)} experts, the table has {len(table)}",
+                len(rows),
+                len(table),
+            )
+        ]
+    for i, row in enumerate(rows):
+        e = table[i]
+        layer, expert = int(e["layer_id"]), int(e["expert_id"])
+        off, raw = int(e["byte_offset"]), int(e["raw_size"])
+        for key, actual in (
+            ("layer", layer),
+            ("expert", expert),
+            ("offset", off),
+            ("raw_size", raw),
+        ):
+            if row[key] != actual:
+                return [
+                    Finding.of(
+                        Rule.MANIFEST_EXPERT,
+                        off,
+                        f"manifest/experts/{i}/{key}",
+                        f"table entry {i} (layer {layer} expert {expert}) has {key} "
+                        f"{actual}, the manifest says {row[key]}",
+                        row[key],
+                        actual,
+                    )
+                ]
+        crc = 0
+        for at in range(off, off + raw, _CHUNK):
+            crc = checksum(read(at, min(_CHUNK, off + raw - at)), crc)
+        if crc != row["crc32c"]:
+            out.append(
+                Finding.of(
+                    Rule.MANIFEST_CHECKSUM,
+                    off,
+                    f"manifest/experts/{i}/crc32c",
+                    f"layer {layer} expert {expert}: the blob's CRC-32C differs "
+                    "from the manifest (the blob was changed or damaged)",
+                    row["crc32c"],
+                    crc,
+                )
+            )
+    return out

@@ -1,0 +1,174 @@
+"""Atomic file creation: a temporary file beside the target, fsync, rename, fsync the folder.
+
+Until :meth:`AtomicFile.commit` nothing exists under the final name; :meth:`abort`
+(or leaving a ``with`` block by an exception) removes the temporary file. The temporary
+file is created exclusively and never through a symlink (:mod:`smoe.plumbing.fileio`); a fixed
+temporary name (a resumable partial file) is reused only if it is a regular file of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from smoe.plumbing import fileio
+from smoe.plumbing.fileio import fsync_dir
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+    from types import TracebackType
+
+__all__ = ["AtomicFile", "sweep_stale"]
+
+
+_TMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
+
+
+def sweep_stale(path: str | os.PathLike) -> int:
+    """Remove the temporary files a killed writer of ``path`` left (regular files only).
+
+    Call it only while holding the target's lock: a live writer's temporary file has the
+    same form. Returns how many were removed.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> f = AtomicFile(f"{d}/out.smoe")  # as a killed writer leaves it: never committed
+    >>> os.close(f.fd)
+    >>> sweep_stale(f"{d}/out.smoe"), os.listdir(d)
+    (1, [])
+    """
+    path = Path(path)
+    removed = 0
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return 0
+    for name in names:
+        m = _TMP.match(name)
+        if m and m.group("name") == path.name:
+            fileio.unlink_owned(path.parent / name)
+            removed += 1
+    return removed
+
+
+class AtomicFile:
+    """A file written under a temporary name and renamed onto ``path`` when complete.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with AtomicFile(f"{d}/out.bin") as f:
+    ...     f.pwrite(b"hello", 0)
+    ...     os.listdir(d) == [f.tmp.name]  # only the temporary file so far
+    ...     f.commit().name
+    True
+    'out.bin'
+    >>> os.listdir(d)
+    ['out.bin']
+    """
+
+    def __init__(self, path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        fileio.ensure_dir(self.path.parent)
+        if tmp is None:
+            while True:
+                self.tmp = self.path.parent / f".{self.path.name}.{secrets.token_hex(4)}.tmp"
+                try:
+                    fd = fileio.create_new(self.tmp)
+                    break
+                except fileio.SmoeError:
+                    if not os.path.lexists(self.tmp):
+                        raise
+        else:  # a fixed name, e.g. a resumable partial file
+            self.tmp = Path(tmp)
+            fd = fileio.open_owned(self.tmp)
+        self.fd: int | None = fd
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def pwrite(self, data: Buffer, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (checked; see :func:`fileio.pwrite_all`).
+
+        >>> import tempfile, numpy as np
+        >>> f = AtomicFile(tempfile.mkdtemp() + "/out.bin")
+        >>> f.pwrite(np.ones(2, "<u2"), 1)
+        >>> f.commit().read_bytes().hex(" ")
+        '00 01 00 01 00'
+        """
+        assert self.fd is not None, "write to a closed AtomicFile"
+        fileio.pwrite_all(self.fd, data, offset, self.path)
+
+    def truncate(self, size: int) -> None:
+        """Set the temporary file's size (a larger size leaves a hole that reads as zeros).
+
+        >>> import tempfile
+        >>> f = AtomicFile(tempfile.mkdtemp() + "/out.bin")
+        >>> f.truncate(16384)
+        >>> f.commit().stat().st_size
+        16384
+        """
+        assert self.fd is not None, "truncate of a closed AtomicFile"
+        fileio.truncate(self.fd, size, self.path)
+
+    def sync(self) -> None:
+        """fsync the data without renaming (before a companion file is renamed).
+
+        >>> import tempfile
+        >>> f = AtomicFile(tempfile.mkdtemp() + "/out.bin")
+        >>> f.pwrite(b"data", 0)
+        >>> f.sync()
+        >>> f.path.exists()  # still under the temporary name
+        False
+        >>> f.abort()
+        """
+        assert self.fd is not None, "sync of a closed AtomicFile"
+        fileio.fsync(self.fd, self.path)
+
+    def commit(self) -> Path:
+        """fsync the data, rename onto the final name, fsync the folder; returns the path.
+
+        >>> import tempfile
+        >>> f = AtomicFile(tempfile.mkdtemp() + "/out.bin")
+        >>> f.pwrite(b"data", 0)
+        >>> f.commit().read_bytes(), f.tmp.exists()
+        (b'data', False)
+        """
+        assert self.fd is not None, "commit of a closed AtomicFile"
+        try:
+            fileio.fsync(self.fd, self.path)
+            os.close(self.fd)
+            self.fd = None
+            fileio.rename(self.tmp, self.path)
+            fsync_dir(self.path.parent)
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        """Close and delete the temporary file (idempotent).
+
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> f = AtomicFile(f"{d}/out.bin")
+        >>> f.pwrite(b"data", 0)
+        >>> f.abort(); f.abort()
+        >>> os.listdir(d)
+        []
+        """
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        fileio.unlink_owned(self.tmp)

@@ -1,0 +1,591 @@
+"""Checked file primitives every smoe writer and reader goes through.
+
+* Writes loop until every byte is written; an OSError (ENOSPC, EDQUOT, EIO, EROFS,
+  EACCES, ...) becomes one :class:`SmoeError` line naming the file and the error.
+* Files the tools create are never reached through a symlink: new files are created
+  exclusively with ``O_NOFOLLOW``; a fixed-name file (a resumable partial, a journal, a
+  lock) is reused only if it is a regular file of ours with a single link.
+* Inputs are untouchable: :func:`refuse_same_file` compares device and inode.
+* Inputs that are not regular files (FIFOs, devices, directories) are refused at once,
+  and a file that shrinks under a reader gives a clean error, never a hang or a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from smoe.errors import SmoeError, UnreadableInput
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
+
+    import numpy as np
+
+__all__ = [
+    "DIRECT_ALIGN",
+    "Lock",
+    "NotRegular",
+    "aligned_empty",
+    "create_new",
+    "direct_io",
+    "ensure_dir",
+    "fsync",
+    "fsync_dir",
+    "open_input",
+    "open_owned",
+    "pread_exact",
+    "preadv_exact",
+    "pwrite_all",
+    "read_whole",
+    "refuse_same_file",
+    "rename",
+    "require_regular",
+    "same_file",
+    "truncate",
+    "unlink_owned",
+]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegular(UnreadableInput):
+    """An input is not a regular file, or cannot be opened at all (CLI exit status 2).
+
+    >>> try:
+    ...     open_input("fixtures")
+    ... except NotRegular as e:
+    ...     print(e)
+    fixtures: not a regular file (a folder)
+    """
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _current_umask() -> int:
+    """The process umask (read without changing it for longer than two calls)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---- writing ------------------------------------------------------------------------------
+def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> None:
+    """Write all of ``data`` (any buffer) at ``offset``; short writes continue, errors raise
+    SmoeError.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> pwrite_all(fd, np.arange(3, dtype="<u2"), 2, path)
+    >>> os.close(fd)
+    >>> open(path, "rb").read().hex(" ")
+    '00 00 00 00 01 00 02 00'
+    """
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        try:
+            n = os.pwrite(fd, view[done:], offset + done)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(
+                f"{path}: cannot write {len(view) - done} bytes at offset "
+                f"{offset + done}: {_why(e)}"
+            ) from None
+        if n <= 0:
+            raise SmoeError(
+                f"{path}: cannot write {len(view) - done} bytes at offset "
+                f"{offset + done}: the write made no progress"
+            )
+        done += n
+
+
+def truncate(fd: int, size: int, path: str | os.PathLike) -> None:
+    """``ftruncate`` with a one-line error.
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> truncate(fd, 16384, path)
+    >>> os.fstat(fd).st_size
+    16384
+    >>> os.close(fd)
+    """
+    try:
+        os.ftruncate(fd, size)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot set the size to {size} bytes: {_why(e)}") from None
+
+
+def fsync(fd: int, path: str | os.PathLike) -> None:
+    """``fsync`` with a one-line error (a failed fsync means the data may be lost).
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/out.bin"
+    >>> fd = create_new(path)
+    >>> pwrite_all(fd, b"data", 0, path)
+    >>> fsync(fd, path)
+    >>> os.close(fd)
+    """
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot flush to disk (fsync): {_why(e)}") from None
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in the folder ``path`` durable (``fsync`` of the folder).
+
+    >>> import tempfile
+    >>> fsync_dir(tempfile.mkdtemp())
+    >>> fsync_dir("no/such/folder")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: no/such/folder: cannot open the folder to flush it: No such file ...
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot open the folder to flush it: {_why(e)}") from None
+    try:
+        fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
+def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """``os.replace`` with a one-line error.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(create_new(f"{d}/.a.tmp"))
+    >>> rename(f"{d}/.a.tmp", f"{d}/a")
+    >>> os.listdir(d)
+    ['a']
+    """
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        raise SmoeError(f"{dst}: cannot rename {Path(src).name} onto it: {_why(e)}") from None
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """Create the output folder (and parents); refuse a non-folder in its place.
+
+    >>> import tempfile
+    >>> ensure_dir(tempfile.mkdtemp() + "/a/b").is_dir()
+    True
+    >>> ensure_dir("fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: exists and is not a folder
+    """
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise SmoeError(f"{path}: exists and is not a folder") from None
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot create the folder: {_why(e)}") from None
+    if not path.is_dir():
+        raise SmoeError(f"{path}: exists and is not a folder")
+    return path
+
+
+# ---- creating files without following links ------------------------------------------------
+def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
+    """Create ``path`` exclusively (never through a symlink); returns a read-write fd.
+
+    >>> import os, tempfile
+    >>> path = tempfile.mkdtemp() + "/new.bin"
+    >>> os.close(create_new(path))
+    >>> create_new(path)
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: /...new.bin: already exists (refusing to overwrite or follow it)
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except FileExistsError:
+        raise SmoeError(f"{path}: already exists (refusing to overwrite or follow it)") from None
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot create: {_why(e)}") from None
+    with contextlib.suppress(OSError):  # e.g. a filesystem without modes: still ours
+        os.fchmod(fd, mode & ~_current_umask())
+    return fd
+
+
+def open_owned(path: str | os.PathLike, create: bool = True) -> int:
+    """Open a fixed-name working file (partial, journal, lock) read-write.
+
+    Refused, and neither followed nor deleted: a symlink, anything that is not a regular
+    file, a file with more than one hard link or owned by another user.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(open_owned(f"{d}/job.partial"))  # created, or reused: a file of ours
+    >>> os.symlink("job.partial", f"{d}/link")
+    >>> open_owned(f"{d}/link")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: /...link: is a symlink, not a file smoe made; refused, ...
+    """
+    flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o666 & ~_current_umask())
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SmoeError(
+                f"{path}: is a symlink, not a file smoe made; refused, not followed and not deleted"
+            ) from None
+        raise SmoeError(f"{path}: cannot open: {_why(e)}") from None
+    try:
+        st = os.fstat(fd)
+        foreign = None
+        if not stat.S_ISREG(st.st_mode):
+            foreign = "is not a regular file"
+        elif st.st_nlink != 1:
+            foreign = f"has {st.st_nlink} hard links"
+        elif hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            foreign = f"belongs to user {st.st_uid}"
+        if foreign:
+            raise SmoeError(
+                f"{path}: {foreign}, not a file smoe made; refused, not followed and not deleted"
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlink_owned(path: str | os.PathLike) -> None:
+    """Remove a working file if it is a regular file (a symlink there is left alone).
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(create_new(f"{d}/job.partial"))
+    >>> os.symlink("job.partial", f"{d}/link")
+    >>> unlink_owned(f"{d}/link"); unlink_owned(f"{d}/job.partial"); unlink_owned(f"{d}/gone")
+    >>> os.listdir(d)
+    ['link']
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+# ---- inputs ------------------------------------------------------------------------------
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two ``stat`` results are the same file (device and inode).
+
+    >>> import os
+    >>> same_file(os.stat("fixtures/q4_v2.smoe"), os.stat("fixtures/../fixtures/q4_v2.smoe"))
+    True
+    """
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def refuse_same_file(
+    out: str | os.PathLike, inputs: Iterable[str | os.PathLike], what: str = "output"
+) -> None:
+    """Refuse an output that is (through symlinks or hard links) one of the inputs.
+
+    >>> refuse_same_file("fixtures/../fixtures/q4_v2.smoe", ["fixtures/q4_v2.smoe"])
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/../fixtures/q4_v2.smoe: the output is the input ...
+    >>> refuse_same_file("no/such/output.smoe", ["fixtures/q4_v2.smoe"])  # a new file: fine
+    """
+    try:
+        st_out = os.stat(out)
+    except OSError:
+        return  # does not exist (or cannot be reached): it cannot be an input
+    for src in inputs:
+        try:
+            st_in = os.stat(src)
+        except OSError:
+            continue
+        if same_file(st_out, st_in):
+            raise SmoeError(
+                f"{out}: the {what} is the input {src} itself; refusing to overwrite an input"
+            )
+
+
+def open_input(path: str | os.PathLike) -> int:
+    """Open an input read-only; anything but a regular file is refused without blocking.
+
+    >>> import os
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> os.pread(fd, 4, 0)
+    b'SMOE'
+    >>> os.close(fd)
+    >>> open_input("/dev/null")
+    Traceback (most recent call last):
+    smoe.plumbing.fileio.NotRegular: /dev/null: not a regular file (a character device)
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    except OSError as e:
+        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def require_regular(path: str | os.PathLike) -> os.stat_result:
+    """``stat`` an input (through symlinks) and refuse anything but a regular file.
+
+    >>> require_regular("fixtures/q4_v2.smoe").st_size
+    147456
+    >>> require_regular("fixtures")
+    Traceback (most recent call last):
+    smoe.plumbing.fileio.NotRegular: fixtures: not a regular file (a folder)
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+    return st
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:
+    """Exactly ``n`` bytes at ``offset``; a file that shrank gives a clean error.
+
+    >>> import os
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> pread_exact(fd, 4, 0, "fixtures/q4_v2.smoe")
+    b'SMOE'
+    >>> pread_exact(fd, 8, 147452, "fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: fixtures/q4_v2.smoe: file shrank while reading: 8 bytes at ...
+    >>> os.close(fd)
+    """
+    parts = []
+    got = 0
+    while got < n:
+        try:
+            chunk = os.pread(fd, n - got, offset + got)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(
+                f"{path}: cannot read {n} bytes at offset {offset}: {_why(e)}"
+            ) from None
+        if not chunk:
+            raise SmoeError(
+                f"{path}: file shrank while reading: {n} bytes at offset {offset}, got {got}"
+            )
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def read_whole(
+    path: str | os.PathLike, limit: int, too_large: Callable[[int], BaseException]
+) -> bytes:
+    """Every byte of a small input: a regular file (FIFOs, folders and devices refused
+    without blocking, :func:`open_input`) of at most ``limit`` bytes, read whole; for a
+    larger one, ``too_large(size)`` is raised before anything is read.
+
+    >>> read_whole("fixtures/checkpoints/qwen3_moe/config.json", 1 << 20, ValueError)[:1]
+    b'{'
+    >>> read_whole("fixtures/q4_v2.smoe", 64, lambda n: SmoeError(f"{n} bytes: too large"))
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: 147456 bytes: too large
+    """
+    fd = open_input(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise too_large(size)
+        return pread_exact(fd, size, 0, path)
+    finally:
+        os.close(fd)
+
+
+def preadv_exact(fd: int, buf: Buffer, offset: int, path: str | os.PathLike) -> None:
+    """Fill ``buf`` (any writable buffer) from ``offset`` (one copy, no intermediate bytes).
+
+    >>> import os, numpy as np
+    >>> fd = open_input("fixtures/q4_v2.smoe")
+    >>> buf = np.empty(4, np.uint8)
+    >>> preadv_exact(fd, buf, 0, "fixtures/q4_v2.smoe")
+    >>> os.close(fd)
+    >>> buf.tobytes()
+    b'SMOE'
+    """
+    view = memoryview(buf).cast("B")
+    got = 0
+    while got < len(view):
+        try:
+            n = os.preadv(fd, [view[got:]], offset + got)
+        except InterruptedError:
+            continue
+        except OSError as e:
+            raise SmoeError(
+                f"{path}: cannot read {len(view)} bytes at offset {offset}: {_why(e)}"
+            ) from None
+        if n == 0:
+            raise SmoeError(
+                f"{path}: file shrank while reading: {len(view)} bytes at offset "
+                f"{offset}, got {got}"
+            )
+        got += n
+
+
+# ---- O_DIRECT -----------------------------------------------------------------------------
+DIRECT_ALIGN = 4096
+"""``O_DIRECT``: the alignment of buffer addresses, file offsets and lengths (the logical
+block size of common devices)."""
+
+
+def direct_io(fd: int) -> bool:
+    """Turn on ``O_DIRECT`` for ``fd``; whether the file system took it.
+
+    >>> import tempfile
+    >>> fd = os.open(tempfile.mkdtemp() + "/f", os.O_CREAT | os.O_WRONLY)
+    >>> direct_io(fd) in (True, False)  # False where O_DIRECT is refused (e.g. tmpfs)
+    True
+    >>> os.close(fd)
+    """
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
+    except OSError:
+        return False
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised ``uint8`` array of ``nbytes`` starting at a :data:`DIRECT_ALIGN`
+    boundary, as ``O_DIRECT`` reads and writes need.
+
+    >>> aligned_empty(100).ctypes.data % DIRECT_ALIGN, aligned_empty(100).shape
+    (0, (100,))
+    """
+    import numpy as np
+
+    raw = np.empty(nbytes + DIRECT_ALIGN, np.uint8)
+    skip = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[skip : skip + nbytes]
+
+
+# ---- one writer per target ----------------------------------------------------------------
+class Lock:
+    """An exclusive ``flock`` on ``path`` (created without following links) holding our pid.
+
+    The kernel drops the lock when the process dies, so a killed run never blocks the next
+    one. A clean release removes the file; a run that finds the file replaced after locking
+    it (a racing release) simply locks the new one.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with Lock(f"{d}/.out.smoe.lock", "out.smoe"):
+    ...     Lock(f"{d}/.out.smoe.lock", "out.smoe").__enter__()
+    Traceback (most recent call last):
+    smoe.errors.SmoeError: out.smoe: another smoe process (pid ...) is writing it; wait ...
+    >>> os.listdir(d)  # released: the lock file is gone
+    []
+    """
+
+    def __init__(self, path: str | os.PathLike, target: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.target = target
+        self.fd: int | None = None
+
+    def __enter__(self) -> Lock:
+        for _ in range(100):
+            fd = open_owned(self.path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = ""
+                try:
+                    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                    holder = f" (pid {text})" if text.isdigit() else ""
+                except OSError:
+                    pass
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise SmoeError(
+                        f"{self.target}: another smoe process{holder} is writing "
+                        f"it; wait for it to finish (lock {self.path.name})"
+                    ) from None
+                raise SmoeError(f"{self.path}: cannot lock: {_why(e)}") from None
+            try:
+                current = os.lstat(self.path)
+            except OSError:
+                current = None
+            if current is None or not same_file(current, os.fstat(fd)):
+                os.close(fd)  # released and removed by its holder meanwhile: lock the new one
+                continue
+            try:
+                os.ftruncate(fd, 0)
+                pwrite_all(fd, f"{os.getpid()}\n".encode(), 0, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd = fd
+            return self
+        raise SmoeError(f"{self.path}: cannot lock: the lock file keeps being replaced")
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (still held while the file is removed).
+
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> lock = Lock(f"{d}/.out.smoe.lock", "out.smoe").__enter__()
+        >>> os.listdir(d)
+        ['.out.smoe.lock']
+        >>> lock.release(); os.listdir(d)
+        []
+        """
+        if self.fd is not None:
+            try:
+                st = os.lstat(self.path)
+                if same_file(st, os.fstat(self.fd)):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+            os.close(self.fd)  # closing the last descriptor releases the flock
+            self.fd = None

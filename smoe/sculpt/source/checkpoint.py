@@ -1,0 +1,716 @@
+"""HuggingFace MoE checkpoints: config, tensor index and expert naming (ruling D8).
+
+Opening a checkpoint reads ``config.json`` and the safetensors headers only. The
+routed experts are located under one of the naming schemes ``transformers`` writes:
+
+* per expert: ``model.layers.{L}.mlp.experts.{E}.{gate,up,down}_proj.weight``
+  (qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, ...);
+* Mixtral: ``model.layers.{L}.block_sparse_moe.experts.{E}.{w1,w3,w2}.weight``
+  (w1 = gate, w3 = up, w2 = down);
+* fused 3-D: ``model.layers.{L}.mlp.experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows,
+  then up rows) and ``model.layers.{L}.mlp.experts.down_proj`` ``[E, H, I]``.
+
+Shapes are the authority for structural facts (q/k norm, dense layer 0, shared expert),
+the layer count, d_model and, where one explanation fits, head counts and head_dim;
+disagreements with config.json are reported as warnings naming both values, or refused
+where the tensors cannot say which value is right.
+
+Index shard names must be relative paths inside the folder (checked by name: the files
+themselves may be symlinks elsewhere, as in a HuggingFace cache snapshot); every shard
+header is validated by ``read_header``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from smoe.errors import SmoeError
+from smoe.families.config import (
+    Structure,
+    arch_from_config,
+    get_int,
+    get_str,
+    is_mla,
+    load_config,
+    read_json,
+    refuse_unsupported,
+)
+from smoe.format.records import ArchInfo, ModelInfo
+from smoe.interop.safetensors_io import (
+    DTYPE_SIZES,
+    FLOAT_DTYPES,
+    TensorInfo,
+    read_array,
+    read_header,
+)
+
+__all__ = ["Checkpoint", "ExpertRef"]
+
+_PER_EXPERT = re.compile(
+    r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
+)
+_MIXTRAL = re.compile(
+    r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w3|w2)\.weight$"
+)
+_FUSED = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+    r"(gate_up_proj|down_proj)$"
+)
+_FUSED_BIAS = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
+    r"(gate_up_proj_bias|down_proj_bias)$"
+)
+_EXPERT_BIAS = re.compile(
+    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"\w+\.bias$"
+)
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
+_MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
+_ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+
+
+@dataclass(frozen=True)
+class ExpertRef:
+    """Where one expert's three matrices come from: a 2-D tensor, or a slice of a 3-D one
+    (an expert's index, and for gate and up a half of ``gate_up_proj``'s rows).
+
+    >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+    >>> for info, idx, rows in ref.sources:
+    ...     print(info.name, idx, rows)
+    model.layers.0.mlp.experts.gate_up_proj 1 slice(0, 48, None)
+    model.layers.0.mlp.experts.gate_up_proj 1 slice(48, 96, None)
+    model.layers.0.mlp.experts.down_proj 1 None
+    """
+
+    layer: int
+    expert: int
+    sources: tuple[tuple[TensorInfo, int | None, slice | None], ...]  # (tensor, index, rows)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """The 2-D shape of gate, up and down.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].shapes
+        ((48, 64), (48, 64), (64, 48))
+        """
+        out = []
+        for info, idx, rows in self.sources:
+            shape = info.shape if idx is None else info.shape[1:]
+            r = shape[0] if rows is None else rows.stop - rows.start
+            out.append((r, shape[1]))
+        return tuple(out)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the three matrices as stored.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].nbytes
+        18432
+        """
+        total = 0
+        for (r, c), (info, _, _) in zip(self.shapes, self.sources):
+            total += r * c * np.dtype(FLOAT_DTYPES[info.dtype]).itemsize
+        return total
+
+    def ranges(self) -> tuple[tuple[Path, int, int], ...]:
+        """(shard, absolute offset, size) of each matrix's bytes, gate, up, down: a row
+        slice of a fused tensor is the contiguous run of just its rows.
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+        >>> [(offset, n) for path, offset, n in ref.ranges()]
+        [(96912, 6144), (103056, 6144), (41616, 6144)]
+        """
+        out = []
+        for info, idx, rows in self.sources:
+            shape = info.shape if idx is None else info.shape[1:]
+            row = math.prod(shape[1:]) * DTYPE_SIZES[info.dtype]
+            start = info.offset + (0 if idx is None else idx * shape[0] * row)
+            r0, r1 = (0, shape[0]) if rows is None else (rows.start, rows.stop)
+            out.append((info.path, start + r0 * row, (r1 - r0) * row))
+        return tuple(out)
+
+    def parts(self) -> tuple[TensorInfo, ...]:
+        """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape.
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
+        >>> gate = ref.parts()[0]
+        >>> gate.dtype, gate.shape, gate.offset, gate.nbytes
+        ('BF16', (48, 64), 96912, 6144)
+        """
+        return tuple(
+            TensorInfo(info.name, path, info.dtype, shape, offset, n)
+            for (info, _, _), (path, offset, n), shape in zip(
+                self.sources, self.ranges(), self.shapes
+            )
+        )
+
+    def load(self) -> list[tuple[np.ndarray, str | None]]:
+        """The three matrices as (array, src_dtype): fresh arrays, each filled by positioned
+        reads of just its bytes (:class:`smoe.sculpt.expert_reader.ExpertReader` reuses buffers).
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe_mixed_dtype").experts[(0, 0)]
+        >>> [(str(a.dtype), a.shape, src) for a, src in ref.load()]
+        [('uint16', (32, 64), 'bf16'), ('float16', (32, 64), None), ('float32', (64, 32), None)]
+        """
+        return [(read_array(part), _src_dtype(part)) for part in self.parts()]
+
+
+def _src_dtype(info: TensorInfo) -> str | None:
+    """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`."""
+    return "bf16" if info.dtype == "BF16" else None
+
+
+_SCALE_SUFFIXES = ("_scale_inv", "_scale")  # weight_scale_inv (DeepSeek-V3), weight_scale
+
+
+def _refuse_unreadable(info: TensorInfo, tensors: dict[str, TensorInfo]) -> None:
+    """Expert weights must be BF16, F16 or F32 and carry no scales: FP8 is refused (neither
+    reader dequantises it), and so is any weight with a block-scale companion such as
+    DeepSeek-V3's ``weight_scale_inv``, which must never be read as if unscaled."""
+    scale = next((info.name + s for s in _SCALE_SUFFIXES if info.name + s in tensors), None)
+    if scale is not None:
+        raise SmoeError(
+            f"{info.path}: tensor {info.name!r} is {info.dtype} with block scales in "
+            f"{scale!r} (block-scaled FP8, as DeepSeek-V3 ships); refused: its values are "
+            "not the weights without the scales; convert the checkpoint to BF16 first"
+        )
+    if info.dtype not in FLOAT_DTYPES:
+        fp8 = " (FP8: convert the checkpoint to BF16 first)" if info.dtype.startswith("F8") else ""
+        raise SmoeError(
+            f"{info.path}: tensor {info.name!r} is {info.dtype}; refused: expert weights "
+            f"must be BF16, F16 or F32{fp8}"
+        )
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    """The index's ``weight_map``: a JSON object of tensor name -> shard file name."""
+    index = read_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise SmoeError(
+            f"{index_path}: no weight_map (expected a JSON object of tensor name "
+            "-> shard file name)"
+        )
+    if not weight_map:
+        raise SmoeError(f"{index_path}: weight_map is empty")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise SmoeError(
+                f"{index_path}: tensor {name!r} maps to {json.dumps(shard)[:60]}, "
+                "expected a shard file name (a string)"
+            )
+    return weight_map
+
+
+def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
+    """A shard name from an index: relative, inside the checkpoint folder (checked by name;
+    the file may be a symlink elsewhere, as in a HuggingFace cache snapshot)."""
+    rel = PurePosixPath(shard)
+    reason = None
+    if not shard:
+        reason = "is empty"
+    elif "\0" in shard:
+        reason = "has a NUL byte"
+    elif rel.is_absolute():
+        reason = "is an absolute path"
+    elif ".." in rel.parts:
+        reason = "has a '..' component"
+    elif not rel.parts:
+        reason = "is the checkpoint folder itself"
+    else:
+        try:
+            shard.encode("utf-8")
+        except UnicodeEncodeError:
+            reason = "is not valid Unicode"
+    if reason:
+        raise SmoeError(
+            f"{index_path}: tensor {tensor!r} maps to shard {shard!r}, which "
+            f"{reason}; refused: shards must be relative paths inside the "
+            "checkpoint folder"
+        )
+    return rel
+
+
+@dataclass
+class Checkpoint:
+    """An opened HF checkpoint directory: config, tensor index, routed experts.
+
+    >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe_sharded")
+    >>> len(ck.tensors), len(ck.experts), len({t.path for t in ck.tensors.values()})
+    (69, 16, 3)
+    """
+
+    root: Path
+    config: dict
+    tensors: dict[str, TensorInfo]
+    experts: dict[tuple[int, int], ExpertRef]
+    expert_tensor_names: set[str]
+    warnings: list[str] = field(default_factory=list)
+
+    # ---- opening -----------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: str | Path) -> Checkpoint:
+        """Read config.json and every shard header (validated by ``read_header``), find the
+        routed experts; refusals are one SmoeError line.
+
+        >>> Checkpoint.open("fixtures/checkpoints/mixtral").model_type
+        'mixtral'
+        >>> Checkpoint.open("fixtures/checkpoints/gpt_oss")
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: fixtures/checkpoints/gpt_oss: model_type 'gpt_oss' refused: ...
+        """
+        root = Path(root)
+        if not root.is_dir():
+            raise SmoeError(f"{root}: not a checkpoint directory")
+        cfg_path = root / "config.json"
+        if not os.path.lexists(cfg_path):  # a FIFO or a dangling link is refused, not "absent"
+            raise SmoeError(
+                f"{root}: no config.json (a HuggingFace checkpoint directory needs "
+                "config.json and *.safetensors)"
+            )
+        config = load_config(cfg_path)
+        tensors = cls._index(root)
+        where = str(cfg_path)
+        refuse_unsupported(config, where, str(root))
+        experts, names = cls._experts(root, tensors)
+        return cls(root, config, tensors, experts, names)
+
+    @staticmethod
+    def _index(root: Path) -> dict[str, TensorInfo]:
+        index_path = root / "model.safetensors.index.json"
+        places: dict[str, Path] | None = None  # tensor -> shard, from the index
+        if os.path.lexists(index_path):  # a FIFO or a dangling link is refused, not skipped
+            places = {
+                name: root.joinpath(*_shard_name(index_path, name, shard).parts)
+                for name, shard in _weight_map(index_path).items()
+            }
+            first_user: dict[Path, str] = {}
+            for name, shard in places.items():
+                first_user.setdefault(shard, name)
+            for shard, name in first_user.items():
+                try:
+                    os.stat(shard)
+                except FileNotFoundError:
+                    raise SmoeError(
+                        f"{index_path}: tensor {name!r} is in shard "
+                        f"{str(shard.relative_to(root))!r}, which does not "
+                        "exist"
+                    ) from None
+                except OSError:
+                    pass  # read_header names the error
+            shards = sorted(first_user)
+        else:
+            shards = sorted(
+                p for p in root.glob("*.safetensors") if not p.name.endswith(".scout.safetensors")
+            )
+        if not shards:
+            raise SmoeError(f"{root}: no *.safetensors files")
+        tensors: dict[str, TensorInfo] = {}
+        for shard in shards:
+            for name, info in read_header(shard).items():
+                if name in tensors:
+                    raise SmoeError(
+                        f"{root}: tensor {name!r} is in both "
+                        f"{tensors[name].path.name} and {shard.name}"
+                    )
+                tensors[name] = info
+        for name, shard in (places or {}).items():
+            if name not in tensors or tensors[name].path != shard:
+                raise SmoeError(
+                    f"{index_path}: tensor {name!r} is not in {str(shard.relative_to(root))!r}"
+                )
+        return tensors
+
+    @staticmethod
+    def _experts(
+        root: Path, tensors: dict[str, TensorInfo]
+    ) -> tuple[dict[tuple[int, int], ExpertRef], set[str]]:
+        parts: dict[tuple[int, int], dict[int, TensorInfo]] = {}
+        fused: dict[int, dict[str, TensorInfo]] = {}
+        names: set[str] = set()
+        for name, info in tensors.items():
+            if _EXPERT_BIAS.match(name) or _FUSED_BIAS.match(name):
+                raise SmoeError(
+                    f"{root}: expert bias {name!r} refused: only bias-free "
+                    "SiLU-gated (SwiGLU) experts can be represented"
+                )
+            m = _PER_EXPERT.match(name) or _MIXTRAL.match(name)
+            if m:
+                role = {**_ROLES, **_MIXTRAL_ROLES}[m.group(3)]  # the regexes allow no other
+                parts.setdefault((int(m.group(1)), int(m.group(2))), {})[role] = info
+                names.add(name)
+                continue
+            m = _FUSED.match(name)
+            if m:
+                fused.setdefault(int(m.group(1)), {})[m.group(2)] = info
+                names.add(name)
+        experts: dict[tuple[int, int], ExpertRef] = {}
+        for key, roles in parts.items():
+            missing = [n for n, r in _ROLES.items() if r not in roles]
+            if missing:
+                raise SmoeError(
+                    f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
+                )
+            for info in roles.values():
+                if len(info.shape) != 2:
+                    raise SmoeError(
+                        f"{root}: {info.name} has shape {list(info.shape)}, expected 2-D"
+                    )
+            experts[key] = ExpertRef(
+                key[0], key[1], tuple((roles[r], None, None) for r in range(3))
+            )
+        for layer, pair in fused.items():
+            if set(pair) != {"gate_up_proj", "down_proj"}:
+                absent = {"gate_up_proj", "down_proj"} - set(pair)
+                raise SmoeError(
+                    f"{root}: layer {layer} has no fused experts "
+                    f"{' or '.join(sorted(absent))} tensor"
+                )
+            gu, down = pair["gate_up_proj"], pair["down_proj"]
+            if (
+                len(gu.shape) != 3
+                or len(down.shape) != 3
+                or gu.shape[0] != down.shape[0]
+                or gu.shape[1] % 2
+                or gu.shape[1] // 2 != down.shape[2]
+                or gu.shape[2] != down.shape[1]
+            ):
+                raise SmoeError(
+                    f"{root}: layer {layer} fused experts have inconsistent shapes "
+                    f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
+                    "(expected [E, 2I, H] and [E, H, I])"
+                )
+            inter = gu.shape[1] // 2
+            for e in range(gu.shape[0]):
+                if (layer, e) in experts:
+                    raise SmoeError(
+                        f"{root}: layer {layer} expert {e} is stored both fused and per expert"
+                    )
+                experts[(layer, e)] = ExpertRef(
+                    layer,
+                    e,
+                    ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
+                )
+        if not experts:
+            raise SmoeError(
+                f"{root}: no routed expert tensors found (looked for "
+                "mlp.experts.{E}.*_proj.weight, block_sparse_moe.experts.{E}.w1/w2/w3"
+                ".weight and fused mlp.experts.gate_up_proj/down_proj)"
+            )
+        for key, ref in experts.items():
+            g, u, d = ref.shapes
+            if u != g or d != (g[1], g[0]):
+                raise SmoeError(
+                    f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
+                    f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
+                )
+            for info, _, _ in ref.sources:
+                _refuse_unreadable(info, tensors)
+        return dict(sorted(experts.items())), names
+
+    # ---- facts -----------------------------------------------------------------------------
+    @property
+    def model_type(self) -> str:
+        """config.json's ``model_type`` ("unknown" when absent).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v3").model_type
+        'deepseek_v3'
+        """
+        return get_str(self.config, self.where, "model_type", default="unknown")
+
+    @property
+    def where(self) -> str:
+        """config.json's path, as messages name it.
+
+        >>> Checkpoint.open("fixtures/checkpoints/olmoe").where
+        'fixtures/checkpoints/olmoe/config.json'
+        """
+        return f"{self.root}/config.json"
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The layers that have routed experts, in order.
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").moe_layers
+        [1, 2]
+        """
+        return sorted({lay for lay, _ in self.experts})
+
+    def layer_experts(self, layer: int) -> list[int]:
+        """The expert numbers of ``layer``, in order.
+
+        >>> Checkpoint.open("fixtures/checkpoints/mixtral").layer_experts(0)
+        [0, 1, 2, 3]
+        """
+        return [e for lay, e in self.experts if lay == layer]
+
+    def _shape(self, name: str) -> tuple[int, ...] | None:
+        info = self.tensors.get(name)
+        return info.shape if info else None
+
+    def _warn(self, line: str) -> None:
+        if line not in self.warnings:
+            self.warnings.append(line)
+
+    def _warn_if(self, what: str, config_value: object, shape_value: object, why: str = "") -> None:
+        if config_value is not None and config_value != shape_value:
+            self._warn(
+                f"{what}: config.json says {config_value!r}, the tensors say "
+                f"{shape_value!r}{why}; using the tensors"
+            )
+
+    def _embedding(self) -> tuple[int, int]:
+        """(vocab_size, d_model): the embedding's shape."""
+        emb = self._shape("model.embed_tokens.weight")
+        if emb is None or len(emb) != 2:
+            raise SmoeError(
+                f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
+                "vocab_size come from it"
+            )
+        return emb[0], emb[1]
+
+    def _check_hidden_size(self, d_model: int) -> None:
+        """hidden_size must match the embedding's columns: a warning, or refused where
+        head_dim is derived from it and the two values give different head_dims."""
+        cfg, where = self.config, self.where
+        hidden = get_int(cfg, where, "hidden_size")
+        heads = get_int(cfg, where, "num_attention_heads")
+        if (
+            hidden is not None
+            and hidden != d_model
+            and heads
+            and not is_mla(cfg, where)
+            and get_int(cfg, where, "head_dim") is None
+            and hidden // heads != d_model // heads
+        ):
+            raise SmoeError(
+                f"{self.root}: hidden_size: config.json says {hidden}, "
+                f"model.embed_tokens.weight has {d_model} columns; refused: "
+                "config.json has no head_dim, and hidden_size / num_attention_heads "
+                f"would be {hidden // heads} by the config, {d_model // heads} by the "
+                "tensors"
+            )
+        self._warn_if("hidden_size", hidden, d_model)
+
+    def model_info(self) -> ModelInfo:
+        """Header facts (D5) for the whole model, whatever subset is written.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").model_info()
+        ModelInfo(num_moe_layers=2, max_experts_per_layer=8, d_model=64, vocab_size=128, ffn_dim=96)
+        """
+        vocab, d_model = self._embedding()
+        self._check_hidden_size(d_model)
+        widths = {lay: len(self.layer_experts(lay)) for lay in self.moe_layers}
+        n_experts = get_int(
+            self.config, self.where, "num_experts", "num_local_experts", "n_routed_experts"
+        )
+        width = max(widths.values())
+        self._warn_if("num_experts", n_experts, width)
+        return ModelInfo(
+            num_moe_layers=len(widths),
+            max_experts_per_layer=width,
+            d_model=d_model,
+            vocab_size=vocab,
+            ffn_dim=self.ffn_dim(),
+        )
+
+    def dense_ffn_dim(self) -> int:
+        """Rows of a dense layer 0's gate_proj (0 when layer 0 is MoE).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").dense_ffn_dim()
+        96
+        """
+        shape = self._shape("model.layers.0.mlp.gate_proj.weight")
+        return int(shape[0]) if shape else 0
+
+    def shared_expert_ffn_dim(self) -> int:
+        """Rows of the first MoE layer's shared expert gate_proj (0 without one).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").shared_expert_ffn_dim()
+        64
+        """
+        for lay in self.moe_layers:
+            for name in (
+                f"model.layers.{lay}.mlp.shared_expert.gate_proj.weight",
+                f"model.layers.{lay}.mlp.shared_experts.gate_proj.weight",
+            ):
+                shape = self._shape(name)
+                if shape:
+                    return int(shape[0])
+        return 0
+
+    def ffn_dim(self) -> int:
+        """D5: dense layer-0 rows, else shared expert rows, else config intermediate_size.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").ffn_dim()
+        96
+        """
+        return (
+            self.dense_ffn_dim()
+            or self.shared_expert_ffn_dim()
+            or get_int(self.config, self.where, "intermediate_size")
+            or 0
+        )
+
+    def has_qk_norm(self) -> bool:
+        """Whether the attention has q/k norm weights.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").has_qk_norm()
+        True
+        """
+        return any(n.endswith(".self_attn.q_norm.weight") for n in self.tensors)
+
+    def structure(self) -> Structure:
+        """Structural facts from the tensors present (shapes win over config.json).
+
+        >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").structure()
+        Structure(has_qk_norm=False, dense_ffn_dim=96, shared_expert_ffn_dim=64)
+        """
+        return Structure(self.has_qk_norm(), self.dense_ffn_dim(), self.shared_expert_ffn_dim())
+
+    def arch_info(self) -> ArchInfo:
+        """The arch block (D6) from config.json, with shapes as the authority: structure,
+        layer count, head counts and head_dim (refused where the tensors are ambiguous).
+
+        >>> a = Checkpoint.open("fixtures/checkpoints/qwen3_moe").arch_info()
+        >>> a.num_heads, a.num_kv_heads, a.head_dim, a.moe_top_k, a.num_hidden_layers
+        (4, 2, 16, 2, 2)
+        """
+        gate_rows = next(iter(self.experts.values())).shapes[0][0]
+        emb = self._shape("model.embed_tokens.weight")
+        if emb is not None and len(emb) == 2:
+            self._check_hidden_size(emb[1])
+        arch, warnings = arch_from_config(self.config, self.where, gate_rows, self.structure())
+        self.warnings.extend(w for w in warnings if w not in self.warnings)
+        arch = self._attention(self._layers(arch))
+        width = max(len(self.layer_experts(lay)) for lay in self.moe_layers)
+        if arch.moe_top_k > width:
+            raise SmoeError(
+                f"{self.where}: num_experts_per_tok is {arch.moe_top_k}, but the "
+                f"tensors have at most {width} experts per layer"
+            )
+        return arch
+
+    def _layers(self, arch: ArchInfo) -> ArchInfo:
+        """num_hidden_layers: the tensors' count (highest model.layers.{L} + 1) wins over a
+        smaller config value; a larger one, or a layer missing in between, is refused."""
+        present = {int(m.group(1)) for n in self.tensors if (m := _LAYER.match(n))}
+        count = max(present) + 1
+        said = get_int(self.config, self.where, "num_hidden_layers")
+        if said is not None and said > count:
+            raise SmoeError(
+                f"{self.root}: num_hidden_layers: config.json says {said}, but the "
+                f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
+                "refused"
+            )
+        gaps = sorted(set(range(count)) - present)
+        if gaps:
+            raise SmoeError(
+                f"{self.root}: the tensors have model.layers.{count - 1} but no "
+                f"tensor of model.layers.{gaps[0]}; refused"
+            )
+        mtp = get_int(self.config, self.where, "num_nextn_predict_layers", minimum=0) or 0
+        if said is not None and mtp and said + mtp == count:
+            extra = (
+                f"model.layers.{said} is a multi-token-prediction layer"
+                if mtp == 1
+                else f"model.layers.{said}..{count - 1} are multi-token-prediction layers"
+            )
+            self._warn(
+                f"num_hidden_layers: config.json says {said}; the tensors' {extra} "
+                f"(num_nextn_predict_layers {mtp}), kept beyond num_hidden_layers"
+            )
+            return arch
+        if said is None:
+            self._warn(
+                f"num_hidden_layers: config.json has none, the tensors say {count}; "
+                "using the tensors"
+            )
+        self._warn_if("num_hidden_layers", said, count)
+        return replace(arch, num_hidden_layers=count)
+
+    def _attention_shapes(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """Per role (q_proj, k_proj, q_norm, k_norm): (first layer, shape), the same in all
+        layers (else refused)."""
+        seen: dict[str, tuple[int, tuple[int, ...]]] = {}
+        for name, info in sorted(self.tensors.items()):
+            m = _ATTENTION.match(name)
+            if not m:
+                continue
+            layer, role = int(m.group(1)), m.group(2)
+            first = seen.setdefault(role, (layer, info.shape))
+            if first[1] != info.shape:
+                raise SmoeError(
+                    f"{self.root}: {name} has shape {list(info.shape)}, but "
+                    f"model.layers.{first[0]}.self_attn.{role}.weight has "
+                    f"{list(first[1])}; per-layer attention shapes are not "
+                    "representable"
+                )
+        return seen
+
+    def _attention(self, arch: ArchInfo) -> ArchInfo:
+        """Head counts and head_dim against the q/k projections' rows (not for MLA, R3):
+        q_proj rows = num_heads × head_dim, k_proj rows = num_kv_heads × head_dim."""
+        if is_mla(self.config, self.where):
+            return arch
+        shapes = self._attention_shapes()
+        if "q_proj" not in shapes or len(shapes["q_proj"][1]) != 2:
+            return arch
+        heads, kv, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        layer, (rows_q, _) = shapes["q_proj"]
+        k = shapes.get("k_proj")
+        rows_k = k[1][0] if k and len(k[1]) == 2 else None
+        if rows_q == heads * hd and rows_k in (None, kv * hd):
+            return arch
+        norm = shapes.get("q_norm")  # a per-head q_norm [head_dim] says head_dim outright
+        witness = norm[1][0] if norm and len(norm[1]) == 1 and norm[1][0] != rows_q else None
+        fits = []
+        if (
+            rows_q % heads == 0
+            and rows_k in (None, kv * (rows_q // heads))
+            and witness in (None, rows_q // heads)
+        ):
+            fits.append(replace(arch, head_dim=rows_q // heads))
+        if rows_q % hd == 0 and (rows_k is None or rows_k % hd == 0) and witness in (None, hd):
+            h, k_heads = rows_q // hd, kv if rows_k is None else rows_k // hd
+            if k_heads and h % k_heads == 0:
+                fits.append(replace(arch, num_heads=h, num_kv_heads=k_heads))
+        seen = f"model.layers.{layer}.self_attn.q_proj.weight has {rows_q} rows" + (
+            "" if rows_k is None else f", k_proj.weight {rows_k}"
+        )
+        if len(fits) != 1:
+            reason = (
+                "either head_dim or the head counts could be wrong"
+                if fits
+                else "no change of head_dim alone or of the head counts alone explains them"
+            )
+            raise SmoeError(
+                f"{self.root}: {seen}, but config.json says num_attention_heads "
+                f"{heads} × head_dim {hd} = {heads * hd} and num_key_value_heads {kv} "
+                f"× head_dim {hd} = {kv * hd}; refused: {reason}"
+            )
+        new = fits[0]
+        for attr, key in (
+            ("num_heads", "num_attention_heads"),
+            ("num_kv_heads", "num_key_value_heads"),
+            ("head_dim", "head_dim"),
+        ):
+            self._warn_if(key, getattr(arch, attr), getattr(new, attr), f" ({seen})")
+        return new
+
+    def non_expert_tensors(self) -> list[TensorInfo]:
+        """Every tensor that is not a routed-expert weight: the scout's contents (D8).
+
+        >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+        >>> [t.name for t in ck.non_expert_tensors()][:2]
+        ['lm_head.weight', 'model.embed_tokens.weight']
+        """
+        return [t for n, t in sorted(self.tensors.items()) if n not in self.expert_tensor_names]

@@ -1,0 +1,283 @@
+"""A model argument of ``smoe sculpt``: a checkpoint folder or a HuggingFace model id, and the
+stem the outputs are named by.
+
+:func:`resolve` turns ``ORG/NAME`` into a local folder with ``huggingface_hub`` (the optional
+``smoe[hub]`` extra, imported only for an id). A path that exists always wins over an id. An
+id is taken from the HuggingFace cache without any network access when the cached snapshot
+holds ``config.json`` and the safetensors weights (and always with ``HF_HUB_OFFLINE=1``);
+otherwise only ``config.json``, ``model.safetensors.index.json`` and the shards are downloaded
+into the cache (huggingface_hub's progress bars on stderr when it is a terminal). Nothing is
+written into the cache when it already holds the files.
+
+Outputs are named after the model (:func:`stem_of`): ``NAME`` of ``ORG/NAME``, also for a cache
+snapshot folder given as a path (``.../models--ORG--NAME/snapshots/<commit>``), not after its
+commit hash; any other folder by its own name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+from smoe.errors import SmoeError
+from smoe.families.config import read_json
+
+__all__ = ["check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
+
+_CONFIG = "config.json"
+_INDEX = "model.safetensors.index.json"
+_WEIGHTS = "*.safetensors"
+_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"({_PART})/({_PART})")
+_CACHE_REPO = re.compile(rf"models--(?:{_PART}--)?({_PART})")
+_OFF = ("1", "ON", "YES", "TRUE")
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether ``text`` is a model id ``ORG/NAME`` by the Hub's rules (letters, digits, ``_``,
+    ``-`` and ``.``, no ``--`` or ``..``, at most 96 characters).
+
+    >>> is_repo_id("Qwen/Qwen3-30B-A3B"), is_repo_id("./ckpt"), is_repo_id("a/b/c")
+    (True, False, False)
+    """
+    return (
+        _REPO_ID.fullmatch(text) is not None
+        and "--" not in text
+        and ".." not in text
+        and not text.endswith(".git")
+        and len(text) <= 96
+    )
+
+
+def stem_of(model_dir: str | os.PathLike[str]) -> str:
+    """The stem of the outputs for a checkpoint folder: ``NAME`` for a HuggingFace cache
+    snapshot (``.../models--ORG--NAME/snapshots/<commit>``, also through a symlink), else the
+    folder's own name.
+
+    >>> stem_of("/cache/hub/models--Qwen--Qwen3-30B-A3B/snapshots/0123abcd")
+    'Qwen3-30B-A3B'
+    """
+    path = Path(model_dir).resolve()
+    if path.parent.name == "snapshots":
+        repo = _CACHE_REPO.fullmatch(path.parent.parent.name)
+        if repo:
+            return repo.group(1)
+    return path.name
+
+
+def check_stem(name: str) -> str:
+    """``name`` if it can name outputs in OUT_DIR (``NAME.smoe``, ...); else a SmoeError.
+
+    >>> check_stem("qwen3-q4")
+    'qwen3-q4'
+    """
+    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise SmoeError(
+            f"output name {name!r}: not a file name stem (it must be non-empty, "
+            "not '.' or '..', without '/')"
+        )
+    return name
+
+
+def output_stem(model_dir: str | os.PathLike[str], name: str | None = None) -> str:
+    """The stem of a sculpt's outputs: ``name`` (checked by :func:`check_stem`) when given,
+    else :func:`stem_of` the model folder.
+
+    >>> output_stem("fixtures/checkpoints/qwen3_moe"), output_stem("x", name="y")
+    ('qwen3_moe', 'y')
+    """
+    return check_stem(name) if name is not None else stem_of(model_dir)
+
+
+def resolve(model: str | os.PathLike[str], revision: str | None = None) -> tuple[Path, str]:
+    """The local checkpoint folder for ``model`` and the stem to name outputs by.
+
+    ``model`` is a path (used as it is, whatever its form, when anything exists there) or a
+    HuggingFace model id ``ORG/NAME``, looked up in the cache and downloaded if needed (see
+    the module docstring); ``revision`` (a branch, tag or commit) applies to an id only.
+    Anything else comes back as a path, for :meth:`Checkpoint.open` to refuse as "not a
+    checkpoint directory".
+
+    >>> resolve("fixtures/checkpoints/qwen3_moe")
+    (PosixPath('fixtures/checkpoints/qwen3_moe'), 'qwen3_moe')
+    """
+    text = os.fspath(model)
+    if os.path.lexists(text):
+        if revision is not None:
+            raise SmoeError(
+                f"{text}: --revision {revision!r} applies to a model id (ORG/NAME), "
+                "not to a local folder"
+            )
+        return Path(text), stem_of(text)
+    if not is_repo_id(text):
+        return Path(text), stem_of(text)
+    return _from_hub(text, revision), text.split("/")[1]
+
+
+# ---- the HuggingFace cache and Hub ---------------------------------------------------------
+def _hub() -> ModuleType:
+    try:
+        import huggingface_hub
+        import huggingface_hub.constants
+        import huggingface_hub.utils
+    except ImportError:
+        raise SmoeError(
+            "a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
+        ) from None
+    return huggingface_hub
+
+
+def _offline(hf: ModuleType) -> bool:
+    """``HF_HUB_OFFLINE`` as huggingface_hub read it at import, or as it is set now."""
+    now = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return bool(hf.constants.HF_HUB_OFFLINE) or now.upper() in _OFF
+
+
+def _from_hub(repo_id: str, revision: str | None) -> Path:
+    hf = _hub()
+    what = repo_id if revision is None else f"{repo_id} (revision {revision})"
+    cached, missing = _cached(hf, repo_id, revision)
+    if cached is not None and not missing:
+        return cached
+    if _offline(hf):
+        where = f"the HuggingFace cache ({hf.constants.HF_HUB_CACHE})"
+        state = (
+            f"is not in {where}"
+            if cached is None
+            else f"is only partly in {where}: no {missing[0]}"
+        )
+        raise SmoeError(
+            f"{what}: no such folder, and the model {state}, while the network "
+            "is off (HF_HUB_OFFLINE)"
+        )
+    return _download(hf, repo_id, revision, what)
+
+
+def _cached(hf: ModuleType, repo_id: str, revision: str | None) -> tuple[Path | None, list[str]]:
+    """The cached snapshot folder of ``revision`` (its ref's commit) or None, and what it
+    lacks (:func:`missing_files`); no network access."""
+    try:
+        folder = Path(
+            hf.snapshot_download(
+                repo_id, revision=revision, local_files_only=True, allow_patterns=[_CONFIG, _INDEX]
+            )
+        )
+    except hf.utils.LocalEntryNotFoundError as e:
+        partial = getattr(e, "snapshot_path", None)  # IncompleteSnapshotError (hub >= 1.x):
+        if not partial:  # its tree listing names a config or index that is not cached
+            return None, [_CONFIG]
+        return Path(partial), missing_files(Path(partial)) or [_INDEX]
+    return folder, missing_files(folder)
+
+
+def missing_files(folder: Path) -> list[str]:
+    """What a snapshot folder lacks to be sculpted: ``config.json``, a shard named by the
+    index, or (without an index) any ``*.safetensors`` or the file of one (a symlink whose
+    blob is gone); empty if nothing."""
+    if not (folder / _CONFIG).is_file():
+        return [_CONFIG]
+    if (folder / _INDEX).is_file():
+        return [s for s in _index_shards(folder / _INDEX) if not (folder / s).is_file()]
+    weights = sorted(folder.glob(_WEIGHTS))
+    return [p.name for p in weights if not p.is_file()] if weights else [_WEIGHTS]
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard names of a ``model.safetensors.index.json``, in order, each once (the
+    checkpoint reader checks them fully; what is not a string is left out here)."""
+    doc = read_json(index)
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        return []
+    return list(dict.fromkeys(s for s in weight_map.values() if isinstance(s, str)))
+
+
+def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> Path:
+    """Config and index first, then exactly the shards the index names (without an index:
+    the top-level ``*.safetensors``), all from the commit the first call resolved."""
+    errors = hf.utils
+    try:
+        with _progress_bars(hf):
+            folder = Path(
+                hf.snapshot_download(repo_id, revision=revision, allow_patterns=[_CONFIG, _INDEX])
+            )
+            if (folder / _INDEX).is_file():
+                shards, ignore = [_literal(s) for s in _index_shards(folder / _INDEX)], None
+            else:
+                shards, ignore = [_WEIGHTS], ["*/*"]
+            folder = Path(
+                hf.snapshot_download(
+                    repo_id,
+                    revision=folder.name,
+                    allow_patterns=[_CONFIG, _INDEX, *shards],
+                    ignore_patterns=ignore,
+                )
+            )
+    except errors.GatedRepoError:
+        raise SmoeError(
+            f"{what}: a gated model; accept its terms on huggingface.co and log in (hf auth login)"
+        ) from None
+    except errors.RepositoryNotFoundError:
+        raise SmoeError(
+            f"{what}: no such folder, and no such model on the HuggingFace Hub "
+            "(or it is private: log in with hf auth login)"
+        ) from None
+    except errors.RevisionNotFoundError:
+        raise SmoeError(
+            f"{what}: the model has no revision {revision!r} on the HuggingFace Hub"
+        ) from None
+    except errors.LocalEntryNotFoundError as e:  # the Hub unreachable, the files not cached
+        raise SmoeError(
+            f"{what}: no such folder, the model is not in the HuggingFace cache "
+            f"({hf.constants.HF_HUB_CACHE}), and the HuggingFace Hub cannot be "
+            f"reached: {_first_line(e.__cause__ or e)}"
+        ) from None
+    except errors.HfHubHTTPError as e:
+        raise SmoeError(
+            f"{what}: cannot download from the HuggingFace Hub: {_first_line(e)}"
+        ) from None
+    missing = missing_files(folder)
+    if _CONFIG in missing or _WEIGHTS in missing:
+        raise SmoeError(
+            f"{what}: the model on the HuggingFace Hub has no top-level "
+            f"{missing[0]}; not a transformers checkpoint in safetensors"
+        )
+    return folder
+
+
+@contextlib.contextmanager
+def _progress_bars(hf: ModuleType) -> Iterator[None]:
+    """huggingface_hub's bars (on stderr) while stderr is a terminal; silent otherwise
+    (unless ``HF_HUB_DISABLE_PROGRESS_BARS=0`` asks for them)."""
+    utils = hf.utils
+    forced = hf.constants.HF_HUB_DISABLE_PROGRESS_BARS is False
+    if _is_terminal() or forced or utils.are_progress_bars_disabled():
+        yield
+        return
+    utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        utils.enable_progress_bars()
+
+
+def _is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _literal(name: str) -> str:
+    """An fnmatch pattern matching exactly ``name``."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__

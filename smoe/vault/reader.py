@@ -1,0 +1,482 @@
+"""The fast reader: a vault read with ``pread`` and viewed through the generated dtypes.
+
+``Vault.open`` opens the file (regular files only), reads the header, the arch block and
+the table with its descriptors in a few reads bounded by the file size, runs the header,
+arch and table checks (vectorised; no per-entry Python objects) and builds the (layer,
+expert) lookup as a sorted key array. ``vault[layer, expert]`` checks that expert's
+descriptors and reads its tensors with one ``pread``; ``np.asarray(tensor)`` or
+``tensor.dequantize()`` decodes one of them. A file that shrinks under the reader gives a
+:class:`SmoeError`, never a signal.
+
+>>> import numpy as np
+>>> from smoe.vault.reader import Vault
+>>> with Vault.open("fixtures/q4_v2.smoe") as v:
+...     gate = v[0, 1]["gate_proj"]
+>>> w = np.asarray(gate)  # the tensor's bytes were read: this works after close()
+>>> w.shape, w.dtype
+((32, 64), dtype('float32'))
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import SupportsIndex
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from smoe import quant
+from smoe.errors import FormatError
+from smoe.format.findings import Finding
+from smoe.format.verify import Report, check_arch, check_descriptors, check_header, check_table
+from smoe.format.view import Data, FileView, Geometry, arch_view, header_view, table_views
+from smoe_gen import layout
+from smoe_gen.layout import TENSOR_NAMES, Rule
+
+__all__ = ["ExpertView", "TensorView", "Vault", "VaultError"]
+
+_ID_LIMIT = 1 << 32  # layer and expert ids are u32
+_ML_DTYPES_FLOAT = re.compile(r"bfloat16|float[468]_e\w+")  # names ml_dtypes adds to numpy
+
+
+class VaultError(FormatError):
+    """The file is not a readable vault; ``finding`` says which rule, where.
+
+    >>> import numpy as np
+    >>> try:
+    ...     Vault.from_array(np.zeros(64, np.uint8), "zeros.smoe")
+    ... except VaultError as e:
+    ...     print(e.finding.code, e.finding.offset)
+    header.magic 0
+    """
+
+    def __init__(self, path: Path, finding: Finding) -> None:
+        super().__init__(
+            f"{path}: {finding.code} at offset {finding.offset} ({finding.path}): {finding.message}"
+        )
+        self.finding = finding
+
+
+def _ml_dtypes_float(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is a float type of ``ml_dtypes`` (bfloat16, float8_*)."""
+    ml_dtypes = sys.modules.get("ml_dtypes")  # an ml_dtypes dtype implies it is imported
+    if ml_dtypes is None:
+        return False
+    try:
+        ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _float_dtype(dtype: DTypeLike) -> np.dtype:
+    """The float dtype to dequantise to; a TypeError names what is accepted."""
+    accepted = "float16, float32, float64, or bfloat16 with ml_dtypes installed"
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        if not (isinstance(dtype, str) and _ML_DTYPES_FLOAT.fullmatch(dtype)):
+            raise TypeError(f"cannot dequantize to {dtype!r}: not a dtype ({accepted})") from None
+        try:  # "bfloat16" & co. are known to numpy once ml_dtypes is imported
+            importlib.import_module("ml_dtypes")
+        except ImportError:
+            raise TypeError(
+                f"cannot dequantize to {dtype!r}: {dtype} needs the ml_dtypes "
+                "package (pip install ml-dtypes)"
+            ) from None
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"cannot dequantize to {dtype!r}: not a dtype ({accepted})") from None
+    if dt.kind == "f" or _ml_dtypes_float(dt):
+        return dt
+    raise TypeError(f"cannot dequantize to {dt}: not a float dtype ({accepted})")
+
+
+@dataclass(frozen=True, repr=False)
+class TensorView:
+    """One weight matrix of an expert: read-only views into the expert's bytes.
+
+    ``np.asarray(tensor)`` and :meth:`dequantize` decode it to a new float array.
+
+    >>> import numpy as np
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     down = v[1, 2]["down_proj"]
+    >>> down
+    TensorView('down_proj', 64x32, Q4)
+    >>> down.shape, down.packed.nbytes, down.scales.dtype
+    ((64, 32), 1024, dtype('float16'))
+    >>> np.asarray(down, dtype=np.float16).dtype
+    dtype('float16')
+    """
+
+    name: str
+    rows: int
+    cols: int
+    bits: int
+    packed: np.ndarray  # uint8
+    scales: np.ndarray  # little-endian float16
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols) of the dequantised array.
+
+        >>> Vault.open("fixtures/q4_v2.smoe")[0, 0]["up_proj"].shape
+        (32, 64)
+        """
+        return (self.rows, self.cols)
+
+    def dequantize(self, dtype: DTypeLike = np.float32) -> np.ndarray:
+        """The weights as a new ``dtype`` array of :attr:`shape`.
+
+        The format decodes to float32; float16, float64 and (with ``ml_dtypes`` installed)
+        ``"bfloat16"`` are cast from it. Other dtypes raise ``TypeError``.
+
+        >>> t = Vault.open("fixtures/q4_v2.smoe")[0, 0]["gate_proj"]
+        >>> w = t.dequantize()
+        >>> w.dtype, bool((t.dequantize("float16") == w.astype("float16")).all())
+        (dtype('float32'), True)
+        >>> t.dequantize(np.int8)
+        Traceback (most recent call last):
+        TypeError: cannot dequantize to int8: not a float dtype (float16, float32, ...)
+        """
+        dt = _float_dtype(dtype)
+        w = quant.decode(self.packed, self.scales, self.bits, self.shape)
+        return w if w.dtype == dt else w.astype(dt)
+
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(tensor)``: the dequantised array (always new: ``copy=False`` raises)."""
+        if copy is False:
+            raise ValueError(
+                f"{self.name}: a quantised tensor has no float array to view; "
+                "decoding always makes one (use copy=None or copy=True)"
+            )
+        return self.dequantize(np.float32 if dtype is None else dtype)
+
+    def __repr__(self) -> str:
+        return f"TensorView({self.name!r}, {self.rows}x{self.cols}, Q{self.bits})"
+
+
+@dataclass(frozen=True, repr=False)
+class ExpertView:
+    """One expert's three tensors, by name (``gate_proj``, ``up_proj``, ``down_proj``).
+
+    >>> e = Vault.open("fixtures/q4_v2.smoe")[1, 3]
+    >>> e
+    ExpertView(layer 1, expert 3: gate_proj 32x64, up_proj 32x64, down_proj 64x32, Q4)
+    >>> list(e), len(e), e["up_proj"]
+    (['gate_proj', 'up_proj', 'down_proj'], 3, TensorView('up_proj', 32x64, Q4))
+    >>> e["gate"]
+    Traceback (most recent call last):
+    KeyError: "no tensor 'gate' in expert (layer 1, expert 3); it has gate_proj, up_proj, ..."
+    """
+
+    layer_id: int
+    expert_id: int
+    index: int
+    tensors: tuple[TensorView, TensorView, TensorView]
+
+    def __getitem__(self, name: str) -> TensorView:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(
+            f"no tensor {name!r} in expert (layer {self.layer_id}, expert "
+            f"{self.expert_id}); it has {', '.join(self.keys())}"
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def keys(self) -> tuple[str, ...]:
+        """The tensor names, in file order.
+
+        >>> Vault.open("fixtures/q4_v2.smoe")[0, 0].keys()
+        ('gate_proj', 'up_proj', 'down_proj')
+        """
+        return tuple(t.name for t in self.tensors)
+
+    def dequantize(self, dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
+        """name -> dequantised array, as :meth:`TensorView.dequantize`.
+
+        >>> ws = Vault.open("fixtures/q4_v2.smoe")[0, 0].dequantize()
+        >>> {name: w.shape for name, w in ws.items()}
+        {'gate_proj': (32, 64), 'up_proj': (32, 64), 'down_proj': (64, 32)}
+        """
+        dt = _float_dtype(dtype)
+        return {t.name: t.dequantize(dt) for t in self.tensors}
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{t.name} {t.rows}x{t.cols}" for t in self.tensors)
+        return (
+            f"ExpertView(layer {self.layer_id}, expert {self.expert_id}: {shapes}, "
+            f"Q{self.tensors[0].bits})"
+        )
+
+
+class Vault:
+    """A read-only vault: header, arch, table and descriptors in memory, blobs on demand.
+
+    Indexed by ``(layer, expert)`` like a dict of :class:`ExpertView`; iteration, ``in``,
+    :meth:`keys` and :meth:`items` go in table order.
+
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     print(v)
+    ...     print(len(v), (1, 2) in v, v.layers())
+    ...     e = v[1, 2]
+    Vault('fixtures/q4_v2.smoe', v2, Q4, 8 experts in 2 layers)
+    8 True {0: 4, 1: 4}
+    >>> v[1, 9]
+    Traceback (most recent call last):
+    KeyError: 'fixtures/q4_v2.smoe: no expert (layer 1, expert 9)'
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        data: Data,
+        geo: Geometry,
+        report: Report,
+        header: np.void,
+        table: np.ndarray,
+        descriptors: np.ndarray,
+    ) -> None:
+        self.path = path
+        self.data = data  # FileView (or an array): data[a:b] reads, len(data) = file size
+        self.geometry = geo
+        self.report = report  # findings of the checks run at open (warnings, info)
+        self.header = header
+        self.arch: np.void | None = (
+            arch_view(data, geo) if geo.version >= layout.VERSION_WITH_ARCH else None
+        )
+        self.table, self.descriptors = table, descriptors
+        self._checked: set[int] = set()
+        self._keys = (self.table["layer_id"].astype(np.uint64) << np.uint64(32)) | self.table[
+            "expert_id"
+        ].astype(np.uint64)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Vault:
+        """Open and check a vault file; ``fileio.NotRegular`` for FIFOs, folders, devices.
+
+        A file that is not a vault raises :class:`VaultError`. Use it in a ``with`` block
+        or call :meth:`close`.
+
+        >>> v = Vault.open("fixtures/q4_v2.smoe")
+        >>> v.geometry.version, v.bits
+        (2, 4)
+        >>> v.close()
+        """
+        view = FileView.open(path)
+        try:
+            return cls.from_array(view, view.path)
+        except BaseException:
+            view.close()
+            raise
+
+    @classmethod
+    def from_array(cls, data: Data, path: Path | str = "<memory>") -> Vault:
+        """A vault over an opened :class:`FileView` or an in-memory uint8 array.
+
+        >>> import numpy as np
+        >>> v = Vault.from_array(np.fromfile("fixtures/q4_v2.smoe", np.uint8))
+        >>> str(v.path), len(v)
+        ('<memory>', 8)
+        """
+        path = Path(path)
+        report = Report(size=len(data))
+        if len(data) < layout.HEADER_SIZE:
+            raise VaultError(
+                path,
+                Finding.of(
+                    Rule.HEADER_SIZE,
+                    0,
+                    "header",
+                    f"file of {len(data)} bytes is shorter than the 64-byte header",
+                    layout.HEADER_SIZE,
+                    len(data),
+                ),
+            )
+        geo = check_header(data, report)
+        if geo is not None and geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
+            check_arch(data, geo, report)
+        if geo is None or report.errors or not geo.table_readable:
+            raise VaultError(path, report.errors[0])
+        header = header_view(data)
+        table, descriptors = table_views(data, geo)
+        check_table(table, geo, report, header)
+        if report.errors:
+            raise VaultError(path, report.errors[0])
+        return cls(path, data, geo, report, header, table, descriptors)
+
+    def close(self) -> None:
+        """Close the file (a closed vault's lookups still work; expert reads do not).
+
+        >>> v = Vault.open("fixtures/q4_v2.smoe")
+        >>> v.close()
+        >>> v.closed, len(v), (0, 1) in v
+        (True, 8, True)
+        >>> v[0, 1]
+        Traceback (most recent call last):
+        smoe.errors.SmoeError: fixtures/q4_v2.smoe: cannot read ... the file is closed
+        """
+        if isinstance(self.data, FileView):
+            self.data.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once the file is closed (a vault over an array has nothing to close).
+
+        >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+        ...     v.closed
+        False
+        >>> v.closed
+        True
+        """
+        return isinstance(self.data, FileView) and self.data.closed
+
+    def __enter__(self) -> Vault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Vault({str(self.path)!r}, v{self.geometry.version}, Q{self.bits}, "
+            f"{len(self)} experts in {len(self.layers())} layers)"
+        )
+
+    # ---- lookup ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @property
+    def bits(self) -> int:
+        """Bits per weight code: 2 or 4.
+
+        >>> Vault.open("fixtures/q2_v2.smoe").bits
+        2
+        """
+        return int(self.header["bits"])
+
+    def index(self, layer: SupportsIndex, expert: SupportsIndex) -> int:
+        """Table index of (layer, expert); KeyError if the vault does not hold it.
+
+        >>> v = Vault.open("fixtures/q4_v2.smoe")
+        >>> v.index(0, 0), v.index(1, 3)
+        (0, 7)
+        """
+        layer, expert = operator.index(layer), operator.index(expert)
+        if 0 <= layer < _ID_LIMIT and 0 <= expert < _ID_LIMIT:
+            key = np.uint64((layer << 32) | expert)
+            i = int(np.searchsorted(self._keys, key))
+            if i < len(self._keys) and self._keys[i] == key:
+                return i
+        raise KeyError(f"{self.path}: no expert (layer {layer}, expert {expert})")
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        try:
+            self.index(*key)
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """(layer, expert) of every entry, in table order."""
+        return iter(self.keys())
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(layer, expert) of every entry, in table order.
+
+        >>> Vault.open("fixtures/q4_v2.smoe").keys()[:3]
+        [(0, 0), (0, 1), (0, 2)]
+        """
+        return [(int(k >> np.uint64(32)), int(k & np.uint64(0xFFFFFFFF))) for k in self._keys]
+
+    def items(self) -> Iterator[tuple[tuple[int, int], ExpertView]]:
+        """((layer, expert), expert view) pairs in table order, each expert read when reached.
+
+        >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+        ...     for (layer, expert), e in v.items():
+        ...         if layer == 1 and expert < 2:
+        ...             print(layer, expert, e["down_proj"].shape)
+        1 0 (64, 32)
+        1 1 (64, 32)
+        """
+        for key in self.keys():
+            yield key, self.expert(*key)
+
+    def layers(self) -> dict[int, int]:
+        """layer_id -> number of experts stored.
+
+        >>> Vault.open("fixtures/partial_groups.smoe").layers()
+        {0: 3, 1: 5}
+        """
+        ids, counts = np.unique(self.table["layer_id"], return_counts=True)
+        return {int(i): int(c) for i, c in zip(ids, counts)}
+
+    def __getitem__(self, key: tuple[SupportsIndex, SupportsIndex]) -> ExpertView:
+        """``vault[layer, expert]``: the same as :meth:`expert`."""
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise TypeError(f"a vault is indexed by (layer, expert), e.g. vault[0, 1]; got {key!r}")
+        return self.expert(*key)
+
+    def expert(self, layer: SupportsIndex, expert: SupportsIndex) -> ExpertView:
+        """One expert's tensors, read with one ``pread``; its descriptors are checked first.
+
+        >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+        ...     e = v.expert(0, 3)
+        >>> e.layer_id, e.expert_id, e.keys()
+        (0, 3, ('gate_proj', 'up_proj', 'down_proj'))
+        """
+        i = self.index(layer, expert)
+        if i not in self._checked:
+            report = Report(size=len(self.data))
+            check_descriptors(
+                self.table,
+                self.descriptors,
+                self.geometry,
+                report,
+                self.header,
+                self.arch,
+                i,
+                i + 1,
+            )
+            if report.errors:
+                raise VaultError(self.path, report.errors[0])
+            self._checked.add(i)
+        e = self.table[i]
+        d = self.descriptors[i]
+        starts = np.concatenate([d["packed_offset"], d["scales_offset"]]).astype(np.int64)
+        ends = starts + np.concatenate([d["packed_size"], d["scales_size"]]).astype(np.int64)
+        lo = int(starts.min())
+        base = int(e["byte_offset"]) + lo
+        blob = self.data[base : base + int(ends.max()) - lo]  # the span of the six slices
+
+        def tensor(t: int) -> TensorView:
+            p0, s0 = int(starts[t]) - lo, int(starts[3 + t]) - lo
+            return TensorView(
+                TENSOR_NAMES[t],
+                int(d[t]["rows"]),
+                int(d[t]["cols"]),
+                self.bits,
+                blob[p0 : p0 + int(d[t]["packed_size"])],
+                blob[s0 : s0 + int(d[t]["scales_size"])].view("<f2"),
+            )
+
+        return ExpertView(
+            int(e["layer_id"]), int(e["expert_id"]), i, (tensor(0), tensor(1), tensor(2))
+        )
