@@ -6,10 +6,9 @@ only through the registry; the registry's ``ksy`` flag says what a Kaitai parser
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +17,18 @@ import numpy as np
 import pytest
 
 from smoe.format.verify import verify, verify_path
+from smoe.format.verify.arch import ARCH
+from smoe.format.verify.blobs import BLOBS
+from smoe.format.verify.descriptors import DESCRIPTORS
+from smoe.format.verify.header import HEADER
+from smoe.format.verify.rules import Section, checkers, rule
+from smoe.format.verify.table import TABLE
 from smoe_gen import layout
+from smoe_gen.layout import Rule
 from smoe_gen.smoe_kaitai import Smoe
 
-from fixtures_data import CORRUPT, EXPECTED
+from fixtures_data import CORRUPT, EXPECTED, ROOT
+from helpers import SMOE_STREAM, run
 from rule_cases import (
     MANIFEST_CASES,
     NOTICE_CASES,
@@ -31,19 +38,11 @@ from rule_cases import (
     write_with_manifest,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "smoe-stream"
 ERRORS = {r.code for r in layout.Rule if r.severity == "error"}
 RULE_LINE = re.compile(r": ([a-z]+\.[a-z0-9_]+) at offset (\d+) \(([^)]*)\): ")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
-
-
-def cpp(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, timeout=60)
+pytestmark = pytest.mark.usefixtures("smoe_stream")
 
 
 def broken_vaults() -> Iterator[tuple[str, str, int, bytes]]:
@@ -61,7 +60,7 @@ def findings(data: bytes) -> set[tuple[str, str, str, int]]:
 
 def cpp_first_error(path: Path) -> tuple[str, str, int] | None:
     """(code, field, offset) of what ``check --deep`` reports, or None for a valid vault."""
-    r = cpp("check", "--deep", "--json", path)
+    r = run("check", "--deep", "--json", path, command=[SMOE_STREAM])
     if r.returncode == 0:
         return None
     if r.returncode == 1:
@@ -89,7 +88,7 @@ def kaitai_rejects(data: bytes) -> bool:
 
 # ---- one registry ------------------------------------------------------------------------------
 def test_python_and_cpp_registries_are_equal() -> None:
-    r = cpp("rules")
+    r = run("rules", command=[SMOE_STREAM])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [
         {
@@ -119,12 +118,64 @@ def test_registry_holds_the_shape_rules_and_the_sidecar_rules() -> None:
 
 
 def test_checkers_name_codes_only_through_the_registry() -> None:
-    """Findings are made from registry entries, never from a code spelled as a literal."""
-    verify_py = (ROOT / "smoe" / "format" / "verify" / "__init__.py").read_text()
-    assert not re.search(r"Finding\(\s*[\"']|\.(one|many)\(\s*[\"']", verify_py)
+    """Findings are made, and checkers registered, from registry entries, never from a code
+    spelled as a literal."""
+    sources = sorted((ROOT / "smoe" / "format" / "verify").glob("*.py"))
+    assert len(sources) > 1
+    for path in sources:
+        text = path.read_text()
+        assert not re.search(r"Finding\(\s*[\"']|\.(one|many|rule)\(\s*[\"']", text), path.name
+        assert not re.search(r"\brule\(\s*[\"']", text), path.name
     for name in ("vault.cpp", "manifest.cpp"):  # the C++ checkers
         text = (ROOT / "harness" / name).read_text()
         assert not re.search(r"\bfail\(\s*\"|Issue\{\s*\"", text), name
+
+
+def test_every_rule_has_exactly_one_checker() -> None:
+    """Each rule of the registry is checked by one registered function: the format's rules
+    by a section of the verifier, the manifest's (sidecar) rules where the verifier reads
+    and checks the manifest; a function checks several rules only where it says why."""
+    found = checkers()
+    assert set(found) == set(layout.RULES), sorted(set(layout.RULES) ^ set(found))
+    for code, checker in found.items():
+        assert [r.code for r in checker.rules].count(code) == 1, code
+        assert (checker.section == "manifest") == layout.RULES[code].sidecar, code
+        if len(checker.rules) > 1:
+            assert inspect.getcomments(checker.check) or checker.check.__doc__, code
+    sections = (HEADER, ARCH, TABLE, DESCRIPTORS, BLOBS)
+    listed = [r.code for s in sections for c in s.checks for r in c.rules]
+    assert len(listed) == len(set(listed))
+    alone = {code for code, c in found.items() if c.section not in {s.name for s in sections}}
+    assert alone == {"header.ffn_dim"} | {r.code for r in layout.Rule if r.sidecar}
+    assert {r.code for r in layout.Rule if r.deep and not r.sidecar} == {
+        r.code for c in BLOBS.checks for r in c.rules
+    }
+
+
+def test_a_checker_of_an_unknown_or_already_checked_rule_is_refused() -> None:
+    before = checkers()
+    demo: Section[None] = Section("demo")
+    with pytest.raises(ValueError, match="not a rule of the spec's registry"):
+        demo.rule("header.nonsense")(lambda facts: None)  # a code, not a Rule
+    with pytest.raises(ValueError, match="not a rule of the spec's registry"):
+        rule("table.order", section="demo")(lambda: None)  # a code, not a Rule
+    with pytest.raises(ValueError, match=r"table\.order: already checked by _order"):
+        demo.rule(Rule.TABLE_ORDER)(lambda facts: None)
+    with pytest.raises(ValueError, match="already checked"):  # refused whole: nothing added
+        rule(Rule.TABLE_ORDER, Rule.HEADER_FFN_DIM, section="demo")(lambda: None)
+    with pytest.raises(ValueError, match="at least one rule"):
+        demo.rule()(lambda facts: None)
+    assert checkers() == before and demo.checks == []
+
+
+def test_a_failed_gate_ends_its_section() -> None:
+    """header.magic is a gate: a vault without the magic is judged on nothing else."""
+    data = bytearray((CORRUPT.parent / "q4_v2.smoe").read_bytes())
+    data[0] ^= 0xFF
+    data[layout.HEADER_OFFSETS["bits"]] = 3  # would break header.bits, but is never read
+    report = verify(np.frombuffer(bytes(data), np.uint8))
+    assert [f.code for f in report.findings] == ["header.magic"]
+    assert report.geometry is None
 
 
 def test_a_finding_of_an_unregistered_code_is_refused() -> None:
@@ -196,16 +247,12 @@ def test_unreadable_files_exit_2_in_both_languages(tmp_path: Path) -> None:
     for code, field, offset, base, patches, cut in UNREADABLE_CASES:
         path = tmp_path / base
         path.write_bytes(apply(base, patches, cut))
-        r = subprocess.run(
-            [sys.executable, "-m", "smoe", "verify", "--json", str(path)],
-            capture_output=True,
-            text=True,
-        )
+        r = run("verify", "--json", path)
         assert r.returncode == 2
         assert [(f["code"], f["field"], f["offset"]) for f in json.loads(r.stdout)["findings"]] == [
             (code, field, offset)
         ]
-        r = cpp("check", path)
+        r = run("check", path, command=[SMOE_STREAM])
         assert r.returncode == 2
         assert r.stderr == (
             f"smoe-stream: {path}: {code} at offset {offset} ({field}): file of "
