@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from smoe import quant
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, WriteFailed
 from smoe.format import manifest
 from smoe.interop.safetensors_io import write_file
 from smoe.plumbing import fileio
@@ -50,7 +50,7 @@ def export(
     vault_path, out = Path(vault_path), Path(out)
     fileio.refuse_same_file(out, [vault_path, manifest.path_for(vault_path)])
     if out.is_dir():
-        raise SmoeError(f"{out}: is a folder; name the .safetensors file to write")
+        raise WriteFailed(f"{out}: is a folder; name the .safetensors file to write")
     vault = Vault.open(vault_path)
     keys = [
         k for k in vault if (layer is None or k[0] == layer) and (expert is None or k[1] == expert)
@@ -59,7 +59,7 @@ def export(
         what = " ".join(
             f"{n} {v}" for n, v in (("layer", layer), ("expert", expert)) if v is not None
         )
-        raise SmoeError(f"{vault_path}: no expert matches {what}")
+        raise RefusedInput(f"{vault_path}: no expert matches {what}")
     items: list[tuple[str, str, tuple[int, ...]]] = []
     where: list[tuple[tuple[int, int], int]] = []
     for key in keys:  # checks each expert's descriptors; no view is kept (bounded memory)

@@ -23,7 +23,6 @@ several (as ``save_pretrained`` writes them), and ``config.json``
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -40,10 +39,11 @@ from typing import Any
 import numpy as np
 
 from smoe import quant
-from smoe.errors import SmoeError
+from smoe.errors import FormatError, RefusedInput, UsageError, WriteFailed
 from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.format import manifest
+from smoe.format.records import model_type_str
 from smoe.interop.safetensors_io import (
     DTYPE_SIZES,
     FLOAT_DTYPES,
@@ -164,7 +164,7 @@ def _refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
         if isinstance(opts.get(k), int)
     )
     made = f" (sculpted with {how})" if how else ""
-    raise SmoeError(
+    raise RefusedInput(
         f"{vault.path}: a partial vault{made}: {'; '.join(problems)}; a "
         "checkpoint needs every expert: sculpt the model again without "
         "--max-layers/--max-experts"
@@ -180,11 +180,11 @@ def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
     try:
         doc = manifest.load(path, len(vault))
     except manifest.ManifestError as e:
-        raise SmoeError(f"{path}: {e.finding.message}") from None
+        raise FormatError(f"{path}: {e.finding.message}") from None
     rows = doc["experts"]
     size = doc["vault"]["size"]
     if size != len(vault.data) or len(rows) != len(vault):
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: describes another vault ({size} bytes, {len(rows)} experts; "
             f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)"
         )
@@ -193,7 +193,7 @@ def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
         t = table[i]
         want = (int(t["layer_id"]), int(t["expert_id"]), int(t["byte_offset"]), int(t["raw_size"]))
         if (row["layer"], row["expert"], row["offset"], row["raw_size"]) != want:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: experts[{i}] is layer {row['layer']} expert "
                 f"{row['expert']} at offset {row['offset']}, but table entry {i} "
                 f"of {vault.path} is layer {want[0]} expert {want[1]} at offset "
@@ -249,7 +249,7 @@ class _Slot:
         off, raw = int(e["byte_offset"]), int(e["raw_size"])
         assert self.crcs is not None
         if manifest.checksum(self.vault.data[off : off + raw]) != self.crcs[key]:
-            raise SmoeError(
+            raise FormatError(
                 f"{self.vault.path}: layer {key[0]} expert {key[1]}: the blob at "
                 f"offset {off} differs from its CRC-32C in {self.manifest_path} "
                 "(changed or damaged); refused"
@@ -279,7 +279,7 @@ class _Slot:
             return f32
         np.copyto(u16.view(np.float16), f32, casting="same_kind")
         if not np.isfinite(u16.view(np.float16)).all():
-            raise SmoeError(
+            raise RefusedInput(
                 f"{out.name}: dequantised values beyond the float16 range "
                 "(65504); export with --dtype bf16 or f32"
             )
@@ -393,7 +393,7 @@ def _shard_names(count: int) -> list[str]:
 def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
     if os.path.islink(out_dir):
-        raise SmoeError(
+        raise WriteFailed(
             f"{out_dir}: is a symlink; name the folder to write itself (the "
             "folder is renamed into place, never written through a link)"
         )
@@ -402,27 +402,27 @@ def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     except FileNotFoundError:
         st = None
     except OSError as e:
-        raise SmoeError(f"{out_dir}: cannot use as the output folder: {e.strerror}") from None
+        raise WriteFailed(f"{out_dir}: cannot use as the output folder: {e.strerror}") from None
     real = os.path.realpath(out_dir)
     for src in inputs:
         try:
             if st is not None and fileio.same_file(st, os.stat(src)):
-                raise SmoeError(
+                raise WriteFailed(
                     f"{out_dir}: the output is the input {src} itself; refusing "
                     "to overwrite an input"
                 )
         except FileNotFoundError:
             continue
         if os.path.realpath(src).startswith(real.rstrip(os.sep) + os.sep):
-            raise SmoeError(
+            raise WriteFailed(
                 f"{out_dir}: the output folder holds the input {src}; refusing to replace an input"
             )
     if st is None:
         return
     if not stat.S_ISDIR(st.st_mode):
-        raise SmoeError(f"{out_dir}: exists and is not a folder")
+        raise WriteFailed(f"{out_dir}: exists and is not a folder")
     if os.listdir(out_dir):
-        raise SmoeError(
+        raise WriteFailed(
             f"{out_dir}: exists and is not empty; remove it or name a new folder "
             "(the checkpoint folder is written whole, never merged)"
         )
@@ -464,7 +464,7 @@ def _make_tmp_dir(out_dir: Path) -> Path:
         except FileExistsError:
             continue
         except OSError as e:
-            raise SmoeError(f"{tmp}: cannot create the folder: {e.strerror or e}") from None
+            raise WriteFailed(f"{tmp}: cannot create the folder: {e.strerror or e}") from None
 
 
 @dataclass
@@ -475,6 +475,25 @@ class _Plan:
     experts: dict[str, OutTensor]
     dtypes: dict[str, str]
     shards: list[list[str]]
+
+    @classmethod
+    def build(
+        cls,
+        scout: dict[str, TensorInfo],
+        experts: dict[str, OutTensor],
+        dtypes: dict[str, str],
+        max_shard_size: int,
+    ) -> _Plan:
+        """Every tensor in natural name order, in shards of at most ``max_shard_size``
+        bytes of data."""
+        plan = cls(scout, experts, dtypes, [])
+        order = sorted([*scout, *experts], key=_natural_key)
+        plan.shards = _shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
+        return plan
+
+    def names(self) -> list[str]:
+        """Every output tensor in file order, shard by shard."""
+        return [n for shard in self.shards for n in shard]
 
     def shape(self, name: str) -> tuple[int, ...]:
         t = self.scout.get(name)
@@ -489,7 +508,21 @@ class _Plan:
 
 
 def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes) -> list[str]:
+    """Write the shards, the index (when there are several) and config.json into ``tmp``;
+    the names of the files, in that order."""
     names = _shard_names(len(plan.shards))
+    _write_shards(tmp, names, plan, decoder)
+    files = list(names)
+    if len(names) > 1:
+        _write_small(tmp / INDEX_NAME, hf_config.json_bytes(_index(names, plan)))
+        files.append(INDEX_NAME)
+    _write_small(tmp / "config.json", config_bytes)
+    return [*files, "config.json"]
+
+
+def _write_shards(tmp: Path, names: list[str], plan: _Plan, decoder: _Decoder) -> None:
+    """Each shard file ``names[i]`` with the tensors of ``plan.shards[i]``: scout tensors
+    copied from their files (each opened once), experts from the ``decoder``."""
     fds: dict[Path, int] = {}
     try:
         for file_name, tensors in zip(names, plan.shards):
@@ -515,23 +548,18 @@ def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes
     finally:
         for fd in fds.values():
             os.close(fd)
-    files = list(names)
-    if len(names) > 1:
-        weight_map = {n: f for f, tensors in zip(names, plan.shards) for n in tensors}
-        total = sum(plan.nbytes(n) for n in weight_map)
-        params = sum(math.prod(plan.shape(n)) for n in weight_map)
-        index = {
-            "metadata": {"total_parameters": params, "total_size": total},
-            "weight_map": dict(sorted(weight_map.items())),
-        }
-        _write_small(tmp / INDEX_NAME, (_json(index)).encode())
-        files.append(INDEX_NAME)
-    _write_small(tmp / "config.json", config_bytes)
-    return [*files, "config.json"]
 
 
-def _json(doc: object) -> str:
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+def _index(names: list[str], plan: _Plan) -> dict[str, Any]:
+    """``model.safetensors.index.json`` as ``save_pretrained`` writes it: the totals and
+    which shard holds each tensor."""
+    weight_map = {n: f for f, tensors in zip(names, plan.shards) for n in tensors}
+    total = sum(plan.nbytes(n) for n in weight_map)
+    params = sum(math.prod(plan.shape(n)) for n in weight_map)
+    return {
+        "metadata": {"total_parameters": params, "total_size": total},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
 
 
 def _write_small(path: Path, data: bytes) -> None:
@@ -572,117 +600,183 @@ def export_hf(
     (['config.json', 'model.safetensors'], 98304)
     >>> export_hf("fixtures/partial_vault.smoe", f"{d}/hf2", scout=f"{d}/scout.st")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/partial_vault.smoe: a partial vault...: sculpt the model \
+    smoe.errors.RefusedInput: fixtures/partial_vault.smoe: a partial vault...: sculpt the model \
 again without --max-layers/--max-experts
     """
     t0 = time.perf_counter()
     vault_path, out_dir = Path(vault_path), Path(out_dir)
-    if dtype is not None and dtype not in hf_config.DTYPES:
-        raise SmoeError(f"--dtype: {dtype!r} is not one of {', '.join(hf_config.DTYPES)}")
-    if threads is not None and threads < 1:
-        raise SmoeError(f"threads: must be at least 1, got {threads}")
-    if max_shard_size < 1:
-        raise SmoeError(f"--max-shard-size: must be at least 1 byte, got {max_shard_size}")
+    _check_options(dtype, threads, max_shard_size)
     notes: list[str] = []
     with Vault.open(vault_path) as vault:
-        doc, manifest_path = _load_manifest(vault)
-        _refuse_partial(vault, doc)
-        scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
-        if scout is None and not os.path.lexists(scout_path):
-            raise SmoeError(
-                f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
-                "which the sculptor writes); name it with --scout"
-            )
-        scout_info = read_header(scout_path)
-        emb = scout_info.get("model.embed_tokens.weight")
-        d_model = int(vault.header["d_model"])
-        if emb is not None and emb.shape[-1] != d_model:
-            raise SmoeError(
-                f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
-                f"columns, but {vault_path} has d_model {d_model}: the scout "
-                "belongs to another model"
-            )
-        model_type = (
-            ""
-            if vault.arch is None
-            else bytes(vault.arch["model_type"]).rstrip(b"\0").decode("utf-8", "replace")
-        )
-        experts = manifest_layout(vault, doc, manifest_path) if doc is not None else None
-        if experts is None:
-            experts = family_layout(vault, set(scout_info), model_type)
-            first = next(iter(experts))
-            why = (
-                "no manifest beside the vault"
-                if doc is None
-                else f"{manifest_path.name} records no source tensors"
-            )
-            notes.append(
-                f"{why}: experts named as the family's checkpoints name them "
-                f"({first.replace('.0.', '.{L}.', 1)} ...)"
-            )
-        clash = sorted(set(experts) & set(scout_info))
-        if clash:
-            raise SmoeError(
-                f"{scout_path}: already has {clash[0]!r}, which the vault's experts "
-                "would write: the scout belongs to another vault"
-            )
+        src = _open_sources(vault, vault_path, scout)
+        experts = _expert_layout(vault, src, notes)
         explicit = hf_config.DTYPES[dtype] if dtype is not None else None
-        fallback = _scout_dtype(scout_info) or "BF16"
+        fallback = _scout_dtype(src.scout) or "BF16"
         dtypes = {n: explicit or o.dtype or fallback for n, o in experts.items()}
-        chosen = explicit or (
-            dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
-        )
-        cfg_path = Path(config) if config is not None else companions(vault_path)[1]
-        if config is not None or os.path.lexists(cfg_path):
-            config_bytes, more = hf_config.copied(cfg_path, explicit)
-            notes += more
-            config_from = f"copied from {cfg_path}"
-        else:
-            cfg, assumed = hf_config.rebuild(vault, scout_info, explicit or fallback)
-            config_bytes = _json(cfg).encode()
-            config_from = "rebuilt from the arch block and the scout"
-            notes.append(
-                f"config.json rebuilt from {vault_path.name}'s arch block and the "
-                f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
-                f"assumed: {', '.join(assumed)}"
-            )
-        inputs = [vault_path, manifest_path, scout_path, cfg_path]
+        cfg = _config_file(vault, src, config, explicit, fallback, notes)
+        inputs = [vault_path, src.manifest_path, src.scout_path, cfg.path]
         _refuse_outputs(out_dir, inputs)
-        order = sorted([*scout_info, *experts], key=_natural_key)
-        plan = _Plan(scout_info, experts, dtypes, [])
-        plan.shards = _shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
-        crcs = (
-            {(r["layer"], r["expert"]): r["crc32c"] for r in doc["experts"]}
-            if doc is not None
-            else None
-        )
-        decoder = _Decoder(
-            vault,
-            crcs,
-            manifest_path,
-            _expert_tasks(plan),
-            usable_cores() if threads is None else threads,
-        )
-        try:
-            files = _commit_folder(
-                out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs
-            )
-        finally:
-            decoder.close()
-    expert_bytes = sum(plan.nbytes(n) for n in experts)
-    total = sum(plan.nbytes(n) for n in order)
+        plan = _Plan.build(src.scout, experts, dtypes, max_shard_size)
+        files = _write_checkpoint(vault, src, plan, cfg.data, out_dir, inputs, threads)
     return HfExportResult(
         out_dir,
         files,
-        len(order),
+        len(plan.names()),
         len(experts),
-        total,
-        expert_bytes,
-        chosen,
-        config_from,
+        sum(plan.nbytes(n) for n in plan.names()),
+        sum(plan.nbytes(n) for n in experts),
+        explicit or _common_dtype(dtypes),
+        cfg.origin,
         time.perf_counter() - t0,
         notes,
     )
+
+
+def _check_options(dtype: str | None, threads: int | None, max_shard_size: int) -> None:
+    """Refuse options no export takes (before any input is read)."""
+    if dtype is not None and dtype not in hf_config.DTYPES:
+        raise UsageError(f"--dtype: {dtype!r} is not one of {', '.join(hf_config.DTYPES)}")
+    if threads is not None and threads < 1:
+        raise UsageError(f"threads: must be at least 1, got {threads}")
+    if max_shard_size < 1:
+        raise UsageError(f"--max-shard-size: must be at least 1 byte, got {max_shard_size}")
+
+
+@dataclass
+class _Sources:
+    """The inputs besides the vault, checked against it: its manifest (``doc``, None when
+    there is none at ``manifest_path``) and its scout (the tensors' headers)."""
+
+    vault_path: Path
+    doc: dict[str, Any] | None
+    manifest_path: Path
+    scout_path: Path
+    scout: dict[str, TensorInfo]
+
+    @property
+    def crcs(self) -> dict[tuple[int, int], int] | None:
+        """Each expert's blob CRC-32C the manifest records (None without a manifest)."""
+        if self.doc is None:
+            return None
+        return {(r["layer"], r["expert"]): r["crc32c"] for r in self.doc["experts"]}
+
+
+def _open_sources(vault: Vault, vault_path: Path, scout: str | os.PathLike | None) -> _Sources:
+    """The manifest (checked to describe ``vault``, which must be whole) and the scout
+    (``scout``, default the one beside the vault; checked to belong to its model)."""
+    doc, manifest_path = _load_manifest(vault)
+    _refuse_partial(vault, doc)
+    scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
+    if scout is None and not os.path.lexists(scout_path):
+        raise RefusedInput(
+            f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
+            "which the sculptor writes); name it with --scout"
+        )
+    scout_info = read_header(scout_path)
+    emb = scout_info.get("model.embed_tokens.weight")
+    d_model = int(vault.header["d_model"])
+    if emb is not None and emb.shape[-1] != d_model:
+        raise RefusedInput(
+            f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
+            f"columns, but {vault_path} has d_model {d_model}: the scout "
+            "belongs to another model"
+        )
+    return _Sources(vault_path, doc, manifest_path, scout_path, scout_info)
+
+
+def _expert_layout(vault: Vault, src: _Sources, notes: list[str]) -> dict[str, OutTensor]:
+    """The output's expert tensors: the source's names and layout (manifest), else the
+    family's standard names (noted); refused if the scout already has one of them."""
+    experts = manifest_layout(vault, src.doc, src.manifest_path) if src.doc is not None else None
+    if experts is None:
+        model_type = "" if vault.arch is None else model_type_str(vault.arch["model_type"])
+        experts = family_layout(vault, set(src.scout), model_type)
+        first = next(iter(experts))
+        why = (
+            "no manifest beside the vault"
+            if src.doc is None
+            else f"{src.manifest_path.name} records no source tensors"
+        )
+        notes.append(
+            f"{why}: experts named as the family's checkpoints name them "
+            f"({first.replace('.0.', '.{L}.', 1)} ...)"
+        )
+    clash = sorted(set(experts) & set(src.scout))
+    if clash:
+        raise RefusedInput(
+            f"{src.scout_path}: already has {clash[0]!r}, which the vault's experts "
+            "would write: the scout belongs to another vault"
+        )
+    return experts
+
+
+def _common_dtype(dtypes: dict[str, str]) -> str:
+    """The experts' one dtype, or ``mixed``."""
+    return dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
+
+
+@dataclass
+class _ConfigFile:
+    """The config.json to write: its bytes, where they came from (for the summary), and
+    the path of the copied (or looked-for) config."""
+
+    data: bytes
+    origin: str
+    path: Path
+
+
+def _config_file(
+    vault: Vault,
+    src: _Sources,
+    config: str | os.PathLike | None,
+    explicit: str | None,
+    fallback: str,
+    notes: list[str],
+) -> _ConfigFile:
+    """``config`` (default the one beside the vault) copied, its dtype set to ``explicit``
+    (``--dtype``) if given; without one, rebuilt from the arch block and the scout for
+    ``explicit`` or else ``fallback`` (noting what it assumed)."""
+    vault_path = src.vault_path
+    cfg_path = Path(config) if config is not None else companions(vault_path)[1]
+    if config is not None or os.path.lexists(cfg_path):
+        data, more = hf_config.copied(cfg_path, explicit)
+        notes += more
+        return _ConfigFile(data, f"copied from {cfg_path}", cfg_path)
+    cfg, assumed = hf_config.rebuild(vault, src.scout, explicit or fallback)
+    notes.append(
+        f"config.json rebuilt from {vault_path.name}'s arch block and the "
+        f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
+        f"assumed: {', '.join(assumed)}"
+    )
+    return _ConfigFile(
+        hf_config.json_bytes(cfg), "rebuilt from the arch block and the scout", cfg_path
+    )
+
+
+def _write_checkpoint(
+    vault: Vault,
+    src: _Sources,
+    plan: _Plan,
+    config_bytes: bytes,
+    out_dir: Path,
+    inputs: list[Path],
+    threads: int | None,
+) -> list[str]:
+    """Decode the experts in ``threads`` threads (default: the usable cores) while the
+    folder is written and put in place; the names of the files written."""
+    decoder = _Decoder(
+        vault,
+        src.crcs,
+        src.manifest_path,
+        _expert_tasks(plan),
+        usable_cores() if threads is None else threads,
+    )
+    try:
+        return _commit_folder(
+            out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs
+        )
+    finally:
+        decoder.close()
 
 
 def _commit_folder(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smoe.errors import SmoeError
+from smoe.errors import FormatError
 from smoe.interop.safetensors_io import FLOAT_DTYPES
 from smoe.vault.reader import Vault
 from smoe_gen.layout import TENSOR_NAMES
@@ -105,7 +105,7 @@ def _where(path: Path, i: int, j: int | None = None) -> str:
 
 def _uint(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SmoeError(f"{what} is {value!r}, expected a non-negative integer")
+        raise FormatError(f"{what} is {value!r}, expected a non-negative integer")
     return value
 
 
@@ -141,55 +141,73 @@ def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, 
         key = (row["layer"], row["expert"])
         tensors = row["tensors"]
         if len(tensors) != len(TENSOR_NAMES):
-            raise SmoeError(
+            raise FormatError(
                 f"{_where(path, i)}: {len(tensors)} tensors, expected "
                 f"{len(TENSOR_NAMES)} (gate, up, down)"
             )
         for t, entry in enumerate(tensors):
-            where = _where(path, i, t)
-            if not isinstance(entry, dict):
-                raise SmoeError(f"{where}: not an object")
-            source, index, rows, dtype = (
-                entry.get(k) for k in ("source", "index", "rows", "dtype")
-            )
-            if not isinstance(source, str) or not source:
-                raise SmoeError(f"{where}.source is {source!r}, expected a tensor name")
-            if dtype is not None and dtype not in FLOAT_DTYPES:
-                raise SmoeError(
-                    f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}"
-                )
-            n_rows, cols = _shape(vault, key, t)
-            if index is not None:
-                index = _uint(index, f"{where}.index")
-            if rows is None:
-                span = (0, n_rows)
-            elif (
-                isinstance(rows, list)
-                and len(rows) == 2
-                and _uint(rows[1], f"{where}.rows[1]") - _uint(rows[0], f"{where}.rows[0]")
-                == n_rows
-            ):
-                span = (rows[0], rows[1])
-            else:
-                raise SmoeError(
-                    f"{where}.rows is {rows!r}, expected [start, start + {n_rows}] "
-                    f"for the vault's {n_rows} rows"
-                )
-            o = out.setdefault(source, OutTensor(source, ()))
-            if o.pieces and (
-                (o.pieces[0].index is None) != (index is None)
-                or o.shape[-1] != cols
-                or o.dtype != dtype
-            ):
-                raise SmoeError(
-                    f"{where}: {source!r} is given another index kind, width or "
-                    "dtype than by an earlier entry"
-                )
-            o.shape, o.dtype = (cols,), dtype
-            o.pieces.append(Piece(key, t, index, span))
+            _place(out, vault, key, t, entry, _where(path, i, t))
     for o in out.values():
         _tile(o, path)
     return out
+
+
+def _place(
+    out: dict[str, OutTensor],
+    vault: Vault,
+    key: tuple[int, int],
+    t: int,
+    entry: object,
+    where: str,
+) -> None:
+    """Add vault tensor ``t`` of expert ``key`` to the output tensor its manifest ``entry``
+    (at ``where``) names; refused if that tensor was given another index kind, width or
+    dtype before."""
+    source, index, rows, dtype = _entry_fields(entry, where)
+    n_rows, cols = _shape(vault, key, t)
+    if index is not None:
+        index = _uint(index, f"{where}.index")
+    span = _span(rows, where, n_rows)
+    o = out.setdefault(source, OutTensor(source, ()))
+    if o.pieces and (
+        (o.pieces[0].index is None) != (index is None) or o.shape[-1] != cols or o.dtype != dtype
+    ):
+        raise FormatError(
+            f"{where}: {source!r} is given another index kind, width or "
+            "dtype than by an earlier entry"
+        )
+    o.shape, o.dtype = (cols,), dtype
+    o.pieces.append(Piece(key, t, index, span))
+
+
+def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None]:
+    """An ``experts[].tensors[]`` entry of the manifest: its source tensor's name and dtype
+    (None: not recorded), checked, and its ``index`` and ``rows`` as given."""
+    if not isinstance(entry, dict):
+        raise FormatError(f"{where}: not an object")
+    source, index, rows, dtype = (entry.get(k) for k in ("source", "index", "rows", "dtype"))
+    if not isinstance(source, str) or not source:
+        raise FormatError(f"{where}.source is {source!r}, expected a tensor name")
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        raise FormatError(f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}")
+    return source, index, rows, dtype
+
+
+def _span(rows: object, where: str, n_rows: int) -> tuple[int, int]:
+    """The ``rows`` of an entry (absent: all of them) as ``(start, stop)``, which must hold
+    exactly the vault tensor's ``n_rows`` rows."""
+    if rows is None:
+        return (0, n_rows)
+    if (
+        isinstance(rows, list)
+        and len(rows) == 2
+        and _uint(rows[1], f"{where}.rows[1]") - _uint(rows[0], f"{where}.rows[0]") == n_rows
+    ):
+        return (rows[0], rows[1])
+    raise FormatError(
+        f"{where}.rows is {rows!r}, expected [start, start + {n_rows}] "
+        f"for the vault's {n_rows} rows"
+    )
 
 
 def _tile(o: OutTensor, path: Path) -> None:
@@ -208,7 +226,7 @@ def _tile(o: OutTensor, path: Path) -> None:
             at = stop
         if at != height:
             slab = "" if index is None else f" slab {index}"
-            raise SmoeError(
+            raise FormatError(
                 f"{path}: the experts' sources do not tile {o.name!r}{slab}: rows "
                 f"{sorted(spans)} of {height}"
             )
@@ -219,7 +237,7 @@ def _tile(o: OutTensor, path: Path) -> None:
     count = max(indices) + 1
     missing = sorted(set(range(count)) - set(indices))
     if missing:
-        raise SmoeError(
+        raise FormatError(
             f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing[0]}"
         )
     o.shape = (count, height, cols)

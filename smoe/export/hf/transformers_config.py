@@ -17,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput
 from smoe.families.config import read_json
+from smoe.format.records import model_type_str
 from smoe.interop.safetensors_io import TensorInfo
 from smoe.vault.reader import Vault
 from smoe_gen import layout
 
-__all__ = ["DTYPES", "copied", "rebuild"]
+__all__ = ["DTYPES", "copied", "json_bytes", "rebuild"]
 
 DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
 """``--dtype`` -> safetensors dtype."""
@@ -43,6 +44,16 @@ EXPERT_COUNT_KEY = {
 }  # others: num_experts
 DENSE_MLP = re.compile(r"^model\.layers\.(\d+)\.mlp\.gate_proj\.weight$")
 MAX_POSITIONS = 4096
+
+
+def json_bytes(doc: object) -> bytes:
+    """``doc`` as the JSON files of a checkpoint folder are written (``save_pretrained``'s
+    style): indented by 2, keys sorted, a final newline; ASCII (other characters escaped).
+
+    >>> json_bytes({"b": [1], "a": None})
+    b'{\\n  "a": null,\\n  "b": [\\n    1\\n  ]\\n}\\n'
+    """
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _config_dtype(cfg: dict[str, Any]) -> str | None:
@@ -72,7 +83,7 @@ def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
     """
     cfg = read_json(path)
     if not isinstance(cfg, dict):
-        raise SmoeError(f"{path}: not a JSON object")
+        raise RefusedInput(f"{path}: not a JSON object")
     if dtype is None or _config_dtype(cfg) == dtype:
         return path.read_bytes(), []
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
@@ -80,7 +91,7 @@ def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
     for key in keys:
         cfg[key] = TORCH_NAMES[dtype]
     note = f"config.json: {keys[0]} set to {TORCH_NAMES[dtype]!r} (was {was}) to match --dtype"
-    return (json.dumps(cfg, indent=2, sort_keys=True) + "\n").encode(), [note]
+    return json_bytes(cfg), [note]
 
 
 def _f32(value: float) -> float:
@@ -108,44 +119,62 @@ def rebuild(
     >>> assumed[:2]
     ["rope_type 'default' (no rope scaling)", 'max_position_embeddings 4096']
     """
+    a, model_type, emb = _rebuild_inputs(vault, scout)
+    dense = sorted(int(m.group(1)) for n in scout if (m := DENSE_MLP.match(n)))
+    layer0 = f"model.layers.{dense[0] if dense else sorted(vault.layers())[0]}"
+    assumed = [
+        "rope_type 'default' (no rope scaling)",
+        f"max_position_embeddings {MAX_POSITIONS}",
+        "no bos/eos/pad token ids (the tokenizer's config has them)",
+    ]
+    cfg = _common_fields(vault, a, model_type, emb, scout, dtype)
+    _family_fields(cfg, a, scout, dense, layer0, assumed)
+    return cfg, assumed
+
+
+def _rebuild_inputs(vault: Vault, scout: dict[str, TensorInfo]) -> tuple[np.void, str, TensorInfo]:
+    """The arch block, its model_type and the scout's embedding, which a rebuild needs;
+    refused, naming what is missing."""
     a = vault.arch
     if a is None:
-        raise SmoeError(
+        raise RefusedInput(
             f"{vault.path}: no config.json beside it and no arch block (a v1 "
             "vault) to rebuild one from; pass --config MODEL/config.json"
         )
-    model_type = bytes(a["model_type"]).rstrip(b"\0").decode("utf-8", "replace")
+    model_type = model_type_str(a["model_type"])
     if model_type not in ARCHITECTURES:
-        raise SmoeError(
+        raise RefusedInput(
             f"{vault.path}: no config.json beside it, and model_type "
             f"{model_type!r} has no recipe to rebuild one (known: "
             f"{', '.join(sorted(ARCHITECTURES))}); pass --config"
         )
     emb = scout.get("model.embed_tokens.weight")
     if emb is None or len(emb.shape) != 2:
-        raise SmoeError(
+        raise RefusedInput(
             f"{vault.path}: the scout has no 2-D model.embed_tokens.weight to "
             "take hidden_size and vocab_size from; pass --config"
         )
-    flags = int(a["flags"])
-    heads, kv, head_dim = int(a["num_heads"]), int(a["num_kv_heads"]), int(a["head_dim"])
-    moe_ffn, shared = int(a["moe_ffn_dim"]), int(a["shared_expert_ffn_dim"])
-    moe_layers = sorted(vault.layers())
-    dense = sorted(int(m.group(1)) for n in scout if (m := DENSE_MLP.match(n)))
-    layer0 = f"model.layers.{dense[0] if dense else moe_layers[0]}"
-    assumed = [
-        "rope_type 'default' (no rope scaling)",
-        f"max_position_embeddings {MAX_POSITIONS}",
-        "no bos/eos/pad token ids (the tokenizer's config has them)",
-    ]
-    cfg: dict[str, Any] = {
+    return a, model_type, emb
+
+
+def _common_fields(
+    vault: Vault,
+    a: np.void,
+    model_type: str,
+    emb: TensorInfo,
+    scout: dict[str, TensorInfo],
+    dtype: str,
+) -> dict[str, Any]:
+    """The fields of every family's config: from the arch block, the header (expert
+    count) and the scout (embedding shape, tied lm_head); ``dtype``'s torch name."""
+    return {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
         "hidden_size": int(emb.shape[1]),
         "vocab_size": int(emb.shape[0]),
         "num_hidden_layers": int(a["num_hidden_layers"]),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv,
+        "num_attention_heads": int(a["num_heads"]),
+        "num_key_value_heads": int(a["num_kv_heads"]),
         "rms_norm_eps": _f32(a["rms_norm_eps"]),
         "rope_parameters": {"rope_theta": _f32(a["rope_theta"]), "rope_type": "default"},
         "hidden_act": "silu",
@@ -158,31 +187,45 @@ def rebuild(
         "eos_token_id": None,
         "pad_token_id": None,
     }
+
+
+def _family_fields(
+    cfg: dict[str, Any],
+    a: np.void,
+    scout: dict[str, TensorInfo],
+    dense: list[int],
+    layer0: str,
+    assumed: list[str],
+) -> None:
+    """The fields of ``cfg``'s family: expert and dense widths, head_dim, biases, shared
+    experts, the family's knobs (``dense``: the dense layers' ids; ``layer0``: the first
+    layer's tensor prefix); each value assumed is added to ``assumed``."""
+    model_type = cfg["model_type"]
+    head_dim, moe_ffn = int(a["head_dim"]), int(a["moe_ffn_dim"])
+    shared = int(a["shared_expert_ffn_dim"])
     bias = f"{layer0}.self_attn.q_proj.bias" in scout
     if model_type == "mixtral":
         cfg.update(intermediate_size=moe_ffn, head_dim=head_dim, sliding_window=None)
         assumed.append("sliding_window null")
-        return cfg, assumed
-    cfg.update(
-        moe_intermediate_size=moe_ffn, norm_topk_prob=bool(flags & layout.FLAG_NORM_TOPK_PROB)
-    )
+        return
+    norm_topk = bool(int(a["flags"]) & layout.FLAG_NORM_TOPK_PROB)
+    cfg.update(moe_intermediate_size=moe_ffn, norm_topk_prob=norm_topk)
     if dense:
         cfg["intermediate_size"] = _rows(scout, f"model.layers.{dense[0]}.mlp.gate_proj.weight")
     if model_type.startswith("deepseek"):
         _deepseek(cfg, scout, layer0, head_dim, moe_ffn, shared, dense, assumed)
-        return cfg, assumed
+        return
     cfg["head_dim"] = head_dim
     if model_type == "olmoe":  # its experts' width is intermediate_size
         del cfg["moe_intermediate_size"]
         cfg.update(intermediate_size=moe_ffn, attention_bias=bias, clip_qkv=None)
         assumed.append("clip_qkv null")
-        return cfg, assumed
+        return
     cfg.update(decoder_sparse_step=1, mlp_only_layers=dense, use_sliding_window=False)
     if model_type == "qwen2_moe":
         cfg.update(qkv_bias=bias, shared_expert_intermediate_size=shared)
     else:
         cfg["attention_bias"] = bias
-    return cfg, assumed
 
 
 def _deepseek(
@@ -202,7 +245,7 @@ def _deepseek(
     kv_a = _rows(scout, f"{attn}.kv_a_proj_with_mqa.weight")
     kv_b = _rows(scout, f"{attn}.kv_b_proj.weight")
     if kv_rank is None or kv_a is None or kv_b is None:
-        raise SmoeError(
+        raise RefusedInput(
             f"the scout has no {attn}.kv_a_layernorm / kv_a_proj_with_mqa / "
             "kv_b_proj weights to take the MLA widths from; pass --config"
         )

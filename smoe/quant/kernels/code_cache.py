@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from types import CodeType
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, SmoeError
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 
@@ -66,7 +66,7 @@ def compile_cached(source: str, filename: str) -> CodeType:
     path = _entry(digest, filename)
     if path is not None:
         with contextlib.suppress(OSError, ValueError, EOFError, TypeError, SmoeError):
-            data = fileio.read_whole(path, _MAX, lambda size: SmoeError(f"{path}: too large"))
+            data = fileio.read_whole(path, _MAX, lambda size: RefusedInput(f"{path}: too large"))
             head = len(_MAGIC) + len(digest)
             if data[:head] == _MAGIC + digest:
                 code = marshal.loads(data[head:])

@@ -1,11 +1,12 @@
-"""Compiled SMOE-Q2/Q4 decoder (numba), bit-identical to the numpy reference in quant.py.
+"""Compiled SMOE-Q2/Q4 decoder (numba), bit-identical to the numpy reference.
 
 :func:`smoe.quant.decode` (float32) and :func:`smoe.quant.decode_bf16` (bfloat16 bits)
 call :func:`decode_into` for tensors of at least ``quant.FAST_MIN_WEIGHTS`` weights. It
 computes the reference's very products: per group, the fp16 scale is widened to float32
 as numpy widens it (numba has no float16: the bits are widened with integer arithmetic,
 NaN payloads kept, subnormals exact) and multiplied once by each of the ``2**bits``
-levels of quant's own table; every weight of the group then takes its code's product.
+levels of the numpy decoder's own table (:func:`smoe.quant.packing.level_lut`); every
+weight of the group then takes its code's product.
 For bfloat16 output each product is rounded as the reference rounds float32 (to nearest
 even on the bits, ``(u + 0x7FFF + ((u >> 16) & 1)) >> 16`` in uint32; every NaN 0x7FC0),
 so the tensor is written once, with no float32 copy of it.
@@ -20,8 +21,8 @@ import numba
 import numpy as np
 from numba.extending import overload
 
-from smoe.quant import _level_lut
 from smoe.quant.kernels.jit import jit
+from smoe.quant.packing import level_lut
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
 __all__ = ["decode_into", "widen_f16"]
@@ -29,8 +30,8 @@ __all__ = ["decode_into", "widen_f16"]
 if GROUP_SIZE != 64 or set(SUPPORTED_BITS) != {2, 4}:
     raise ImportError("the compiled decoder is written for Q2 and Q4 in groups of 64 weights")
 
-_LEVELS = {b: np.ascontiguousarray(_level_lut(b)[: 1 << b, 0]) for b in SUPPORTED_BITS}
-"""Per width, the level of each code: field 0 of the bytes below ``2**bits`` in quant's
+_LEVELS = {b: np.ascontiguousarray(level_lut(b)[: 1 << b, 0]) for b in SUPPORTED_BITS}
+"""Per width, the level of each code: field 0 of the bytes below ``2**bits`` in that
 table, the same float32 values the numpy decoder multiplies."""
 
 _U32 = np.uint32

@@ -1,4 +1,4 @@
-"""Compiled SMOE-Q2/Q4 encoder (numba), byte-identical to the numpy reference in quant.py.
+"""Compiled SMOE-Q2/Q4 encoder (numba), byte-identical to the numpy reference.
 
 :mod:`smoe.quant` keeps the numpy encoder as the reference; these kernels repeat each of
 its float32 operations in the same order, so codes and scales are the same bytes. How:
@@ -35,9 +35,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from smoe.quant import _Q4_FACTORS, _Q4W_FACTORS
 from smoe.quant.kernels.code_cache import compile_cached
 from smoe.quant.kernels.jit import jit
+from smoe.quant.scales import Q4_FACTORS, Q4W_FACTORS
 from smoe_gen.layout import GROUP_SIZE, code_centre
 
 __all__ = ["NEEDS_REFERENCE", "OK", "REFUSED", "TILE", "einsum_order_holds", "encode_chunk"]
@@ -62,13 +62,13 @@ _MAG = np.uint32(0x7FFFFFFF)
 _HUGE = np.uint32(np.float32(2.0**60).view(np.uint32))
 """Tiles with a ``|w|`` pattern at or above this sum their stats in float64: below it,
 sums of 16 squares in float32 cannot overflow."""
-_Q4_F0, _Q4_F1 = (_F32(f) for f in _Q4_FACTORS)  # as numpy applies them: float32 factors
-_Q4_REL_INV = _F32(1) / _F32(_Q4_FACTORS[1] / _Q4_FACTORS[0])  # numpy: 1 / np.float32(rel)
+_Q4_F0, _Q4_F1 = (_F32(f) for f in Q4_FACTORS)  # as numpy applies them: float32 factors
+_Q4_REL_INV = _F32(1) / _F32(Q4_FACTORS[1] / Q4_FACTORS[0])  # numpy: 1 / np.float32(rel)
 _C4 = _F32(code_centre(4))  # the Q4 decoding centre (7.5), from the spec
-_Q4W_F = np.array(_Q4W_FACTORS, np.float32)  # the ladder with importance, as numpy has it
-_Q4W_K = np.array([_F32(1) / _F32(f / _Q4W_FACTORS[0]) for f in _Q4W_FACTORS], np.float32)
+_Q4W_F = np.array(Q4W_FACTORS, np.float32)  # the ladder with importance, as numpy has it
+_Q4W_K = np.array([_F32(1) / _F32(f / Q4W_FACTORS[0]) for f in Q4W_FACTORS], np.float32)
 """Per rung, the factor from the first rung's ``t`` to its own (numpy: 1 / rel)."""
-_NF = len(_Q4W_FACTORS)
+_NF = len(Q4W_FACTORS)
 
 
 def _generated(source: str):
@@ -104,7 +104,7 @@ def _sort_network(n: int) -> list[tuple[int, int]]:
 
 
 def _split_weights() -> np.ndarray:
-    """``r[n, k] = float32(1 / sqrt(k + 9 (n - k)))``, as quant._scales_q2_optimal has it."""
+    """``r[n, k] = float32(1 / sqrt(k + 9 (n - k)))``, as scales._scales_q2_optimal has it."""
     out = np.zeros((GROUP_SIZE + 1, GROUP_SIZE + 1), np.float32)
     for n in range(1, GROUP_SIZE + 1):
         ks = np.arange(n + 1)
@@ -120,7 +120,7 @@ _RTAB = _split_weights()
 
 @numba.njit(inline="always")
 def _f16_round(s):
-    """quant._f16_round of one float32: the same bits (also -0, subnormals, NaN).
+    """scales.f16_round of one float32: the same bits (also -0, subnormals, NaN).
     Branch-free, so that loops over groups vectorise."""
     x = _FP16_MAX if s > _FP16_MAX else (_F32(0) if s < _F32(0) else s)
     u = np.float32(x).view(np.uint32)
@@ -132,7 +132,7 @@ def _f16_round(s):
 
 @numba.njit(inline="always")
 def _q4_pick(absmax, svt0, svv0, svt1, svv1):
-    """The scored choice among one group's candidate scales (quant._scales_candidates):
+    """The scored choice among one group's candidate scales (scales._scales_candidates):
     ``svt``, ``svv`` are ``sum(v t)`` and ``sum(v v)`` of the two candidates' codes."""
     s0 = _f16_round(absmax)
     base = s0 * _Q4_F0
@@ -318,7 +318,7 @@ def _codes_source(weighted: bool = False) -> str:
     """``_codes_rows(y, inv4, scl4, half, lo, hi, codes, sums)``: per lane ``q`` of a tile,
     the codes ``clip(floor(w * inv4[q]), lo, hi) + half`` into ``codes[m * _W + q]`` and the
     lane's ``sum(w), sum(w^2), sum(err), sum(err^2)`` into ``sums[k * _W + q]``, with
-    ``err = w - (f + 0.5) * scl4[q]`` (quant._floor_codes, and the stats of encode_into).
+    ``err = w - (f + 0.5) * scl4[q]`` (packing.floor_codes, and the stats of encode_into).
     ``weighted``: ``_codes_rows_w(y, hy, ...)``, also ``sum(h w^2), sum(h err^2)`` with the
     importance tile ``hy``."""
     name, extra = ("_codes_rows_w", "hy, ") if weighted else ("_codes_rows", "")
@@ -357,7 +357,7 @@ def _codes_source(weighted: bool = False) -> str:
 
 def _q4w_sums_source() -> str:
     """``_q4w_sums(y, hy, inv4, out)``: per lane ``q`` of a tile and rung ``i`` of the ladder
-    (quant._scales_q4_weighted), ``sum(v_i u)`` with ``u = h t`` into ``out[2 i * _W + q]``
+    (scales._scales_q4_weighted), ``sum(v_i u)`` with ``u = h t`` into ``out[2 i * _W + q]``
     and ``sum((v_i v_i) h)`` into ``out[(2 i + 1) * _W + q]``, both in numpy's einsum order
     from +0 (``t = w * inv4[q]``, ``h`` the importance tile ``hy``)."""
     lines = [
@@ -386,7 +386,7 @@ def _q4w_sums_source() -> str:
 
 def _q2_optima_source() -> str:
     """``_q2_optima(yu, out)``: per group of a tile, the float64 least-squares scale of its
-    best Q2 split (quant._scales_q2_optimal): sorting network on the ``|w|`` bit patterns,
+    best Q2 split (scales._scales_q2_optimal): sorting network on the ``|w|`` bit patterns,
     float32 prefix sums, tagged scores of the splits ``k = 0 .. 64``."""
     n = GROUP_SIZE
     mask = -1 << n.bit_length()
@@ -421,7 +421,7 @@ def _q2_optima_source() -> str:
 
 
 def _q4w_pick_lines(indent: str, out: str) -> list[str]:
-    """Straight-line code of one group's weighted Q4 choice (quant._scales_q4_weighted) from
+    """Straight-line code of one group's weighted Q4 choice (scales._scales_q4_weighted) from
     ``absmax``, ``svt0..``, ``svv0..`` into ``out``: per rung its own scale, its
     least-squares scale and the absmax scale ``s0`` (np.fmin.reduce skips NaN scores; ties
     take the smallest scale; a pick above 65504 becomes the first rung's scale)."""
@@ -488,7 +488,7 @@ def _q4w_pick_source() -> str:
 def _q2w_optima_source(wide: bool) -> str:
     """``_q2w_optima32(yu, hu, out, total)`` (``wide``: ``_q2w_optima64``): per group of a
     tile, the float64 least-squares scale of its best weighted Q2 split
-    (quant._scales_q2_weighted) into ``out[g]`` and ``sum(h |w|)`` into ``total[g]``.
+    (scales._scales_q2_weighted) into ``out[g]`` and ``sum(h |w|)`` into ``total[g]``.
 
     The magnitudes sort with their importance ``hu`` as the keys ``|w| << 32 | h`` do.
     ``wide`` sorts those 64-bit keys; the 32-bit form ``|w| | h >> 16`` sorts the same way
@@ -653,7 +653,7 @@ def _load_importance(hcols, c0, g0, t, hy, last):
 
 @jit()
 def _q4_scales(y, amax, scales, inv4, sums, which):
-    """Q4 ``optimal`` scales of a tile (quant._scales_candidates), into ``scales[g]`` for the
+    """Q4 ``optimal`` scales of a tile (scales._scales_candidates), into ``scales[g]`` for the
     groups ``g`` with ``which[g]``."""
     for g in range(TILE):
         base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4_F0
@@ -677,7 +677,7 @@ def _q4_scales(y, amax, scales, inv4, sums, which):
 
 @jit()
 def _q4w_scales(y, hy, amax, plain, scales, inv4, sums, wsums):
-    """Q4 ``optimal`` scales of a tile with importance (quant._weighted_scales): the ladder's
+    """Q4 ``optimal`` scales of a tile with importance (scales._weighted_scales): the ladder's
     weighted choice, or the plain one for the groups whose weighted signal is 0."""
     for g in range(TILE):
         base = _f16_round(np.uint32(amax[g]).view(np.float32)) * _Q4W_F[0]
@@ -701,7 +701,7 @@ def _bf16_exact(yu):
 @jit()
 def _q2w_optima(yu, hu, narrow, plain, optima, total, plain_optima):
     """Q2 ``optimal`` least-squares scales (float64) of a tile with importance
-    (quant._weighted_scales); the plain ones where the weighted signal is 0."""
+    (scales._weighted_scales); the plain ones where the weighted signal is 0."""
     if narrow:
         _q2w_optima32(yu, hu, optima, total)
     else:
@@ -887,7 +887,7 @@ def _q2_group(w, rtab):
 @jit()
 def _q2w_group(w, h, rtab):
     """Q2 ``optimal`` scale of one group ``w`` (fewer than 64 weights) with importance
-    ``h`` (quant._scales_q2_weighted); -1 when the optimum exceeds 65504."""
+    ``h`` (scales._scales_q2_weighted); -1 when the optimum exceeds 65504."""
     n = w.size
     keys = np.empty(n, np.uint64)
     for j in range(n):  # insertion sort of the keys |w| << 32 | h
