@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.cli.console import valid_text
+from smoe.errors import SmoeError, WriteFailed
 from smoe.format import manifest as manifests
 from smoe.format.findings import Finding, Value, display
 from smoe.format.verify import Report, verify_file
@@ -87,8 +88,6 @@ UNRECORDED = "#94a3b8"  # the manifest has no SNR for the expert
 ABSENT = "#eef1f5"  # no such expert in the vault (partial vault)
 MIXED = "#a8a29e"  # a merged blob segment holding several layers
 UNUSED = "url(#hatch)"  # bytes no region claims (holes between blobs, a tail)
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -158,13 +157,13 @@ def write_report(
     True
     >>> write_report("fixtures/q4_v2.smoe", "fixtures/q4_v2.smoe")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/q4_v2.smoe: the output is the input ... itself; ...
+    smoe.errors.WriteFailed: fixtures/q4_v2.smoe: the output is the input ... itself; ...
     """
     vault, out = Path(vault), Path(out)
     side = manifest_for(vault, manifest)
     fileio.refuse_same_file(out, [vault, manifests.path_for(vault), *([side] if side else [])])
     if out.is_dir():
-        raise SmoeError(f"{out}: is a folder; name the .html file to write")
+        raise WriteFailed(f"{out}: is a folder; name the .html file to write")
     with FileView.open(vault) as view:
         report = verify_file(view, vault, deep=deep, manifest=manifest)
         context = collect(view, vault, report, side, deep)
@@ -252,12 +251,27 @@ def collect(
     (8, [4, 4], None)
     """
     size = len(view)
-    geo = report.geometry
+    ctx = _empty_context(path, size, report, deep)
+    if size < layout.HEADER_SIZE:
+        ctx["snr_note"] = "The file is shorter than a header; there is nothing to picture."
+        return ctx
+    h = header_view(view)
+    ctx["header"] = _fields(h, layout.HEADER_DTYPE, "header", 0)
+    ctx["summary"] = _format_summary(h, size)
+    if report.geometry is None:
+        ctx["snr_note"] = "The header cannot be trusted (see the findings), so nothing is drawn."
+        return ctx
+    _picture(ctx, view, report.geometry, h, manifest)
+    return ctx
+
+
+def _empty_context(path: Path, size: int, report: Report, deep: bool) -> dict[str, Any]:
+    """The context of a file with nothing to picture: its name, size and findings."""
     from smoe import __version__
 
-    ctx: dict[str, Any] = {
-        "name": _text(path.name),
-        "path": _text(os.fsdecode(path)),
+    return {
+        "name": valid_text(path.name),
+        "path": valid_text(os.fsdecode(path)),
         "size": size,
         "version": __version__,
         "deep": deep,
@@ -275,23 +289,30 @@ def collect(
         "snr_note": "",
         "verdict": _verdict(report, deep),
     }
-    if size < layout.HEADER_SIZE:
-        ctx["snr_note"] = "The file is shorter than a header; there is nothing to picture."
-        return ctx
-    h = header_view(view)
-    ctx["header"] = _fields(h, layout.HEADER_DTYPE, "header", 0)
-    bits = int(h["bits"])
-    ctx["summary"] = [
+
+
+def _format_summary(h: np.void, size: int) -> list[tuple[str, str, str]]:
+    """The summary rows a header alone gives: format and file size."""
+    return [
         (
             "format",
-            f"v{int(h['version'])} · SMOE-Q{bits}",
+            f"v{int(h['version'])} · SMOE-Q{int(h['bits'])}",
             f"group {int(h['group_size'])}, {human(layout.PAGE_SIZE, 0)} pages",
         ),
         ("file size", human(size), f"{_num(size)} bytes"),
     ]
-    if geo is None:
-        ctx["snr_note"] = "The header cannot be trusted (see the findings), so nothing is drawn."
-        return ctx
+
+
+def _picture(
+    ctx: dict[str, Any],
+    view: FileView | np.ndarray,
+    geo: Geometry,
+    h: np.void,
+    manifest: Path | None,
+) -> None:
+    """Fill in what a trusted header lets the page draw: arch block, summary, file map,
+    layers and SNR."""
+    size = ctx["size"]
     arch = None
     if geo.version >= layout.VERSION_WITH_ARCH and geo.arch_readable:
         arch = arch_view(view, geo)
@@ -303,6 +324,24 @@ def collect(
     layers = _layers(table, descs, size)
     ctx["experts"] = geo.total
     ctx["layer_count"] = distinct = len(np.unique(blobs["layer"]))
+    ctx["summary"] += _vault_summary(h, geo, arch, blobs, distinct)
+    regions = _regions(geo, blobs, size)
+    ctx["regions"] = [r for r in regions if r["kind"] != "blobs"]
+    ctx["maps"] = _maps(regions, blobs, geo, size, distinct)
+    bits = int(h["bits"])
+    snr, ctx["snr_note"] = _manifest_snr(manifest, size, geo, table, bits)
+    if snr is not None and table is not None:
+        ctx["snr"] = _snr_view(snr, table, layers, int(h["max_experts_per_layer"]), bits)
+        for lay in layers:
+            lay["snr"] = ctx["snr"]["per_layer"].get(lay["layer"])
+    ctx["layers_hidden"] = distinct - len(layers)
+    ctx["layers"] = layers
+
+
+def _vault_summary(
+    h: np.void, geo: Geometry, arch: np.void | None, blobs: dict[str, np.ndarray], distinct: int
+) -> list[tuple[str, str, str]]:
+    """The summary rows of the table and arch block: experts, layers, model, blob bytes."""
     width = int(h["num_moe_layers"]) * int(h["max_experts_per_layer"])
     kind = (
         f"full: {int(h['num_moe_layers'])} × {int(h['max_experts_per_layer'])}"
@@ -313,10 +352,10 @@ def collect(
     model = f"d_model {int(h['d_model'])}"
     if arch is not None:
         model += f" · top-{int(arch['moe_top_k'])} of {int(h['max_experts_per_layer'])}"
-    ctx["summary"] += [
+    return [
         ("experts", _num(geo.total), kind),
         ("layers", f"{distinct} of {int(h['num_moe_layers'])}", "MoE layers in this file"),
-        ("model", _text(_model_type(arch)) if arch is not None else "unknown (v1)", model),
+        ("model", valid_text(_model_type(arch)) if arch is not None else "unknown (v1)", model),
         (
             "expert blobs",
             human(padded),
@@ -325,17 +364,6 @@ def collect(
             else "none",
         ),
     ]
-    regions = _regions(geo, blobs, size)
-    ctx["regions"] = [r for r in regions if r["kind"] != "blobs"]
-    ctx["maps"] = _maps(regions, blobs, geo, size, distinct)
-    snr, ctx["snr_note"] = _manifest_snr(manifest, size, geo, table, bits)
-    if snr is not None and table is not None:
-        ctx["snr"] = _snr_view(snr, table, layers, int(h["max_experts_per_layer"]), bits)
-        for lay in layers:
-            lay["snr"] = ctx["snr"]["per_layer"].get(lay["layer"])
-    ctx["layers_hidden"] = distinct - len(layers)
-    ctx["layers"] = layers
-    return ctx
 
 
 def _verdict(report: Report, deep: bool) -> dict[str, Any]:
@@ -350,8 +378,8 @@ def _finding(f: Finding) -> dict[str, Any]:
         "severity": f.severity,
         "code": f.code,
         "offset": f.offset,
-        "path": _text(f.path),
-        "message": _text(f.message),
+        "path": valid_text(f.path),
+        "message": valid_text(f.message),
         "expected": _value(f.expected),
         "actual": _value(f.actual),
     }
@@ -359,7 +387,7 @@ def _finding(f: Finding) -> dict[str, Any]:
 
 def _value(v: Value) -> str | None:
     shown = display(v)
-    return None if shown is None else _text(shown)
+    return None if shown is None else valid_text(shown)
 
 
 def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict[str, Any]]:
@@ -390,7 +418,7 @@ def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict
                 "offset": base + off,
                 "size": sub.itemsize,
                 "name": name,
-                "value": _text(shown),
+                "value": valid_text(shown),
                 "doc": _first_sentence(doc),
                 "full_doc": doc,
             }
@@ -793,49 +821,70 @@ def _manifest_snr(
     try:
         doc = manifests.load(where, geo.total)
     except SmoeError as e:
-        return None, f"The manifest {_text(os.fsdecode(where))} cannot be used: {_text(str(e))}"
+        return (
+            None,
+            f"The manifest {valid_text(os.fsdecode(where))} cannot be used: {valid_text(str(e))}",
+        )
     vault = doc["vault"]
     if vault["size"] != size or vault["experts"] != geo.total:
         return None, (
-            f"The manifest {_text(os.fsdecode(where))} describes another file "
+            f"The manifest {valid_text(os.fsdecode(where))} describes another file "
             f"({vault['size']} bytes, {vault['experts']} experts), so its SNR is "
             "not shown."
         )
+    snr, recorded, weighted = _snr_table(doc["experts"], table)
+    if not recorded:
+        return None, (
+            f"The manifest {valid_text(os.fsdecode(where))} records no per-tensor SNR "
+            "(it was not written by smoe sculpt)."
+        )
+    if weighted:
+        return snr, (
+            f"Importance-weighted SNR (the expected SNR of each expert's output, "
+            f"from the imatrix sculpt) from {valid_text(os.fsdecode(where))}."
+        )
+    return snr, f"SNR from {valid_text(os.fsdecode(where))}."
+
+
+def _snr_table(rows: list[dict[str, Any]], table: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The manifest's ``experts`` rows as SNR per table entry and tensor (NaN: none recorded,
+    +inf: exact), with the count of rows of this vault that have tensors and of tensors
+    whose SNR is importance-weighted."""
     index = {
         (int(la), int(e)): i
         for i, (la, e) in enumerate(zip(table["layer_id"].tolist(), table["expert_id"].tolist()))
     }
     snr = np.full((len(table), layout.TENSORS_PER_EXPERT), np.nan)
     recorded = weighted = 0
-    for row in doc["experts"]:
+    for row in rows:
         i = index.get((row["layer"], row["expert"]))
         tensors = row.get("tensors")
         if i is None or not isinstance(tensors, list):
             continue
         recorded += 1
         for t, tensor in enumerate(tensors[: layout.TENSORS_PER_EXPERT]):
-            # an imatrix sculpt records the importance-weighted SNR (the expected SNR of the
-            # expert's output), which is what its scales were chosen for: show that one
-            key = "snr_db"
-            if isinstance(tensor, dict) and _finite_number(tensor.get("weighted_snr_db")):
-                key = "weighted_snr_db"
-                weighted += 1
-            v = tensor.get(key) if isinstance(tensor, dict) else None
-            if v is None and isinstance(tensor, dict) and key in tensor:
-                snr[i, t] = np.inf  # null: all zero or exactly representable
-            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                snr[i, t] = float(v)
-    if not recorded:
-        return None, (
-            f"The manifest {_text(os.fsdecode(where))} records no per-tensor SNR "
-            "(it was not written by smoe sculpt)."
-        )
-    if weighted:
-        return snr, (
-            f"Importance-weighted SNR (the expected SNR of each expert's output, "
-            f"from the imatrix sculpt) from {_text(os.fsdecode(where))}."
-        )
-    return snr, f"SNR from {_text(os.fsdecode(where))}."
+            value, is_weighted = _tensor_snr(tensor)
+            weighted += is_weighted
+            if not math.isnan(value):  # none recorded: an earlier row's value stays
+                snr[i, t] = value
+    return snr, recorded, weighted
+
+
+def _tensor_snr(tensor: object) -> tuple[float, bool]:
+    """One manifest tensor's SNR (NaN: none recorded, +inf: null, all zero or exactly
+    representable), and whether it is the importance-weighted one."""
+    if not isinstance(tensor, dict):
+        return math.nan, False
+    # an imatrix sculpt records the importance-weighted SNR (the expected SNR of the
+    # expert's output), which is what its scales were chosen for: show that one
+    weighted = _finite_number(tensor.get("weighted_snr_db"))
+    key = "weighted_snr_db" if weighted else "snr_db"
+    v = tensor.get(key)
+    if v is None and key in tensor:
+        return math.inf, weighted
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v), weighted
+    return math.nan, weighted
 
 
 def _finite_number(v: object) -> bool:
@@ -856,149 +905,243 @@ def viridis(t: float) -> str:
     return "#" + "".join(f"{c:02x}" for c in mix)
 
 
+@dataclass(frozen=True)
+class _ExpertSnr:
+    """The manifest's SNR per table entry, and what the heat map derives from it."""
+
+    snr: np.ndarray  # (entries, tensors): NaN none recorded, +inf exact
+    lay_ids: np.ndarray
+    exp_ids: np.ndarray
+    expert_min: np.ndarray  # per entry the lowest finite SNR (+inf: no finite value)
+    recorded: np.ndarray  # per entry: some SNR recorded
+    exact: np.ndarray  # per entry: recorded, but no finite value
+    floor: float | None  # the bit width's SNR floor
+    lo: float  # the colour domain (colour_domain of the finite minima)
+    hi: float
+
+    @property
+    def mins(self) -> np.ndarray:
+        """The finite per-expert minima."""
+        return self.expert_min[np.isfinite(self.expert_min)]
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The heat map's cells: one row per shown layer, one column per expert id."""
+
+    rows: list[int]  # the layer id of each row
+    cols: int
+    # (rows, cols) cell codes: 0 absent, 1 unrecorded, 2 exact, 3 below floor, 4 + colour bin
+    code: np.ndarray
+    row: np.ndarray  # per entry its row (-1: a layer not shown)
+    shown: np.ndarray  # per entry: drawn in the grid
+    value_code: np.ndarray  # per entry its cell code
+
+
 def _snr_view(
     snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]], max_experts: int, bits: int
 ) -> dict[str, Any]:
     """Heat map (cells as one path per colour), legend, histograms, worst experts."""
-    floor = SNR_FLOOR_DB.get(bits)
-    finite = snr[np.isfinite(snr)]
-    expert_min = np.where(np.isfinite(snr), snr, np.inf).min(axis=1)  # inf: no finite value
-    mins = expert_min[np.isfinite(expert_min)]
-    lo, hi = colour_domain(mins, floor)
-    recorded = ~np.isnan(snr).all(axis=1)
-    exact = recorded & ~np.isfinite(expert_min)
-    lay_ids = table["layer_id"].astype(np.int64)
-    exp_ids = table["expert_id"].astype(np.int64)
-    rows = [lay["layer"] for lay in layers[:MAX_ROWS]]
-    row_of = {v: i for i, v in enumerate(rows)}
-    cols = int(min(MAX_COLS, max(max_experts, int(exp_ids.max()) + 1 if len(exp_ids) else 1)))
-    # cell codes: 0 absent, 1 unrecorded, 2 exact, 3 below floor, 4 + colour bin
-    code = np.zeros((len(rows), cols), np.int64)
-    r = np.array([row_of.get(int(v), -1) for v in lay_ids.tolist()], np.int64)
-    shown = (r >= 0) & (exp_ids < cols)
-    t = np.clip((expert_min - lo) / (hi - lo), 0.0, 1.0)
-    bins = np.minimum(
-        (np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64), COLOUR_BINS - 1
-    )
-    value_code = np.where(~recorded, 1, np.where(exact, 2, 4 + bins))
-    if floor is not None:
-        value_code = np.where(recorded & ~exact & (expert_min < floor), 3, value_code)
-    code[r[shown], exp_ids[shown]] = value_code[shown]
-    fills = {0: ABSENT, 1: UNRECORDED, 2: EXACT, 3: BELOW_FLOOR}
-    fills.update({4 + b: viridis((b + 0.5) / COLOUR_BINS) for b in range(COLOUR_BINS)})
-    cw = int(min(44, max(2, (WIDTH - 60) // cols)))
-    ch = cw if len(rows) * cw <= 900 else int(max(2, 900 // max(1, len(rows))))
-    heat: dict[str, Any] = {
-        "cols": cols,
-        "rows": len(rows),
-        "cw": cw,
-        "ch": ch,
-        "ox": 52,
-        "oy": 30,
-        "paths": _cell_paths(code, fills),
-        "cells": [],
-        "row_titles": [],
-        "xticks": _axis_ticks(cols, cw, 26),
-        "yticks": [],
-        "hidden": int((~shown).sum()),
-    }
-    heat["w"], heat["h"] = heat["ox"] + cols * cw + 8, heat["oy"] + len(rows) * ch + 8
-    step = _tick_step(len(rows), ch, 14)
-    heat["yticks"] = [{"y": i * ch + ch / 2, "label": rows[i]} for i in range(0, len(rows), step)]
-    names = TENSOR_NAMES
+    s = _expert_snr(snr, table, SNR_FLOOR_DB.get(bits))
+    grid = _grid(s, [lay["layer"] for lay in layers[:MAX_ROWS]], max_experts)
+    per_layer = _per_layer(s, grid.rows)
+    heat = _heat(s, grid)
     if len(table) <= CELL_TITLES_MAX:
-        for i in np.flatnonzero(shown).tolist():
-            vals = ", ".join(
-                f"{names[k].split('_')[0]} {_db(snr[i, k])}" for k in range(snr.shape[1])
-            )
-            heat["cells"].append(
-                {
-                    "x": int(exp_ids[i]),
-                    "y": int(r[i]),
-                    "title": f"layer {int(lay_ids[i])} expert {int(exp_ids[i])}: {vals}",
-                }
-            )
-    per_layer: dict[int, dict[str, Any]] = {}
-    for lay in rows:
-        sel = lay_ids == lay
-        vals = snr[sel]
-        fin = vals[np.isfinite(vals)]
-        if not fin.size:
-            per_layer[lay] = {"min": None, "mean": None, "worst": None, "low": 0}
-            continue
-        m = np.where(np.isfinite(vals), vals, np.inf)
-        at = np.unravel_index(int(np.argmin(m)), m.shape)
-        worst = int(exp_ids[np.flatnonzero(sel)[at[0]]])
-        low = int((expert_min[sel] < floor).sum()) if floor is not None else 0
-        per_layer[lay] = {
-            "min": float(fin.min()),
-            "mean": float(fin.mean()),
-            "worst": f"expert {worst} {names[at[1]]}",
-            "low": low,
-        }
-    if len(table) > CELL_TITLES_MAX:
-        for i, lay in enumerate(rows):
-            p = per_layer[lay]
-            text = (
-                f"layer {lay}: lowest {_db(p['min'])} ({p['worst']}), mean {_db(p['mean'])}"
-                if p["min"] is not None
-                else f"layer {lay}: no SNR recorded"
-            )
-            heat["row_titles"].append({"y": i, "title": text})
-    legend = [{"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in range(COLOUR_BINS)]
-    keys = [
-        (BELOW_FLOOR, f"below the Q{bits} floor ({floor:g} dB)", int((value_code == 3).sum()))
-        if floor is not None
-        else None,
-        (EXACT, "exact (all-zero tensors, no finite SNR)", int(exact.sum())),
-        (UNRECORDED, "no SNR in the manifest", int((~recorded).sum())),
-        (ABSENT, "not in this vault", int((code == 0).sum())),
-    ]
-    h_lo, h_hi = _widen(float(finite.min()), float(finite.max())) if finite.size else (lo, hi)
-    hists = [
-        _histogram(snr[:, k], names[k], (h_lo, h_hi), (lo, hi), floor) for k in range(snr.shape[1])
-    ]
-    order = np.argsort(np.where(np.isfinite(expert_min), expert_min, np.inf), kind="stable")
-    worst_rows = []
-    for i in order[:8].tolist():
-        if not np.isfinite(expert_min[i]):
-            break
-        k = int(np.nanargmin(np.where(np.isfinite(snr[i]), snr[i], np.nan)))
-        worst_rows.append(
-            {
-                "layer": int(lay_ids[i]),
-                "expert": int(exp_ids[i]),
-                "tensor": names[k],
-                "snr": float(expert_min[i]),
-                "low": floor is not None and expert_min[i] < floor,
-            }
-        )
+        heat["cells"] = _cell_titles(s, grid)
+    else:
+        heat["row_titles"] = _row_titles(grid.rows, per_layer)
+    finite = snr[np.isfinite(snr)]
+    mins = s.mins
     return {
         "heat": heat,
-        "lo": lo,
-        "hi": hi,
-        "legend": legend,
-        "legend_ticks": _legend_ticks(
-            lo,
-            hi,
-            COLOUR_BINS * 8,
-            below=bool(mins.size and mins.min() < lo),
-            above=bool(mins.size and mins.max() > hi),
-        ),
-        "swatches": [
-            {"fill": f, "label": lab, "count": n}
-            for f, lab, n in (k for k in keys if k is not None)
-            if n or f == BELOW_FLOOR
+        "lo": s.lo,
+        "hi": s.hi,
+        "legend": [
+            {"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in range(COLOUR_BINS)
         ],
-        "floor": floor,
+        "legend_ticks": _legend_ticks(
+            s.lo,
+            s.hi,
+            COLOUR_BINS * 8,
+            below=bool(mins.size and mins.min() < s.lo),
+            above=bool(mins.size and mins.max() > s.hi),
+        ),
+        "swatches": _swatches(s, grid, bits),
+        "floor": s.floor,
         "bits": bits,
-        "hists": hists,
-        "worst": worst_rows,
+        "hists": _histograms(s, finite),
+        "worst": _worst(s),
         "per_layer": per_layer,
-        "recorded": int(recorded.sum()),
+        "recorded": int(s.recorded.sum()),
         "total": len(table),
         "tensors": int(finite.size),
     }
+
+
+def _expert_snr(snr: np.ndarray, table: np.ndarray, floor: float | None) -> _ExpertSnr:
+    expert_min = np.where(np.isfinite(snr), snr, np.inf).min(axis=1)  # inf: no finite value
+    lo, hi = colour_domain(expert_min[np.isfinite(expert_min)], floor)
+    recorded = ~np.isnan(snr).all(axis=1)
+    return _ExpertSnr(
+        snr=snr,
+        lay_ids=table["layer_id"].astype(np.int64),
+        exp_ids=table["expert_id"].astype(np.int64),
+        expert_min=expert_min,
+        recorded=recorded,
+        exact=recorded & ~np.isfinite(expert_min),
+        floor=floor,
+        lo=lo,
+        hi=hi,
+    )
+
+
+def _grid(s: _ExpertSnr, rows: list[int], max_experts: int) -> _Grid:
+    """Each entry's cell and code (a colour bin of its lowest SNR, or why it has none)."""
+    exp_ids = s.exp_ids
+    row_of = {v: i for i, v in enumerate(rows)}
+    cols = int(min(MAX_COLS, max(max_experts, int(exp_ids.max()) + 1 if len(exp_ids) else 1)))
+    code = np.zeros((len(rows), cols), np.int64)
+    r = np.array([row_of.get(int(v), -1) for v in s.lay_ids.tolist()], np.int64)
+    shown = (r >= 0) & (exp_ids < cols)
+    t = np.clip((s.expert_min - s.lo) / (s.hi - s.lo), 0.0, 1.0)
+    bins = np.minimum(
+        (np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64), COLOUR_BINS - 1
+    )
+    value_code = np.where(~s.recorded, 1, np.where(s.exact, 2, 4 + bins))
+    if s.floor is not None:
+        value_code = np.where(s.recorded & ~s.exact & (s.expert_min < s.floor), 3, value_code)
+    code[r[shown], exp_ids[shown]] = value_code[shown]
+    return _Grid(rows=rows, cols=cols, code=code, row=r, shown=shown, value_code=value_code)
+
+
+def _heat(s: _ExpertSnr, g: _Grid) -> dict[str, Any]:
+    """The heat map's geometry, its cells as paths, its axes (tooltips are added after)."""
+    fills = {0: ABSENT, 1: UNRECORDED, 2: EXACT, 3: BELOW_FLOOR}
+    fills.update({4 + b: viridis((b + 0.5) / COLOUR_BINS) for b in range(COLOUR_BINS)})
+    rows, cols = len(g.rows), g.cols
+    cw = int(min(44, max(2, (WIDTH - 60) // cols)))
+    ch = cw if rows * cw <= 900 else int(max(2, 900 // max(1, rows)))
+    ox, oy = 52, 30
+    step = _tick_step(rows, ch, 14)
+    return {
+        "cols": cols,
+        "rows": rows,
+        "cw": cw,
+        "ch": ch,
+        "ox": ox,
+        "oy": oy,
+        "paths": _cell_paths(g.code, fills),
+        "cells": [],
+        "row_titles": [],
+        "xticks": _axis_ticks(cols, cw, 26),
+        "yticks": [{"y": i * ch + ch / 2, "label": g.rows[i]} for i in range(0, rows, step)],
+        "hidden": int((~g.shown).sum()),
+        "w": ox + cols * cw + 8,
+        "h": oy + rows * ch + 8,
+    }
+
+
+def _cell_titles(s: _ExpertSnr, g: _Grid) -> list[dict[str, Any]]:
+    """A tooltip per drawn cell: the expert's three SNRs."""
+    names = TENSOR_NAMES
+    cells = []
+    for i in np.flatnonzero(g.shown).tolist():
+        vals = ", ".join(
+            f"{names[k].split('_')[0]} {_db(s.snr[i, k])}" for k in range(s.snr.shape[1])
+        )
+        cells.append(
+            {
+                "x": int(s.exp_ids[i]),
+                "y": int(g.row[i]),
+                "title": f"layer {int(s.lay_ids[i])} expert {int(s.exp_ids[i])}: {vals}",
+            }
+        )
+    return cells
+
+
+def _per_layer(s: _ExpertSnr, rows: list[int]) -> dict[int, dict[str, Any]]:
+    """Per shown layer: its lowest and mean SNR, where the lowest is, how many are low."""
+    return {lay: _layer_snr(s, lay) for lay in rows}
+
+
+def _layer_snr(s: _ExpertSnr, lay: int) -> dict[str, Any]:
+    sel = s.lay_ids == lay
+    vals = s.snr[sel]
+    fin = vals[np.isfinite(vals)]
+    if not fin.size:
+        return {"min": None, "mean": None, "worst": None, "low": 0}
+    m = np.where(np.isfinite(vals), vals, np.inf)
+    at = np.unravel_index(int(np.argmin(m)), m.shape)
+    worst = int(s.exp_ids[np.flatnonzero(sel)[at[0]]])
+    low = int((s.expert_min[sel] < s.floor).sum()) if s.floor is not None else 0
+    return {
+        "min": float(fin.min()),
+        "mean": float(fin.mean()),
+        "worst": f"expert {worst} {TENSOR_NAMES[at[1]]}",
+        "low": low,
+    }
+
+
+def _row_titles(rows: list[int], per_layer: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A tooltip per heat-map row (for vaults too large for one per cell)."""
+    titles = []
+    for i, lay in enumerate(rows):
+        p = per_layer[lay]
+        text = (
+            f"layer {lay}: lowest {_db(p['min'])} ({p['worst']}), mean {_db(p['mean'])}"
+            if p["min"] is not None
+            else f"layer {lay}: no SNR recorded"
+        )
+        titles.append({"y": i, "title": text})
+    return titles
+
+
+def _swatches(s: _ExpertSnr, g: _Grid, bits: int) -> list[dict[str, Any]]:
+    """The legend's keys besides the colour scale, with their counts (below the floor
+    always, the others when they occur)."""
+    floor = s.floor
+    keys = [
+        (BELOW_FLOOR, f"below the Q{bits} floor ({floor:g} dB)", int((g.value_code == 3).sum()))
+        if floor is not None
+        else None,
+        (EXACT, "exact (all-zero tensors, no finite SNR)", int(s.exact.sum())),
+        (UNRECORDED, "no SNR in the manifest", int((~s.recorded).sum())),
+        (ABSENT, "not in this vault", int((g.code == 0).sum())),
+    ]
+    return [
+        {"fill": f, "label": lab, "count": n}
+        for f, lab, n in (k for k in keys if k is not None)
+        if n or f == BELOW_FLOOR
+    ]
+
+
+def _histograms(s: _ExpertSnr, finite: np.ndarray) -> list[dict[str, Any]]:
+    """One histogram per tensor kind, all over the same span."""
+    h_lo, h_hi = _widen(float(finite.min()), float(finite.max())) if finite.size else (s.lo, s.hi)
+    return [
+        _histogram(s.snr[:, k], TENSOR_NAMES[k], (h_lo, h_hi), (s.lo, s.hi), s.floor)
+        for k in range(s.snr.shape[1])
+    ]
+
+
+def _worst(s: _ExpertSnr) -> list[dict[str, Any]]:
+    """The (up to) eight experts of lowest SNR, and their worst tensor."""
+    order = np.argsort(np.where(np.isfinite(s.expert_min), s.expert_min, np.inf), kind="stable")
+    worst_rows = []
+    for i in order[:8].tolist():
+        if not np.isfinite(s.expert_min[i]):
+            break
+        k = int(np.nanargmin(np.where(np.isfinite(s.snr[i]), s.snr[i], np.nan)))
+        worst_rows.append(
+            {
+                "layer": int(s.lay_ids[i]),
+                "expert": int(s.exp_ids[i]),
+                "tensor": TENSOR_NAMES[k],
+                "snr": float(s.expert_min[i]),
+                "low": s.floor is not None and s.expert_min[i] < s.floor,
+            }
+        )
+    return worst_rows
 
 
 def _cell_paths(code: np.ndarray, fills: dict[int, str]) -> list[dict[str, str]]:
@@ -1151,8 +1294,3 @@ def human(n: int | float, digits: int = 1) -> str:
             return f"{int(n)} B" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
     return f"{n:.{digits}f} TiB"
-
-
-def _text(s: str) -> str:
-    """Valid Unicode for the page: a lone surrogate (an undecodable path byte) -> U+FFFD."""
-    return s if s.isascii() else _SURROGATE.sub("\ufffd", s)

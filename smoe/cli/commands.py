@@ -1,0 +1,518 @@
+"""The ``smoe`` subcommands: one ``cmd_<command>(args) -> exit status`` each.
+
+Each takes the namespace :func:`smoe.cli.parser.build_parser` parses, prints its output
+(rich text, or with ``--json`` one document) and returns the exit status; a failure is
+raised and worded by :mod:`smoe.cli.failures`. The layers below are imported inside each
+command, so that ``smoe --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from smoe.cli.console import (
+    make_console,
+    make_table,
+    print_json,
+    print_notes,
+    print_warnings,
+    shown,
+)
+from smoe.cli.failures import fail
+from smoe.format import findings
+from smoe_gen import layout
+
+if TYPE_CHECKING:
+    from smoe.format.records import ArchInfo
+    from smoe.format.verify import Report
+    from smoe.sculpt import SculptOptions
+
+__all__ = [
+    "cmd_dump",
+    "cmd_export",
+    "cmd_report",
+    "cmd_sculpt",
+    "cmd_spec",
+    "cmd_upgrade",
+    "cmd_verify",
+    "manifest_choice",
+    "verdict",
+]
+
+
+# ---- shared by the vault-reading commands --------------------------------------------------
+def manifest_choice(args: argparse.Namespace) -> str | Path | None:
+    """``verify_path``'s ``manifest=``: "auto" (beside the vault), a given file, or None.
+
+    >>> manifest_choice(argparse.Namespace(no_manifest=False, manifest=None))
+    'auto'
+    >>> manifest_choice(argparse.Namespace(no_manifest=True, manifest=None)) is None
+    True
+    """
+    if args.no_manifest:
+        return None
+    return "auto" if args.manifest is None else args.manifest
+
+
+def verdict(report: Report) -> int:
+    """The exit status of a judged vault: 0 valid, 1 a rule broken, 2 unreadable (shorter
+    than a header: ``header.size``).
+
+    >>> from smoe.format.verify import verify_path
+    >>> verdict(verify_path("fixtures/q4_v2.smoe"))
+    0
+    >>> verdict(verify_path("fixtures/corrupt/bad_magic.smoe"))
+    1
+    """
+    if any(f.code == layout.Rule.HEADER_SIZE.code for f in report.errors):
+        return 2
+    return 0 if report.ok else 1
+
+
+# ---- spec ----------------------------------------------------------------------------------
+def cmd_spec(args: argparse.Namespace) -> int:
+    """Print the format's constants and struct layouts (from the generated layout), or with
+    ``--ksy`` the Kaitai Struct spec itself (shipped in the package).
+
+    >>> import contextlib, io, json
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     code = cmd_spec(argparse.Namespace(ksy=False, json=True))
+    >>> code, json.loads(out.getvalue())["magic"]
+    (0, '53 4d 4f 45 de ea 00 01')
+    """
+    if args.ksy:
+        from importlib.resources import files
+
+        sys.stdout.write(files("smoe_gen").joinpath("smoe.ksy").read_text(encoding="utf-8"))
+        return 0
+    summary = _spec_summary()
+    if args.json:
+        print_json(summary)
+        return 0
+    _show_spec(summary)
+    return 0
+
+
+def _spec_summary() -> dict:
+    structs = {}
+    for st in layout.STRUCTS:
+        structs[st.name] = {
+            "size": st.dtype.itemsize,
+            "fields": [
+                {
+                    "name": f,
+                    "offset": st.offsets[f],
+                    "size": st.dtype[f].itemsize,
+                    "doc": st.docs[f],
+                }
+                for f in st.dtype.names or ()  # a struct's dtype: names is set
+            ],
+        }
+    return {
+        "magic": layout.MAGIC.hex(" "),
+        "arch_magic": layout.ARCH_MAGIC.hex(" "),
+        "versions": [layout.VERSION_MIN, layout.VERSION_MAX],
+        "page_size": layout.PAGE_SIZE,
+        "group_size": layout.GROUP_SIZE,
+        "supported_bits": list(layout.SUPPORTED_BITS),
+        "structs": structs,
+    }
+
+
+def _show_spec(summary: dict) -> None:
+    console = make_console(highlight=True)
+    console.print(
+        f"[bold].smoe format[/] v{summary['versions'][0]}..v{summary['versions'][1]}  "
+        f"magic [cyan]{summary['magic']}[/]  page {summary['page_size']} B  "
+        f"group {summary['group_size']}  bits {summary['supported_bits']}"
+    )
+    for name, info in summary["structs"].items():
+        table = make_table(console, f"{name} ({info['size']} bytes)")
+        table.add_column("offset", justify="right")
+        table.add_column("size", justify="right")
+        table.add_column("field")
+        table.add_column("meaning", overflow="fold")
+        for f in info["fields"]:
+            table.add_row(str(f["offset"]), str(f["size"]), escape(f["name"]), escape(f["doc"]))
+        console.print(table)
+
+
+# ---- sculpt --------------------------------------------------------------------------------
+def cmd_sculpt(args: argparse.Namespace) -> int:
+    """Convert a HuggingFace MoE checkpoint (a folder or a model id) into a vault and a scout.
+
+    >>> import contextlib, io, json, tempfile
+    >>> from smoe.cli.parser import build_parser
+    >>> args = build_parser().parse_args(
+    ...     ["sculpt", "fixtures/checkpoints/qwen3_moe", tempfile.mkdtemp(), "--dry-run", "--json"])
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     code = cmd_sculpt(args)
+    >>> code, json.loads(out.getvalue())["experts"]
+    (0, 16)
+    """
+    from smoe.sculpt import SculptOptions
+    from smoe.sculpt.source.hub import resolve
+
+    # the local folder from here on: an OSError inside it is an unreadable input (exit 2)
+    args.model_dir, stem = resolve(args.model_dir, args.revision)
+    opts = SculptOptions(
+        bits=args.bits,
+        version=args.format_version,
+        max_layers=args.max_layers,
+        max_experts=args.max_experts,
+        jobs=args.jobs,
+        resume=args.resume,
+        dry_run=args.dry_run,
+        scale=args.scale,
+        name=args.name if args.name is not None else stem,
+        imatrix=args.imatrix,
+    )
+    if args.dry_run:
+        return _sculpt_dry_run(args, opts)
+    summary = _sculpt_with_progress(args, opts, make_console(stderr=True))
+    if args.json:
+        print_json(summary)
+    else:
+        _show_summary(summary)
+    return 0
+
+
+def _sculpt_dry_run(args: argparse.Namespace, opts: SculptOptions) -> int:
+    from smoe.sculpt import sculpt
+
+    plan = sculpt(args.model_dir, args.out_dir, opts)
+    assert isinstance(plan, dict)  # with dry_run: the planned layout
+    if args.json:
+        print_json(plan)
+    else:
+        _show_dry_run(plan)
+    return 0
+
+
+def _sculpt_with_progress(args: argparse.Namespace, opts: SculptOptions, err: Console) -> dict:
+    """Sculpt with a progress bar on a terminal's stderr; the result's summary."""
+    from smoe.sculpt import SculptResult, sculpt
+
+    columns = (
+        TextColumn("[bold]sculpt[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("experts"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(
+        *columns, console=err, transient=True, disable=args.json or not err.is_terminal
+    ) as bar:
+        task = bar.add_task("sculpt", total=None, rate="")
+        start = time.perf_counter()
+
+        def progress(done: int, total: int, bytes_in: int) -> None:
+            rate = bytes_in / 1e6 / max(time.perf_counter() - start, 1e-9)
+            bar.update(task, completed=done, total=total, rate=f"{rate:7.1f} MB/s")
+
+        result = sculpt(args.model_dir, args.out_dir, opts, progress=progress)
+    assert isinstance(result, SculptResult)  # without dry_run: what was written
+    return result.summary()
+
+
+def _show_dry_run(plan: dict) -> None:
+    c = make_console(highlight=True)
+    t = make_table(c, "planned vault (nothing written)", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("experts", str(plan["experts"]))
+    t.add_row(
+        "experts per layer", ", ".join(f"{k}: {v}" for k, v in plan["experts_per_layer"].items())
+    )
+    t.add_row("blob raw / padded bytes", f"{plan['blob_raw_sizes']} / {plan['blob_padded_sizes']}")
+    t.add_row("data_offset", f"{plan['data_offset']:#x} ({plan['data_offset']})")
+    t.add_row("arch block at", str(plan["reserved_ext"]) if plan["arch"] else "none (v1)")
+    t.add_row("vault size", f"{plan['vault_bytes']:,} bytes")
+    t.add_row("scout size", f"{plan['scout_bytes']:,} bytes ({plan['scout_tensors']} tensors)")
+    c.print(t)
+    if plan["arch"]:
+        a = make_table(c, "arch block", show_header=False)
+        for k, v in plan["arch"].items():
+            a.add_row(k, str(v))
+        c.print(a)
+    print_warnings(plan["warnings"])
+
+
+def _show_summary(s: dict) -> None:
+    c = make_console(highlight=True)
+    c.print(_summary_table(c, s))
+    c.print(_snr_table(c, s))
+    print_warnings(s["warnings"])
+
+
+def _summary_table(c: Console, s: dict) -> Table:
+    """What a sculpt wrote, read and took."""
+    t = make_table(c, "sculpt summary", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("vault", escape(shown(s["vault"])))
+    t.add_row("scout", escape(shown(s["scout"])))
+    if s.get("config"):
+        t.add_row("config", escape(shown(s["config"])))
+    t.add_row("experts written", f"{s['experts_written']} (+{s['experts_resumed']} resumed)")
+    t.add_row("expert bytes in", f"{s['expert_bytes_in']:,}")
+    t.add_row("vault / scout bytes", f"{s['vault_bytes']:,} / {s['scout_bytes']:,}")
+    if s["compression_ratio"]:
+        t.add_row("compression", f"{s['compression_ratio']:.2f}x")
+    phases = s.get("phases_s")
+    split = " (" + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + ")" if phases else ""
+    t.add_row("time", f"{s['seconds']:.2f} s{split}")
+    if s["throughput_mb_s"]:
+        t.add_row("throughput", f"{s['throughput_mb_s']:.1f} MB/s of expert weights")
+    im = s.get("imatrix")
+    if im:
+        data = ", ".join(im["datasets"]) or "an unnamed dataset"  # (text from the file)
+        t.add_row("imatrix", escape(shown(f"{im['path']} ({im['chunk_count']} chunks of {data})")))
+    return t
+
+
+def _snr_table(c: Console, s: dict) -> Table:
+    """Per tensor kind: the quantisation SNR's min and median (also imatrix-weighted)."""
+    weighted = s.get("weighted_snr_db")
+    q = make_table(c, "quantisation SNR (dB)")
+    q.add_column("tensor")
+    q.add_column("min over experts", justify="right")
+    q.add_column("median", justify="right")
+    if weighted is not None:
+        q.add_column("imatrix-weighted min", justify="right")
+        q.add_column("median", justify="right")
+
+    def cells(v: dict | None) -> tuple[str, str]:
+        return ("-", "-") if v is None else (f"{v['min']:.2f}", f"{v['median']:.2f}")
+
+    for name, v in s["snr_db"].items():
+        q.add_row(name, *cells(v), *(cells(weighted.get(name)) if weighted is not None else ()))
+    return q
+
+
+# ---- verify, dump --------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every rule; exit 0 = no errors, 1 = errors, 2 = unreadable.
+
+    >>> from smoe.cli.parser import build_parser
+    >>> cmd_verify(build_parser().parse_args(["verify", "fixtures/q4_v1.smoe"]))
+    fixtures/q4_v1.smoe: valid (0 errors, 0 warnings)
+    0
+    """
+    from smoe.format.verify import verify_path
+
+    report = verify_path(args.vault, deep=args.deep, manifest=manifest_choice(args))
+    if args.json:
+        doc = findings.document(str(args.vault), report.size, args.deep, report.findings)
+        print_json(doc)
+    else:
+        _show_findings(args, report)
+    return verdict(report)
+
+
+def _show_findings(args: argparse.Namespace, report: Report) -> None:
+    c = make_console()
+    for f in report.findings:
+        style = {"error": "bold red", "warning": "yellow", "info": "cyan"}[f.severity]
+        c.print(f"[{style}]{escape(shown(f.line()))}[/]", soft_wrap=True)
+    n_err, n_warn = len(report.errors), sum(f.severity == "warning" for f in report.findings)
+    judged = "[bold green]valid[/]" if report.ok else "[bold red]INVALID[/]"
+    c.print(
+        f"{escape(shown(args.vault))}: {judged} ({n_err} errors, {n_warn} warnings"
+        f"{', deep' if args.deep else ''})",
+        soft_wrap=True,
+    )
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    """Show a vault: summary, header, arch block, table by layer, findings.
+
+    >>> from smoe.cli.parser import build_parser
+    >>> cmd_dump(build_parser().parse_args(["dump", "fixtures/q4_v1.smoe"]))
+    fixtures/q4_v1.smoe  147,456 bytes  v1  Q4  group 64  data_offset 0x4000  full vault, 8 experts
+    ...
+    └── findings (0)
+    0
+    """
+    from smoe.cli.dump import collect_path, render
+
+    dump, report = collect_path(args.vault, deep=args.deep, manifest=manifest_choice(args))
+    if args.json:
+        keys = ("file", "header", "arch", "experts", "findings")
+        print_json({"schema": findings.SCHEMA, **{k: dump[k] for k in keys}})
+    else:
+        render(dump, make_console(), experts=args.experts, layer=args.layer)
+    return verdict(report)
+
+
+# ---- export --------------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    """Dequantise experts to float32 safetensors, or (--hf) a whole HF checkpoint folder.
+
+    >>> import os, tempfile
+    >>> from smoe.cli.parser import build_parser
+    >>> out = os.path.join(tempfile.mkdtemp(), "e.safetensors")
+    >>> args = build_parser().parse_args(["export", "fixtures/q4_v2.smoe", out, "--layer", "1"])
+    >>> cmd_export(args)
+    wrote 12 float32 tensors (4 experts) to ...e.safetensors
+    0
+    """
+    if args.hf:
+        return _export_hf(args)
+    for flag in ("scout", "config", "dtype", "max_shard_size"):
+        if getattr(args, flag) is not None:
+            return fail(args, f"--{flag.replace('_', '-')} needs --hf (see smoe export --help)", 2)
+    from smoe.export.float32 import export
+
+    names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
+    if args.json:
+        print_json({"out": str(args.out), "tensors": names})
+    else:
+        make_console().print(
+            f"wrote {len(names)} float32 tensors "
+            f"({len(names) // 3} experts) to "
+            f"{escape(shown(args.out))}",
+            soft_wrap=True,
+        )
+    return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    """``smoe export VAULT OUT_DIR --hf``: see :mod:`smoe.export.hf.checkpoint`."""
+    from smoe.export.hf.checkpoint import MAX_SHARD_SIZE, export_hf
+
+    if args.layer is not None or args.expert is not None:
+        return fail(
+            args,
+            "--layer/--expert select experts of a float32 export; --hf writes "
+            "the whole model (see smoe export --help)",
+            2,
+        )
+    result = export_hf(
+        args.vault,
+        args.out,
+        scout=args.scout,
+        config=args.config,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size or MAX_SHARD_SIZE,
+    )
+    summary = result.summary()
+    if args.json:
+        print_json(summary)
+        return 0
+    print_notes(summary["notes"])
+    make_console().print(
+        f"wrote {escape(shown(args.out))}: {len(summary['files'])} files, "
+        f"{summary['tensors']} tensors ({summary['expert_tensors']} expert tensors in "
+        f"{summary['dtype']}), {summary['bytes_out'] / 1e6:,.1f} MB; config.json "
+        f"{escape(shown(summary['config']))}",
+        soft_wrap=True,
+    )
+    return 0
+
+
+# ---- upgrade -------------------------------------------------------------------------------
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    """Upgrade a v1 vault to v2 (D7): in place when there is room, else --out NEW.
+
+    >>> import contextlib, io, json, os, tempfile
+    >>> from smoe.cli.parser import build_parser
+    >>> out = os.path.join(tempfile.mkdtemp(), "v2.smoe")
+    >>> args = build_parser().parse_args(["upgrade", "fixtures/q4_v1.smoe", "--out", out,
+    ...     "--model", "fixtures/checkpoints/olmoe", "--json"])
+    >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
+    ...     code = cmd_upgrade(args)
+    >>> code, json.loads(printed.getvalue())["mode"]
+    (0, 'rewrite')
+    """
+    from smoe.vault.upgrade import upgrade
+
+    arch, warnings = _arch_of(args)
+    result = upgrade(
+        args.vault, arch, force=args.force, out=args.out, inputs=[args.config or args.model]
+    )
+    info = {
+        "path": str(result.path),
+        "mode": result.mode,
+        "arch_offset": result.arch_offset,
+        "data_offset": result.data_offset,
+        "warnings": warnings,
+    }
+    if args.json:
+        print_json(info)
+        return 0
+    verb = {
+        "in-place": "upgraded in place to v2",
+        "re-stamp": "re-stamped the arch block of",
+        "rewrite": "wrote a v2 copy",
+    }[result.mode]
+    make_console().print(
+        f"{verb}: {escape(shown(result.path))} (arch block at {result.arch_offset}, "
+        f"data_offset {result.data_offset})",
+        soft_wrap=True,
+    )
+    print_warnings(warnings)
+    return 0
+
+
+def _arch_of(args: argparse.Namespace) -> tuple[ArchInfo, list[str]]:
+    """The arch block to stamp, from ``--model`` (tensor shapes win) or ``--config``, and
+    the warnings of reading it. The vault is opened first (an unreadable one is the error
+    shown) and closed on return, before the upgrade writes it."""
+    from smoe.families.config import arch_from_config, load_config
+    from smoe.sculpt.source.checkpoint import Checkpoint
+    from smoe.vault.reader import Vault
+
+    vault = Vault.open(args.vault)
+    if args.model is not None:
+        ckpt = Checkpoint.open(args.model)
+        return ckpt.arch_info(), ckpt.warnings
+    rows = int(vault.descriptors[0, 0]["rows"]) if len(vault) else 0
+    return arch_from_config(load_config(args.config), str(args.config), rows)
+
+
+# ---- report --------------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write one self-contained HTML page picturing a vault; exit status as ``smoe dump``.
+
+    >>> import os, tempfile
+    >>> from smoe.cli.parser import build_parser
+    >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
+    >>> cmd_report(build_parser().parse_args(["report", "fixtures/q4_v2.smoe", "-o", out]))
+    wrote ...q4.html (... bytes): 8 experts in 2 layers, no SNR (no manifest); valid
+    0
+    """
+    from smoe.cli.report import write_report
+
+    result = write_report(args.vault, args.out, deep=args.deep, manifest=manifest_choice(args))
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        snr = f"SNR from {shown(result.manifest)}" if result.snr else "no SNR (no manifest)"
+        errors = f"{result.errors} error{'' if result.errors == 1 else 's'}"
+        judged = "valid" if result.ok else f"INVALID ({errors})"
+        make_console().print(
+            f"wrote {escape(shown(result.path))} ({result.bytes:,} bytes): "
+            f"{result.experts:,} experts in {result.layers} layers, {escape(snr)}; {judged}",
+            soft_wrap=True,
+        )
+    return 2 if result.unreadable else (0 if result.ok else 1)

@@ -1,0 +1,173 @@
+"""The CLI's exit-code policy: how a failure is worded, which exit status it gets, and how it
+is printed (one ``error:`` line on stderr, and with ``--json`` the error document).
+
+:func:`describe` is the one place that maps a failure to its message and exit status (the
+policy is spelled out in :mod:`smoe.cli`'s docstring); :func:`run` runs a parsed command
+under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+from rich.text import Text
+
+from smoe.cli.console import fold_lines, make_console, one_line, print_json, shown, silence_stdout
+from smoe.errors import SmoeError, UnreadableInput, UsageError, os_message
+from smoe.format import findings
+
+__all__ = ["EXIT_STATUS", "describe", "exit_status", "fail", "print_error_json", "run"]
+
+EXIT_STATUS: dict[type[BaseException], int] = {
+    UnreadableInput: 2,  # fileio.NotRegular; a failed open, stat or read of an input
+    UsageError: 2,
+    SmoeError: 1,  # RefusedInput, FormatError, WriteFailed, WriterStateError, the base
+    OSError: 1,  # raised where no layer gave it a kind: error: FILE: STRERROR
+}
+"""The exit status of each kind of failure, found along the exception's MRO (the layers
+raise the kind that says what happened, so nothing here guesses from an errno or a file
+name); any other exception is an internal error, 1."""
+
+_RESUMABLE = "sculpt"  # the command whose interrupted run --resume continues
+
+
+# ---- the message and exit status of a failure ----------------------------------------------
+def exit_status(e: BaseException) -> int:
+    """The exit status of a failure: the :data:`EXIT_STATUS` entry of the nearest kind in
+    its MRO, else 1.
+
+    >>> from smoe.plumbing.fileio import NotRegular
+    >>> exit_status(NotRegular("p: not a regular file (a FIFO)")), exit_status(KeyError())
+    (2, 1)
+    """
+    for kind in type(e).__mro__:
+        if kind in EXIT_STATUS:
+            return EXIT_STATUS[kind]
+    return 1
+
+
+def describe(e: BaseException) -> tuple[str, int]:
+    """The one-line message (without ``error:``) and exit status for a failure.
+
+    >>> describe(SmoeError("v.smoe: not a .smoe vault"))
+    ('v.smoe: not a .smoe vault', 1)
+    >>> describe(UnreadableInput.from_os(FileNotFoundError(2, "No such file or directory", "v")))
+    ('v: No such file or directory', 2)
+    >>> describe(OSError(30, "Read-only file system", "v.smoe"))
+    ('v.smoe: Read-only file system', 1)
+    >>> describe(RuntimeError("boom\\n  again"))[0]
+    'internal error: RuntimeError: boom again (run with --debug for the traceback)'
+    """
+    if isinstance(e, SmoeError):
+        message = str(e)
+    elif isinstance(e, OSError):
+        message = _os_message(e)
+    else:
+        detail = fold_lines(str(e))
+        message = (
+            f"internal error: {type(e).__name__}{': ' + detail if detail else ''} "
+            "(run with --debug for the traceback)"
+        )
+    return message, exit_status(e)
+
+
+def _os_message(e: OSError) -> str:
+    """``FILE: STRERROR``; without a file, where it happened is only in the traceback."""
+    if e.filename is None:
+        why = e.strerror or str(e) or type(e).__name__
+        return f"I/O error: {why} (run with --debug for the traceback)"
+    return os_message(e)
+
+
+# ---- printing it ---------------------------------------------------------------------------
+def fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """Print the one stderr line (and with --json the error document); return ``code``.
+
+    >>> import contextlib, io
+    >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+    ...     fail(argparse.Namespace(), "--jobs: must be at least 1", 2)
+    2
+    >>> err.getvalue()
+    'error: --jobs: must be at least 1\\n'
+    """
+    line = Text.assemble(("error:", "bold red"), " " + shown(message))
+    with contextlib.suppress(OSError):
+        make_console(stderr=True).print(line, soft_wrap=True)
+    if getattr(args, "json", False):
+        print_error_json(message, code)
+    return code
+
+
+def print_error_json(message: str, code: int) -> None:
+    """The --json document of a failure (silently dropped if stdout cannot take it).
+
+    >>> print_error_json("v.smoe:\\n  bad magic", 1)
+    {
+      "schema": "smoe-findings/1",
+      "ok": false,
+      "error": {
+        "message": "v.smoe: bad magic",
+        "exit_code": 1
+      }
+    }
+    """
+    doc = findings.error_document(one_line(message), code)
+    try:
+        print_json(doc)
+        sys.stdout.flush()
+    except (OSError, SmoeError):  # SmoeError: console.Stdout's disk full
+        silence_stdout()
+
+
+# ---- running a command under the policy ----------------------------------------------------
+def _debug(args: argparse.Namespace) -> bool:
+    env = os.environ.get("SMOE_DEBUG", "")
+    return bool(getattr(args, "debug", False)) or env not in ("", "0")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args.func(args)``; return its exit status, or that of its
+    failure once it is printed (``--debug`` or ``SMOE_DEBUG=1``: re-raised after printing
+    the --json document). Ctrl-C is 130, a closed stdout 141 (quietly).
+
+    >>> def broken(args):
+    ...     raise SmoeError("v.smoe: not a .smoe vault")
+    >>> import contextlib, io
+    >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+    ...     run(argparse.Namespace(func=broken))
+    1
+    >>> err.getvalue()
+    'error: v.smoe: not a .smoe vault\\n'
+    """
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk under a redirected stdout fails here, not at exit
+        return code
+    except KeyboardInterrupt:
+        return _interrupted(args)
+    except BrokenPipeError:  # e.g. `smoe-dump --json VAULT | head`: stop quietly
+        silence_stdout()
+        return 141
+    except Exception as e:
+        message, code = describe(e)
+        if not _debug(args):
+            return fail(args, message, code)
+        if getattr(args, "json", False):
+            print_error_json(message, code)
+        raise
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """Ctrl-C: ``interrupted`` on stderr (how to continue, for a resumable command)."""
+    hint = (
+        "; run the same command with --resume to continue"
+        if getattr(args, "command", None) == _RESUMABLE
+        else ""
+    )
+    make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
+    if getattr(args, "json", False):
+        print_error_json(f"interrupted{hint}", 130)
+    return 130

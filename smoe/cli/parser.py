@@ -1,0 +1,348 @@
+"""The command lines of ``smoe`` and ``smoe-dump``: one ``_add_<command>`` per subcommand.
+
+A refused command line is :class:`~smoe.errors.UsageError` (one ``error:`` line, exit 2),
+never argparse's usage block. Each subcommand's ``func`` is its ``cmd_<command>`` in
+:mod:`smoe.cli.commands`, looked up when the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import NoReturn, TypeAlias
+
+from smoe import __version__
+from smoe.cli import commands
+from smoe.errors import SmoeError, UsageError
+from smoe.plumbing.cpus import usable_cores
+from smoe_gen import layout
+
+__all__ = ["build_dump_parser", "build_parser"]
+
+# what add_subparsers returns (argparse names it privately; not subscriptable at run time)
+_Subparsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is one ``error:`` line, not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser(description: str = "") -> argparse.ArgumentParser:
+    """The parser of ``smoe COMMAND ...`` (``description``: the first lines of ``--help``).
+
+    >>> args = build_parser().parse_args(["verify", "v.smoe", "--deep"])
+    >>> args.command, args.vault, args.deep, args.func.__name__
+    ('verify', PosixPath('v.smoe'), True, 'cmd_verify')
+    >>> try:
+    ...     build_parser().parse_args(["sculpt", "m", "o", "--jobs", "0"])
+    ... except UsageError as e:
+    ...     print(e)
+    argument --jobs: expected a whole number >= 1, got '0' (see smoe sculpt --help)
+    """
+    ap = _Parser(prog="smoe", description=description)
+    _version_flag(ap)
+    _debug_flag(ap)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        _add_spec,
+        _add_sculpt,
+        _add_verify,
+        _add_dump,
+        _add_export,
+        _add_upgrade,
+        _add_report,
+    ):
+        add(sub)
+    for p in sub.choices.values():
+        _debug_flag(p)
+    return ap
+
+
+def build_dump_parser() -> argparse.ArgumentParser:
+    """The parser of ``smoe-dump VAULT ...`` (the same options as ``smoe dump``).
+
+    >>> args = build_dump_parser().parse_args(["v.smoe", "--experts"])
+    >>> args.vault, args.experts, args.func.__name__
+    (PosixPath('v.smoe'), True, 'cmd_dump')
+    """
+    summary = (commands.cmd_dump.__doc__ or "").split("\n\n")[0]  # not its example
+    ap = _Parser(prog="smoe-dump", description=summary)
+    _dump_args(ap)
+    _version_flag(ap)
+    _debug_flag(ap)
+    return ap
+
+
+# ---- one per command -----------------------------------------------------------------------
+def _add_spec(sub: _Subparsers) -> None:
+    p = sub.add_parser("spec", help="show the format's constants and struct layouts")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="machine-readable output")
+    form.add_argument("--ksy", action="store_true", help="print the Kaitai Struct spec (.ksy)")
+    p.set_defaults(func=commands.cmd_spec)
+
+
+def _add_sculpt(sub: _Subparsers) -> None:
+    p = sub.add_parser("sculpt", help="convert a HuggingFace MoE checkpoint into a vault + scout")
+    p.add_argument(
+        "model_dir",
+        metavar="model",
+        help="checkpoint folder (config.json, "
+        "*.safetensors) or HuggingFace model id ORG/NAME (needs smoe[hub]; an "
+        "existing folder of that name wins)",
+    )
+    p.add_argument(
+        "out_dir",
+        type=Path,
+        help="where <stem>.smoe, .scout.safetensors, .smoe.manifest.json and .config.json go",
+    )
+    p.add_argument(
+        "--name",
+        type=_output_stem,
+        metavar="STEM",
+        help="the outputs' stem (default: the model's name, NAME of ORG/NAME, or the folder's)",
+    )
+    p.add_argument(
+        "--revision",
+        metavar="REV",
+        help="with a model id: the branch, tag or commit to use (default: main)",
+    )
+    _sculpt_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.set_defaults(func=commands.cmd_sculpt)
+
+
+def _sculpt_options(p: argparse.ArgumentParser) -> None:
+    """What the vault holds and how it is written (``smoe sculpt``'s SculptOptions)."""
+    p.add_argument("--bits", type=int, choices=layout.SUPPORTED_BITS, default=layout.BITS_Q4)
+    p.add_argument(
+        "--format-version",
+        type=int,
+        default=layout.VERSION_MAX,
+        choices=range(layout.VERSION_MIN, layout.VERSION_MAX + 1),
+    )
+    p.add_argument("--max-layers", type=int, help="only the first N MoE layers (partial vault)")
+    p.add_argument("--max-experts", type=int, help="only the first N experts of each layer")
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes, at least 1 (default: the usable cores, "
+        f"{usable_cores()} here; never more than there are batches of experts)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    p.add_argument("--dry-run", action="store_true", help="print the planned layout, write nothing")
+    p.add_argument(
+        "--scale",
+        choices=("optimal", "absmax"),
+        default="optimal",
+        help="how each group's scale is chosen (absmax = the reference Sculptor)",
+    )
+    p.add_argument(
+        "--imatrix",
+        type=Path,
+        metavar="FILE",
+        help="a llama.cpp importance "
+        "matrix of this model (llama-imatrix's GGUF or legacy .dat; needs "
+        "smoe[imatrix]): each group's scale minimises the error weighted by its "
+        "input channels' mean squares, the error of the expert's output",
+    )
+
+
+def _add_verify(sub: _Subparsers) -> None:
+    p = sub.add_parser("verify", help="check every rule of the format")
+    p.add_argument("vault", type=Path)
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also read every blob (linear in size) and check the manifest",
+    )
+    _manifest_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable findings")
+    p.set_defaults(func=commands.cmd_verify)
+
+
+def _add_dump(sub: _Subparsers) -> None:
+    p = sub.add_parser("dump", help="show a vault as a tree (same as smoe-dump)")
+    _dump_args(p)
+
+
+def _add_export(sub: _Subparsers) -> None:
+    p = sub.add_parser(
+        "export",
+        help="dequantise experts to float32 safetensors, or (--hf) "
+        "a runnable HuggingFace checkpoint folder",
+    )
+    p.add_argument("vault", type=Path)
+    p.add_argument(
+        "out",
+        type=Path,
+        help="output .safetensors file (with --hf: the checkpoint folder, new or empty)",
+    )
+    p.add_argument("--layer", type=int, help="only this layer")
+    p.add_argument("--expert", type=int, help="only this expert id")
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help="write a whole checkpoint that "
+        "transformers loads: scout tensors, dequantised experts, config.json",
+    )
+    _export_hf_options(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.cmd_export)
+
+
+def _export_hf_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``smoe export --hf`` only."""
+    p.add_argument(
+        "--scout",
+        type=Path,
+        help="with --hf: the scout (default: STEM.scout.safetensors beside the vault)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="with --hf: the config.json to write (default: "
+        "STEM.config.json beside the vault, else rebuilt from the arch block)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "f16", "f32"),
+        help="with --hf: the experts' dtype (default: the source's, else the scout's, else bf16)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=_shard_size,
+        metavar="SIZE",
+        help="with --hf: "
+        "bytes per shard (default 5GB); more than one shard adds "
+        "model.safetensors.index.json",
+    )
+
+
+def _add_upgrade(sub: _Subparsers) -> None:
+    p = sub.add_parser("upgrade", help="upgrade a v1 vault to v2 (arch block)")
+    p.add_argument("vault", type=Path)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", type=Path, help="the model's config.json")
+    src.add_argument("--model", type=Path, help="the model directory (tensor shapes win)")
+    p.add_argument("--force", action="store_true", help="re-stamp the arch block of a v2 vault")
+    p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.cmd_upgrade)
+
+
+def _add_report(sub: _Subparsers) -> None:
+    p = sub.add_parser("report", help="write an HTML page picturing a vault (map, fields, SNR)")
+    p.add_argument("vault", type=Path)
+    p.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        required=True,
+        metavar="HTML",
+        help="the page to write (replaced atomically; never the vault or manifest)",
+    )
+    p.add_argument(
+        "--deep", action="store_true", help="also read every blob and check it against the manifest"
+    )
+    m = p.add_mutually_exclusive_group()
+    m.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="PATH",
+        help="the manifest to take SNR from (default: VAULT.manifest.json)",
+    )
+    m.add_argument("--no-manifest", action="store_true", help="show no SNR, check no manifest")
+    p.add_argument("--json", action="store_true", help='print {"report": PATH, ...}')
+    p.set_defaults(func=commands.cmd_report)
+
+
+# ---- shared options ------------------------------------------------------------------------
+def _debug_flag(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand's parser must not reset a --debug given before the command
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the Python traceback of a failure (also SMOE_DEBUG=1)",
+    )
+
+
+def _version_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+def _manifest_args(p: argparse.ArgumentParser) -> None:
+    m = p.add_mutually_exclusive_group()
+    m.add_argument(
+        "--manifest",
+        type=Path,
+        metavar="PATH",
+        help="check the blobs against this manifest (default: VAULT.manifest.json "
+        "when present); only checked with --deep",
+    )
+    m.add_argument(
+        "--no-manifest",
+        action="store_true",
+        help="do not check the manifest (it is only checked with --deep anyway)",
+    )
+
+
+def _dump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("vault", type=Path)
+    p.add_argument("--experts", action="store_true", help="list every expert and its tensors")
+    p.add_argument("--layer", type=int, help="expand one layer")
+    p.add_argument("--deep", action="store_true", help="verify blob contents too, and the manifest")
+    _manifest_args(p)
+    p.add_argument("--json", action="store_true", help="the same content as JSON")
+    p.set_defaults(func=commands.cmd_dump)
+
+
+# ---- argument types ------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (``--jobs``)."""
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def _output_stem(text: str) -> str:
+    """argparse type: a stem for the outputs (``sculpt --name``)."""
+    from smoe.sculpt.source.hub import check_stem
+
+    try:
+        return check_stem(text)
+    except SmoeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def _shard_size(text: str) -> int:
+    """``--max-shard-size``: bytes, or with a unit as save_pretrained takes it (5GB, 500MB)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 5GB, 500MB, 1000000)")
+    value = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1 byte")
+    return value
