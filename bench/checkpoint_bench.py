@@ -12,7 +12,7 @@ detail. Throughput of each is held against the page-cached read limit of the sha
 (:func:`bench.machine_bench.read_limit`, best of 1 and 2 threads).
 
 The sculpt as a whole (``smoe sculpt --bits 4 --jobs`` = the usable cores, page-cached) is
-also run with each reader (the library's put in place of ``smoe.sculpt.ExpertReader`` in
+also run with each reader (the library's put in place of ``smoe.sculpt.workers.ExpertReader`` in
 the child before it forks its workers): peak RSS of the process tree, as the sculpt
 section measures it, and MB/s.
 
@@ -83,9 +83,9 @@ def measure(reader: str, ckpt: Path) -> dict:
 
 _SCULPT_WITH_LIBRARY = (
     "import sys\n"
-    "import smoe.sculpt\n"
+    "import smoe.sculpt.workers\n"
     "from smoe_testkit.library_reader import LibraryReader\n"
-    "smoe.sculpt.ExpertReader = LibraryReader\n"
+    "smoe.sculpt.workers.ExpertReader = LibraryReader\n"
     "from smoe.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )

@@ -41,7 +41,7 @@ from smoe.errors import SmoeError
 from smoe.format.manifest import checksum
 from smoe.interop.safetensors_io import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo, read_header
 from smoe.plumbing import fileio
-from smoe.sculpt.source.checkpoint import ExpertRef, _src_dtype
+from smoe.sculpt.source.checkpoint import ExpertRef, src_dtype
 
 __all__ = ["LibraryReader"]
 
@@ -233,7 +233,7 @@ class LibraryReader:
             dst[:] = raw
             crcs[i] = checksum(dst, crcs[i])
         mats = [
-            (buf[at : at + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape), _src_dtype(p))
+            (buf[at : at + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape), src_dtype(p))
             for p, at in zip(parts, places)
         ]
         return mats, tuple(crcs)

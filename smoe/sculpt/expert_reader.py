@@ -22,7 +22,7 @@ from smoe.errors import SmoeError
 from smoe.format.manifest import checksum
 from smoe.interop.safetensors_io import FLOAT_DTYPES, TensorInfo
 from smoe.plumbing import fileio
-from smoe.sculpt.source.checkpoint import ExpertRef, _src_dtype
+from smoe.sculpt.source.checkpoint import ExpertRef, src_dtype
 
 __all__ = ["ExpertReader", "cached_fraction"]
 
@@ -240,7 +240,7 @@ class ExpertReader:
         mats = [
             (
                 buf[at + lead : at + lead + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape),
-                _src_dtype(p),
+                src_dtype(p),
             )
             for p, at, lead in zip(parts, places, leads)
         ]

@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput
 from smoe.families.config import (
     Structure,
     arch_from_config,
@@ -51,7 +51,7 @@ from smoe.interop.safetensors_io import (
     read_header,
 )
 
-__all__ = ["Checkpoint", "ExpertRef"]
+__all__ = ["Checkpoint", "ExpertRef", "src_dtype"]
 
 _PER_EXPERT = re.compile(
     r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
@@ -160,11 +160,17 @@ class ExpertRef:
         >>> [(str(a.dtype), a.shape, src) for a, src in ref.load()]
         [('uint16', (32, 64), 'bf16'), ('float16', (32, 64), None), ('float32', (64, 32), None)]
         """
-        return [(read_array(part), _src_dtype(part)) for part in self.parts()]
+        return [(read_array(part), src_dtype(part)) for part in self.parts()]
 
 
-def _src_dtype(info: TensorInfo) -> str | None:
-    """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`."""
+def src_dtype(info: TensorInfo) -> str | None:
+    """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`
+    (``"bf16"``; None: the array's own dtype says it).
+
+    >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe_mixed_dtype").experts[(0, 0)]
+    >>> [src_dtype(p) for p in ref.parts()]
+    ['bf16', None, None]
+    """
     return "bf16" if info.dtype == "BF16" else None
 
 
@@ -177,14 +183,14 @@ def _refuse_unreadable(info: TensorInfo, tensors: dict[str, TensorInfo]) -> None
     DeepSeek-V3's ``weight_scale_inv``, which must never be read as if unscaled."""
     scale = next((info.name + s for s in _SCALE_SUFFIXES if info.name + s in tensors), None)
     if scale is not None:
-        raise SmoeError(
+        raise RefusedInput(
             f"{info.path}: tensor {info.name!r} is {info.dtype} with block scales in "
             f"{scale!r} (block-scaled FP8, as DeepSeek-V3 ships); refused: its values are "
             "not the weights without the scales; convert the checkpoint to BF16 first"
         )
     if info.dtype not in FLOAT_DTYPES:
         fp8 = " (FP8: convert the checkpoint to BF16 first)" if info.dtype.startswith("F8") else ""
-        raise SmoeError(
+        raise RefusedInput(
             f"{info.path}: tensor {info.name!r} is {info.dtype}; refused: expert weights "
             f"must be BF16, F16 or F32{fp8}"
         )
@@ -195,15 +201,15 @@ def _weight_map(index_path: Path) -> dict[str, str]:
     index = read_json(index_path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
-        raise SmoeError(
+        raise RefusedInput(
             f"{index_path}: no weight_map (expected a JSON object of tensor name "
             "-> shard file name)"
         )
     if not weight_map:
-        raise SmoeError(f"{index_path}: weight_map is empty")
+        raise RefusedInput(f"{index_path}: weight_map is empty")
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise SmoeError(
+            raise RefusedInput(
                 f"{index_path}: tensor {name!r} maps to {json.dumps(shard)[:60]}, "
                 "expected a shard file name (a string)"
             )
@@ -231,12 +237,116 @@ def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
         except UnicodeEncodeError:
             reason = "is not valid Unicode"
     if reason:
-        raise SmoeError(
+        raise RefusedInput(
             f"{index_path}: tensor {tensor!r} maps to shard {shard!r}, which "
             f"{reason}; refused: shards must be relative paths inside the "
             "checkpoint folder"
         )
     return rel
+
+
+Roles = dict[int, TensorInfo]  # gate (0), up (1), down (2) -> tensor
+
+
+def _expert_tensors(
+    root: Path, tensors: dict[str, TensorInfo]
+) -> tuple[dict[tuple[int, int], Roles], dict[int, dict[str, TensorInfo]], set[str]]:
+    """The expert weights by naming scheme: per (layer, expert) its roles' 2-D tensors,
+    per layer its fused tensors, and every such name; an expert bias is refused."""
+    parts: dict[tuple[int, int], Roles] = {}
+    fused: dict[int, dict[str, TensorInfo]] = {}
+    names: set[str] = set()
+    for name, info in tensors.items():
+        if _EXPERT_BIAS.match(name) or _FUSED_BIAS.match(name):
+            raise RefusedInput(
+                f"{root}: expert bias {name!r} refused: only bias-free "
+                "SiLU-gated (SwiGLU) experts can be represented"
+            )
+        m = _PER_EXPERT.match(name) or _MIXTRAL.match(name)
+        if m:
+            role = {**_ROLES, **_MIXTRAL_ROLES}[m.group(3)]  # the regexes allow no other
+            parts.setdefault((int(m.group(1)), int(m.group(2))), {})[role] = info
+            names.add(name)
+            continue
+        m = _FUSED.match(name)
+        if m:
+            fused.setdefault(int(m.group(1)), {})[m.group(2)] = info
+            names.add(name)
+    return parts, fused, names
+
+
+def _per_expert_refs(
+    root: Path, parts: dict[tuple[int, int], Roles]
+) -> dict[tuple[int, int], ExpertRef]:
+    """The experts stored one 2-D tensor per matrix: all three roles, each 2-D."""
+    experts: dict[tuple[int, int], ExpertRef] = {}
+    for key, roles in parts.items():
+        missing = [n for n, r in _ROLES.items() if r not in roles]
+        if missing:
+            raise RefusedInput(
+                f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
+            )
+        for info in roles.values():
+            if len(info.shape) != 2:
+                raise RefusedInput(
+                    f"{root}: {info.name} has shape {list(info.shape)}, expected 2-D"
+                )
+        experts[key] = ExpertRef(key[0], key[1], tuple((roles[r], None, None) for r in range(3)))
+    return experts
+
+
+def _add_fused_refs(
+    root: Path,
+    fused: dict[int, dict[str, TensorInfo]],
+    experts: dict[tuple[int, int], ExpertRef],
+) -> None:
+    """Add the experts of each layer's fused ``gate_up_proj`` ``[E, 2I, H]`` and
+    ``down_proj`` ``[E, H, I]`` (both there, shapes that fit, no expert stored twice)."""
+    for layer, pair in fused.items():
+        if set(pair) != {"gate_up_proj", "down_proj"}:
+            absent = {"gate_up_proj", "down_proj"} - set(pair)
+            raise RefusedInput(
+                f"{root}: layer {layer} has no fused experts {' or '.join(sorted(absent))} tensor"
+            )
+        gu, down = pair["gate_up_proj"], pair["down_proj"]
+        if (
+            len(gu.shape) != 3
+            or len(down.shape) != 3
+            or gu.shape[0] != down.shape[0]
+            or gu.shape[1] % 2
+            or gu.shape[1] // 2 != down.shape[2]
+            or gu.shape[2] != down.shape[1]
+        ):
+            raise RefusedInput(
+                f"{root}: layer {layer} fused experts have inconsistent shapes "
+                f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
+                "(expected [E, 2I, H] and [E, H, I])"
+            )
+        inter = gu.shape[1] // 2
+        for e in range(gu.shape[0]):
+            if (layer, e) in experts:
+                raise RefusedInput(
+                    f"{root}: layer {layer} expert {e} is stored both fused and per expert"
+                )
+            experts[(layer, e)] = ExpertRef(
+                layer,
+                e,
+                ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
+            )
+
+
+def _check_expert(
+    root: Path, key: tuple[int, int], ref: ExpertRef, tensors: dict[str, TensorInfo]
+) -> None:
+    """gate and up of one shape, down its transpose, every matrix readable unscaled."""
+    g, u, d = ref.shapes
+    if u != g or d != (g[1], g[0]):
+        raise RefusedInput(
+            f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
+            f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
+        )
+    for info, _, _ in ref.sources:
+        _refuse_unreadable(info, tensors)
 
 
 @dataclass
@@ -261,18 +371,21 @@ class Checkpoint:
         """Read config.json and every shard header (validated by ``read_header``), find the
         routed experts; refusals are one SmoeError line.
 
+        >>> from smoe.errors import SmoeError
         >>> Checkpoint.open("fixtures/checkpoints/mixtral").model_type
         'mixtral'
-        >>> Checkpoint.open("fixtures/checkpoints/gpt_oss")
-        Traceback (most recent call last):
-        smoe.errors.SmoeError: fixtures/checkpoints/gpt_oss: model_type 'gpt_oss' refused: ...
+        >>> try:
+        ...     Checkpoint.open("fixtures/checkpoints/gpt_oss")
+        ... except SmoeError as e:
+        ...     print(e)
+        fixtures/checkpoints/gpt_oss: model_type 'gpt_oss' refused: ...
         """
         root = Path(root)
         if not root.is_dir():
-            raise SmoeError(f"{root}: not a checkpoint directory")
+            raise RefusedInput(f"{root}: not a checkpoint directory")
         cfg_path = root / "config.json"
         if not os.path.lexists(cfg_path):  # a FIFO or a dangling link is refused, not "absent"
-            raise SmoeError(
+            raise RefusedInput(
                 f"{root}: no config.json (a HuggingFace checkpoint directory needs "
                 "config.json and *.safetensors)"
             )
@@ -299,7 +412,7 @@ class Checkpoint:
                 try:
                     os.stat(shard)
                 except FileNotFoundError:
-                    raise SmoeError(
+                    raise RefusedInput(
                         f"{index_path}: tensor {name!r} is in shard "
                         f"{str(shard.relative_to(root))!r}, which does not "
                         "exist"
@@ -312,19 +425,19 @@ class Checkpoint:
                 p for p in root.glob("*.safetensors") if not p.name.endswith(".scout.safetensors")
             )
         if not shards:
-            raise SmoeError(f"{root}: no *.safetensors files")
+            raise RefusedInput(f"{root}: no *.safetensors files")
         tensors: dict[str, TensorInfo] = {}
         for shard in shards:
             for name, info in read_header(shard).items():
                 if name in tensors:
-                    raise SmoeError(
+                    raise RefusedInput(
                         f"{root}: tensor {name!r} is in both "
                         f"{tensors[name].path.name} and {shard.name}"
                     )
                 tensors[name] = info
         for name, shard in (places or {}).items():
             if name not in tensors or tensors[name].path != shard:
-                raise SmoeError(
+                raise RefusedInput(
                     f"{index_path}: tensor {name!r} is not in {str(shard.relative_to(root))!r}"
                 )
         return tensors
@@ -333,87 +446,18 @@ class Checkpoint:
     def _experts(
         root: Path, tensors: dict[str, TensorInfo]
     ) -> tuple[dict[tuple[int, int], ExpertRef], set[str]]:
-        parts: dict[tuple[int, int], dict[int, TensorInfo]] = {}
-        fused: dict[int, dict[str, TensorInfo]] = {}
-        names: set[str] = set()
-        for name, info in tensors.items():
-            if _EXPERT_BIAS.match(name) or _FUSED_BIAS.match(name):
-                raise SmoeError(
-                    f"{root}: expert bias {name!r} refused: only bias-free "
-                    "SiLU-gated (SwiGLU) experts can be represented"
-                )
-            m = _PER_EXPERT.match(name) or _MIXTRAL.match(name)
-            if m:
-                role = {**_ROLES, **_MIXTRAL_ROLES}[m.group(3)]  # the regexes allow no other
-                parts.setdefault((int(m.group(1)), int(m.group(2))), {})[role] = info
-                names.add(name)
-                continue
-            m = _FUSED.match(name)
-            if m:
-                fused.setdefault(int(m.group(1)), {})[m.group(2)] = info
-                names.add(name)
-        experts: dict[tuple[int, int], ExpertRef] = {}
-        for key, roles in parts.items():
-            missing = [n for n, r in _ROLES.items() if r not in roles]
-            if missing:
-                raise SmoeError(
-                    f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
-                )
-            for info in roles.values():
-                if len(info.shape) != 2:
-                    raise SmoeError(
-                        f"{root}: {info.name} has shape {list(info.shape)}, expected 2-D"
-                    )
-            experts[key] = ExpertRef(
-                key[0], key[1], tuple((roles[r], None, None) for r in range(3))
-            )
-        for layer, pair in fused.items():
-            if set(pair) != {"gate_up_proj", "down_proj"}:
-                absent = {"gate_up_proj", "down_proj"} - set(pair)
-                raise SmoeError(
-                    f"{root}: layer {layer} has no fused experts "
-                    f"{' or '.join(sorted(absent))} tensor"
-                )
-            gu, down = pair["gate_up_proj"], pair["down_proj"]
-            if (
-                len(gu.shape) != 3
-                or len(down.shape) != 3
-                or gu.shape[0] != down.shape[0]
-                or gu.shape[1] % 2
-                or gu.shape[1] // 2 != down.shape[2]
-                or gu.shape[2] != down.shape[1]
-            ):
-                raise SmoeError(
-                    f"{root}: layer {layer} fused experts have inconsistent shapes "
-                    f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
-                    "(expected [E, 2I, H] and [E, H, I])"
-                )
-            inter = gu.shape[1] // 2
-            for e in range(gu.shape[0]):
-                if (layer, e) in experts:
-                    raise SmoeError(
-                        f"{root}: layer {layer} expert {e} is stored both fused and per expert"
-                    )
-                experts[(layer, e)] = ExpertRef(
-                    layer,
-                    e,
-                    ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
-                )
+        """The routed experts (per expert and fused, sorted) and the names of their tensors."""
+        parts, fused, names = _expert_tensors(root, tensors)
+        experts = _per_expert_refs(root, parts)
+        _add_fused_refs(root, fused, experts)
         if not experts:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{root}: no routed expert tensors found (looked for "
                 "mlp.experts.{E}.*_proj.weight, block_sparse_moe.experts.{E}.w1/w2/w3"
                 ".weight and fused mlp.experts.gate_up_proj/down_proj)"
             )
         for key, ref in experts.items():
-            g, u, d = ref.shapes
-            if u != g or d != (g[1], g[0]):
-                raise SmoeError(
-                    f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
-                    f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
-                )
-            for info, _, _ in ref.sources:
-                _refuse_unreadable(info, tensors)
+            _check_expert(root, key, ref, tensors)
         return dict(sorted(experts.items())), names
 
     # ---- facts -----------------------------------------------------------------------------
@@ -471,7 +515,7 @@ class Checkpoint:
         """(vocab_size, d_model): the embedding's shape."""
         emb = self._shape("model.embed_tokens.weight")
         if emb is None or len(emb) != 2:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
                 "vocab_size come from it"
             )
@@ -491,7 +535,7 @@ class Checkpoint:
             and get_int(cfg, where, "head_dim") is None
             and hidden // heads != d_model // heads
         ):
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.root}: hidden_size: config.json says {hidden}, "
                 f"model.embed_tokens.weight has {d_model} columns; refused: "
                 "config.json has no head_dim, and hidden_size / num_attention_heads "
@@ -593,7 +637,7 @@ class Checkpoint:
         arch = self._attention(self._layers(arch))
         width = max(len(self.layer_experts(lay)) for lay in self.moe_layers)
         if arch.moe_top_k > width:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.where}: num_experts_per_tok is {arch.moe_top_k}, but the "
                 f"tensors have at most {width} experts per layer"
             )
@@ -606,14 +650,14 @@ class Checkpoint:
         count = max(present) + 1
         said = get_int(self.config, self.where, "num_hidden_layers")
         if said is not None and said > count:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.root}: num_hidden_layers: config.json says {said}, but the "
                 f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
                 "refused"
             )
         gaps = sorted(set(range(count)) - present)
         if gaps:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.root}: the tensors have model.layers.{count - 1} but no "
                 f"tensor of model.layers.{gaps[0]}; refused"
             )
@@ -648,7 +692,7 @@ class Checkpoint:
             layer, role = int(m.group(1)), m.group(2)
             first = seen.setdefault(role, (layer, info.shape))
             if first[1] != info.shape:
-                raise SmoeError(
+                raise RefusedInput(
                     f"{self.root}: {name} has shape {list(info.shape)}, but "
                     f"model.layers.{first[0]}.self_attn.{role}.weight has "
                     f"{list(first[1])}; per-layer attention shapes are not "
@@ -692,7 +736,7 @@ class Checkpoint:
                 if fits
                 else "no change of head_dim alone or of the head counts alone explains them"
             )
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.root}: {seen}, but config.json says num_attention_heads "
                 f"{heads} × head_dim {hd} = {heads * hd} and num_key_value_heads {kv} "
                 f"× head_dim {hd} = {kv * hd}; refused: {reason}"

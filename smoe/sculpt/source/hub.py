@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, SmoeError
 from smoe.families.config import read_json
 
 __all__ = ["check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
@@ -243,7 +243,7 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
         ) from None
     missing = missing_files(folder)
     if _CONFIG in missing or _WEIGHTS in missing:
-        raise SmoeError(
+        raise RefusedInput(
             f"{what}: the model on the HuggingFace Hub has no top-level "
             f"{missing[0]}; not a transformers checkpoint in safetensors"
         )

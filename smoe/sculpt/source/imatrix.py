@@ -21,11 +21,10 @@ before anything is allocated:
   merged 3-D experts (early 2024) name experts ``blk.L.ffn_gate.E.weight``.
 
 The layout follows llama.cpp's ``tools/imatrix/imatrix.cpp`` (``save_imatrix``,
-``save_imatrix_legacy``), ``common/imatrix-loader.cpp`` and the GGUF reader
-``ggml/src/gguf.cpp`` (whose checks this reader applies, bar its 64-byte name limit, and
-more); key names, value and ggml types come from the ``gguf`` package (``pip install
-'smoe[imatrix]'``). Its own ``GGUFReader`` is not used: it maps the file (a file that
-shrinks would kill the process with SIGBUS) and does not bound counts by the file size.
+``save_imatrix_legacy``) and ``common/imatrix-loader.cpp``; a GGUF file's header,
+key-values and tensor infos are read by :mod:`smoe.interop.gguf_io` (the checks of
+``ggml/src/gguf.cpp``, and more); key names, value and ggml types come from the ``gguf``
+package (``pip install 'smoe[imatrix]'``).
 
 An expert without data (count 0, the all-ones placeholder llama.cpp writes for such an
 expert in a multi-expert entry, an all-zero row, or no entry at all) falls back to
@@ -35,27 +34,25 @@ unweighted quantisation; :meth:`ImportanceMatrix.check` lists them before any wo
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, SmoeError
 from smoe.format.manifest import checksum
 from smoe.format.view import FileView, chunks
+from smoe.interop.gguf_io import GgufReader, KeyValue, Tensor
 from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = ["Fallback", "ImatrixInfo", "ImportanceMatrix"]
 
-MAX_ARRAY = 1 << 30  # ggml's GGUF_MAX_ARRAY_ELEMENTS
-MAX_STRING = 1 << 30  # ggml's GGUF_MAX_STRING_LENGTH
-MAX_DIMS = 4  # GGML_MAX_DIMS
-HEADER_WINDOW = 1 << 20  # header bytes read at a time
 # the expert naming of llama.cpp before the merged 3-D expert tensors (PR 6387, April 2024)
 OLD_EXPERT = {
     "gate_proj": "blk.{L}.ffn_gate.{E}.weight",
@@ -197,21 +194,21 @@ they are quantised unweighted
         ImportanceMatrix('fixtures/imatrix_tiny.dat', dat, 1 entries)
         >>> ImportanceMatrix.open("fixtures/q4_v2.smoe")
         Traceback (most recent call last):
-        smoe.errors.SmoeError: fixtures/q4_v2.smoe: not a llama.cpp importance matrix: no GGUF \
+        smoe.errors.RefusedInput: fixtures/q4_v2.smoe: not a llama.cpp importance matrix: no GGUF \
 magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot fit in 147456 bytes
         """
         gguf = _gguf()
         view = FileView.open(path)
         try:
             if view.size < 4:
-                raise SmoeError(
+                raise RefusedInput(
                     f"{view.path}: {view.size} bytes, too short for an importance matrix"
                 )
             chunk_count: int | None
             chunk_size: int | None
             if bytes(view.read(0, 4)) == b"GGUF":
                 fmt = "gguf"
-                entries, datasets, chunk_count, chunk_size = _GgufParser(view, gguf).parse()
+                entries, datasets, chunk_count, chunk_size = _GgufImatrix(view, gguf).parse()
             else:
                 fmt = "dat"
                 entries, datasets, chunk_count = _parse_legacy(view)
@@ -298,14 +295,14 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
         if entry.file_cols is not None:
             if entry.file_cols != cols:
                 n = entry.size // entry.file_cols
-                raise SmoeError(
+                raise RefusedInput(
                     f"{self.path}: {entry.what} is [{n}, {entry.file_cols}] ({n} "
                     f"experts x {entry.file_cols} input channels), but {ours}: an "
                     "importance matrix of another model?"
                 )
             return entry.size // cols
         if entry.size % cols or (single and entry.size != cols):
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: {entry.what} holds {entry.size} values, not "
                 f"{'one row' if single else 'whole rows'} of {cols}, but {ours}: "
                 "an importance matrix of another model?"
@@ -324,13 +321,13 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
     ) -> int:
         n = self._shape_check(entry, layer, expert, tensor, rows, cols)
         if n_experts is not None and n != n_experts:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: {entry.what} covers {n} experts of {cols} input "
                 f"channels, but the checkpoint has {n_experts} experts per layer: "
                 "an importance matrix of another model?"
             )
         if expert >= n:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: {entry.what} covers {n} experts, but the checkpoint "
                 f"has layer {layer} expert {expert}: an importance matrix of "
                 "another model?"
@@ -341,7 +338,7 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
         """The importance of one matrix of ``entry`` (float32), or None and the reason."""
         st = os.fstat(self.view.fd)
         if (st.st_size, st.st_mtime_ns) != self._stamp:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: changed while smoe was reading it (size or "
                 "modification time differ from when it was opened)"
             )
@@ -378,7 +375,7 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
          Fallback(layer=0, expert=0, tensor='up_proj', reason='not in the file')]
         >>> imatrix.check([(0, e, shapes) for e in range(8)], n_experts=8)
         Traceback (most recent call last):
-        smoe.errors.SmoeError: fixtures/imatrix_tiny.dat: legacy entry \
+        smoe.errors.RefusedInput: fixtures/imatrix_tiny.dat: legacy entry \
 'blk.0.ffn_down_exps.weight' covers 4 experts of 32 input channels, but the checkpoint has 8 \
 experts per layer: an importance matrix of another model?
         """
@@ -396,7 +393,7 @@ experts per layer: an importance matrix of another model?
                 if values is None:
                     out.append(Fallback(layer, expert, tensor, reason))
         if wanted and not mapped:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: has no entry for any routed-expert tensor of this "
                 "model (blk.L.ffn_gate_exps.weight, ffn_up_exps, ffn_down_exps): an "
                 "importance matrix of another model, or of a dense one?"
@@ -488,7 +485,7 @@ def _check_values(path: Path, entry: _Entry, values: np.ndarray, at: int) -> Non
         where = f"expert {index // entry.file_cols}, channel {index % entry.file_cols}"
     v = float(values[i])
     why = "negative" if np.isfinite(v) else "not finite"
-    raise SmoeError(
+    raise RefusedInput(
         f"{path}: {entry.what} holds {v!r} at offset {at + 4 * i} ({where}): a sum "
         f"of squares is finite and >= 0, this one is {why}"
     )
@@ -515,128 +512,17 @@ def _scan(view: FileView, entries: list[_Entry]) -> tuple[int, str]:
 
 
 # ---- the GGUF form ----------------------------------------------------------------------------
-class _GgufParser:
-    """Header, key-values and tensor infos of a GGUF file, read through a bounded window."""
+class _GgufImatrix:
+    """The importance matrix of a GGUF file: its keys, and per weight its ``in_sum2`` and
+    ``counts`` tensors (the file read by :class:`smoe.interop.gguf_io.GgufReader`)."""
 
     def __init__(self, view: FileView, gguf: Any) -> None:
-        self.view, self.g, self.path, self.size = view, gguf, view.path, view.size
-        self.pos = 0
-        self._buf = np.empty(0, np.uint8)
-        self._buf_at = 0
-        vt = gguf.GGUFValueType
-        self.scalars = {
-            vt.UINT8: "<u1",
-            vt.INT8: "<i1",
-            vt.UINT16: "<u2",
-            vt.INT16: "<i2",
-            vt.UINT32: "<u4",
-            vt.INT32: "<i4",
-            vt.FLOAT32: "<f4",
-            vt.BOOL: "<u1",
-            vt.UINT64: "<u8",
-            vt.INT64: "<i8",
-            vt.FLOAT64: "<f8",
-        }
+        self.view, self.g, self.path = view, gguf, view.path
+        self.reader = GgufReader(view, gguf)
 
-    # -- bounded reads --
-    def take(self, n: int, what: str) -> bytes:
-        if n > self.size - self.pos:
-            raise SmoeError(
-                f"{self.path}: {what} at offset {self.pos} needs {n} bytes, but the "
-                f"file ends at offset {self.size} (truncated?)"
-            )
-        lo = self.pos - self._buf_at
-        if lo < 0 or lo + n > len(self._buf):
-            self._buf_at = self.pos
-            self._buf = self.view.read(self.pos, min(self.size - self.pos, max(n, HEADER_WINDOW)))
-            lo = 0
-        self.pos += n
-        return self._buf[lo : lo + n].tobytes()
-
-    def u32(self, what: str) -> int:
-        return struct.unpack("<I", self.take(4, what))[0]
-
-    def u64(self, what: str) -> int:
-        return struct.unpack("<Q", self.take(8, what))[0]
-
-    def string(self, what: str, strict: bool = True) -> str:
-        at = self.pos
-        n = self.u64(f"{what} length")
-        if n > MAX_STRING:
-            raise SmoeError(
-                f"{self.path}: {what} at offset {at} is {n} bytes long (GGUF strings "
-                f"are at most {MAX_STRING})"
-            )
-        raw = self.take(n, what)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if not strict:
-                return raw.decode("utf-8", "replace")
-            raise SmoeError(
-                f"{self.path}: {what} at offset {at} is not valid UTF-8 (byte "
-                f"0x{raw[e.start]:02x} at offset {at + 8 + e.start})"
-            ) from None
-
-    # -- the file --
     def parse(self) -> tuple[list[_Entry], list[str], int, int]:
-        g = self.g
-        self.take(4, "magic")
-        version = self.u32("version")
-        if version & 0xFFFF == 0 and version:
-            raise SmoeError(
-                f"{self.path}: GGUF version at offset 4 reads {version:#x}: a "
-                "big-endian file; only little-endian GGUF is read"
-            )
-        if version not in (2, g.GGUF_VERSION):
-            raise SmoeError(
-                f"{self.path}: GGUF version {version} at offset 4; llama.cpp and "
-                f"smoe read versions 2 and {g.GGUF_VERSION}"
-            )
-        n_tensors = self.u64("tensor count")
-        n_kv = self.u64("key-value count")
-        # the smallest key-value is 14 bytes (1-byte key, u8 value), tensor info 25 (0-d)
-        if n_kv * 14 + n_tensors * 25 > self.size - self.pos:
-            raise SmoeError(
-                f"{self.path}: {n_tensors} tensors (count at offset 8) and {n_kv} "
-                f"key-values (count at offset 16) cannot fit in {self.size} bytes"
-            )
-        kv = self.key_values(n_kv)
-        alignment = self.alignment(kv)
-        datasets = self.datasets(kv)
-        chunk_count = self.u32_key(kv, g.Keys.IMatrix.CHUNK_COUNT)
-        chunk_size = self.u32_key(kv, g.Keys.IMatrix.CHUNK_SIZE)
-        if n_tensors == 0:
-            raise SmoeError(
-                f"{self.path}: holds no tensors (an importance matrix has an "
-                "in_sum2 and a counts tensor per weight)"
-            )
-        infos = self.tensor_infos(n_tensors, alignment)
-        return self.entries(infos), datasets, chunk_count, chunk_size
-
-    def skip(self, n: int, what: str) -> None:
-        if n > self.size - self.pos:
-            raise SmoeError(
-                f"{self.path}: {what} at offset {self.pos} needs {n} bytes, but the "
-                f"file ends at offset {self.size} (truncated?)"
-            )
-        self.pos += n
-
-    def skip_string(self, what: str) -> None:
-        at = self.pos
-        n = self.u64(f"{what} length")
-        if n > MAX_STRING:
-            raise SmoeError(
-                f"{self.path}: {what} at offset {at} is {n} bytes long (GGUF strings "
-                f"are at most {MAX_STRING})"
-            )
-        self.skip(n, what)
-
-    def key_values(self, n: int) -> dict[str, tuple[int, Any, Any]]:
-        """key -> (offset, type, value) of every key; values kept for the keys read here
-        (a wrong general.type is refused as soon as it is read)."""
-        g = self.g
-        vt = g.GGUFValueType
+        g, reader = self.g, self.reader
+        _, n_tensors, n_kv = reader.header()
         keep = {
             g.Keys.General.TYPE,
             g.Keys.General.ALIGNMENT,
@@ -644,406 +530,293 @@ class _GgufParser:
             g.Keys.IMatrix.CHUNK_COUNT,
             g.Keys.IMatrix.CHUNK_SIZE,
         }
-        out: dict[str, tuple[int, Any, Any]] = {}
-        for i in range(n):
-            at = self.pos
-            key = self.string(f"key {i}")
-            if not key:
-                raise SmoeError(f"{self.path}: key {i} at offset {at} is empty")
-            if key in out:
-                raise SmoeError(
-                    f"{self.path}: key {key!r} at offset {at} appears twice (first at "
-                    f"offset {out[key][0]})"
-                )
-            vtype = self.value_type(key, at)
-            value: Any = None
-            if vtype == vt.ARRAY:
-                item = self.value_type(key, at)
-                if item == vt.ARRAY:
-                    raise SmoeError(
-                        f"{self.path}: key {key!r} at offset {at} is an array of "
-                        "arrays, which GGUF readers refuse"
-                    )
-                count = self.u64(f"key {key!r} array length")
-                least = 8 if item == vt.STRING else np.dtype(self.scalars[item]).itemsize
-                if count > MAX_ARRAY or count * least > self.size - self.pos:
-                    raise SmoeError(
-                        f"{self.path}: key {key!r} at offset {at} claims an array of "
-                        f"{count} {item.name} values; the file has "
-                        f"{self.size - self.pos} bytes left"
-                    )
-                if item != vt.STRING:
-                    self.skip(count * least, f"key {key!r} values")
-                elif key in keep:  # dataset names: paths, shown as they decode
-                    value = [
-                        self.string(f"key {key!r} item {j}", strict=False) for j in range(count)
-                    ]
-                else:
-                    for j in range(count):
-                        self.skip_string(f"key {key!r} item {j}")
-                vtype = (vt.ARRAY, item)
-            elif vtype == vt.STRING:
-                if key in keep:
-                    value = self.string(f"key {key!r} value")
-                else:
-                    self.skip_string(f"key {key!r} value")
-            else:
-                dtype = np.dtype(self.scalars[vtype])
-                value = np.frombuffer(self.take(dtype.itemsize, f"key {key!r} value"), dtype)[
-                    0
-                ].item()
-            out[key] = (at, vtype, value)
-            if key == g.Keys.General.TYPE:
-                self.check_type(out)
-        if g.Keys.General.TYPE not in out:
-            self.check_type(out)
-        return out
+        kv = reader.key_values(n_kv, keep, on_key=self._on_key)
+        if g.Keys.General.TYPE not in kv:
+            self.check_type(kv)
+        alignment = reader.alignment(kv)
+        datasets = self.datasets(kv)
+        chunk_count = self.u32_key(kv, g.Keys.IMatrix.CHUNK_COUNT)
+        chunk_size = self.u32_key(kv, g.Keys.IMatrix.CHUNK_SIZE)
+        if n_tensors == 0:
+            raise RefusedInput(
+                f"{self.path}: holds no tensors (an importance matrix has an "
+                "in_sum2 and a counts tensor per weight)"
+            )
+        infos = reader.tensor_infos(n_tensors, alignment)
+        return self.entries(infos), datasets, chunk_count, chunk_size
 
-    def value_type(self, key: str, at: int) -> Any:
-        raw = self.u32(f"key {key!r} type")
-        try:
-            return self.g.GGUFValueType(raw)
-        except ValueError:
-            raise SmoeError(
-                f"{self.path}: key {key!r} at offset {at} has unknown value type {raw}"
-            ) from None
+    # -- the keys --
+    def _on_key(self, key: str, kv: dict[str, KeyValue]) -> None:
+        """A wrong general.type is refused as soon as it is read."""
+        if key == self.g.Keys.General.TYPE:
+            self.check_type(kv)
 
-    def _type_name(self, vtype: Any) -> str:
-        if isinstance(vtype, tuple):
-            return f"an array of {vtype[1].name}"
-        return vtype.name
-
-    def check_type(self, kv: dict[str, tuple[int, Any, Any]]) -> None:
+    def check_type(self, kv: dict[str, KeyValue]) -> None:
         g = self.g
         key = g.Keys.General.TYPE
         if key not in kv:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: not a llama.cpp importance matrix: no {key} key "
                 f"(llama-imatrix writes {key} = {g.GGUFType.IMATRIX})"
             )
-        at, vtype, value = kv[key]
-        if vtype != g.GGUFValueType.STRING:
-            raise SmoeError(
-                f"{self.path}: key {key} at offset {at} is "
-                f"{self._type_name(vtype)}, expected a STRING"
-            )
+        value = self.reader.expect(kv, key, g.GGUFValueType.STRING, "a STRING")
         if value != g.GGUFType.IMATRIX:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: not a llama.cpp importance matrix: {key} at offset "
-                f"{at} is {value!r}, expected {g.GGUFType.IMATRIX!r} (a GGUF model "
+                f"{kv[key].at} is {value!r}, expected {g.GGUFType.IMATRIX!r} (a GGUF model "
                 "is not an importance matrix; llama-imatrix makes one)"
             )
 
-    def missing(self, key: str) -> None:
+    def missing(self, key: str) -> NoReturn:
         k = self.g.Keys.IMatrix
-        raise SmoeError(
+        raise RefusedInput(
             f"{self.path}: has no {key} key (llama-imatrix writes {k.DATASETS}, "
             f"{k.CHUNK_COUNT} and {k.CHUNK_SIZE}; llama-quantize refuses a file "
             "without them)"
         )
 
-    def u32_key(self, kv: dict[str, tuple[int, Any, Any]], key: str) -> int:
+    def u32_key(self, kv: dict[str, KeyValue], key: str) -> int:
         if key not in kv:
             self.missing(key)
-        at, vtype, value = kv[key]
-        if vtype != self.g.GGUFValueType.UINT32:
-            raise SmoeError(
-                f"{self.path}: key {key} at offset {at} is "
-                f"{self._type_name(vtype)}, expected UINT32"
-            )
-        return int(value)
+        return int(self.reader.expect(kv, key, self.g.GGUFValueType.UINT32, "UINT32"))
 
-    def alignment(self, kv: dict[str, tuple[int, Any, Any]]) -> int:
-        key = self.g.Keys.General.ALIGNMENT
-        if key not in kv:
-            return int(self.g.GGUF_DEFAULT_ALIGNMENT)
-        at, vtype, value = kv[key]
-        if vtype != self.g.GGUFValueType.UINT32:
-            raise SmoeError(
-                f"{self.path}: key {key} at offset {at} is "
-                f"{self._type_name(vtype)}, expected UINT32"
-            )
-        if value == 0 or value & (value - 1):
-            raise SmoeError(f"{self.path}: key {key} at offset {at} is {value}, not a power of two")
-        return int(value)
-
-    def datasets(self, kv: dict[str, tuple[int, Any, Any]]) -> list[str]:
+    def datasets(self, kv: dict[str, KeyValue]) -> list[str]:
         key = self.g.Keys.IMatrix.DATASETS
         if key not in kv:
             self.missing(key)
-        at, vtype, value = kv[key]
-        if vtype != (self.g.GGUFValueType.ARRAY, self.g.GGUFValueType.STRING):
-            raise SmoeError(
-                f"{self.path}: key {key} at offset {at} is "
-                f"{self._type_name(vtype)}, expected an array of STRING"
-            )
-        return list(value)
+        vt = self.g.GGUFValueType
+        return list(self.reader.expect(kv, key, (vt.ARRAY, vt.STRING), "an array of STRING"))
 
-    def tensor_infos(self, n: int, alignment: int) -> dict[str, tuple[int, Any, tuple, int]]:
-        """name -> (info offset, ggml type, ne, absolute data offset), all checked."""
-        g = self.g
-        infos: dict[str, tuple[int, Any, tuple, int]] = {}
-        expected = 0
-        places = []
-        for i in range(n):
-            at = self.pos
-            name = self.string(f"tensor {i} name")
-            if not name:
-                raise SmoeError(f"{self.path}: tensor {i} at offset {at} has an empty name")
-            if name in infos:
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} appears twice "
-                    f"(first at offset {infos[name][0]})"
-                )
-            n_dims = self.u32(f"tensor {name!r} dimension count")
-            if n_dims > MAX_DIMS:
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} has {n_dims} "
-                    f"dimensions (at most {MAX_DIMS})"
-                )
-            ne = tuple(self.u64(f"tensor {name!r} dimension {j}") for j in range(n_dims))
-            elements = 1
-            for d in ne:
-                elements *= d
-            if any(d >= 1 << 63 for d in ne) or elements >= 1 << 63:
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} has shape "
-                    f"{list(ne)}: 2^63 elements or more"
-                )
-            raw = self.u32(f"tensor {name!r} type")
-            try:
-                ttype = g.GGMLQuantizationType(raw)
-                block, type_size = g.GGML_QUANT_SIZES[ttype]
-            except (ValueError, KeyError):
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} has unknown ggml type {raw}"
-                ) from None
-            if ne and ne[0] % block:
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} has rows of "
-                    f"{ne[0]} elements, not a multiple of {ttype.name}'s block of "
-                    f"{block}"
-                )
-            offset = self.u64(f"tensor {name!r} data offset")
-            if offset != expected:
-                raise SmoeError(
-                    f"{self.path}: tensor {name!r} at offset {at} has data offset "
-                    f"{offset}, expected {expected} (tensors follow each other, "
-                    f"each padded to {alignment} bytes)"
-                )
-            nbytes = elements // block * type_size
-            expected += -(-nbytes // alignment) * alignment
-            infos[name] = (at, ttype, ne, offset)
-            places.append(name)
-        start = -(-self.pos // alignment) * alignment
-        if start + expected > self.size:
-            raise SmoeError(
-                f"{self.path}: tensor data runs from offset {start} to "
-                f"{start + expected}, beyond the end of the file ({self.size} bytes; "
-                "truncated?)"
-            )
-        if start + expected < self.size:
-            raise SmoeError(
-                f"{self.path}: {self.size - start - expected} bytes at offset "
-                f"{start + expected} after the last tensor "
-                f"({places[-1]!r}) belong to no tensor"
-            )
-        return {k: (at, t, ne, start + off) for k, (at, t, ne, off) in infos.items()}
-
-    def entries(self, infos: dict[str, tuple[int, Any, tuple, int]]) -> list[_Entry]:
-        g = self.g
-        f32 = g.GGMLQuantizationType.F32
-        groups: dict[str, dict[str, str]] = {}
-        for name in infos:
-            for suffix in (".in_sum2", ".counts", ".in_sum"):
-                if name.endswith(suffix) and len(name) > len(suffix):
-                    groups.setdefault(name[: -len(suffix)], {})[suffix] = name
-                    break
-        out = []
-        for base, parts in sorted(groups.items()):
-            if ".in_sum2" not in parts or ".counts" not in parts:
-                has, lacks = (
-                    (".in_sum2", ".counts")
-                    if ".in_sum2" in parts
-                    else (
-                        (".counts", ".in_sum2") if ".counts" in parts else (".in_sum", ".in_sum2")
-                    )
-                )
-                raise SmoeError(
-                    f"{self.path}: tensor {base + has!r} has no {base + lacks!r} "
-                    "beside it (llama-imatrix writes in_sum2 and counts per weight)"
-                )
-            for name in parts.values():
-                at, ttype, _, _ = infos[name]
-                if ttype != f32:
-                    raise SmoeError(
-                        f"{self.path}: tensor {name!r} at offset {at} is {ttype.name}, expected F32"
-                    )
-            s_at, _, s_ne, s_off = infos[parts[".in_sum2"]]
-            c_at, _, c_ne, c_off = infos[parts[".counts"]]
-            size, n_counts = _prod(s_ne), _prod(c_ne)
-            if not size or not n_counts:
-                name, at = (parts[".in_sum2"], s_at) if not size else (parts[".counts"], c_at)
-                raise SmoeError(f"{self.path}: tensor {name!r} at offset {at} holds no values")
-            if len(s_ne) > 2 or size % n_counts or (len(s_ne) == 2 and s_ne[1] != n_counts):
-                raise SmoeError(
-                    f"{self.path}: tensor {parts['.in_sum2']!r} has ne {list(s_ne)} "
-                    f"but {parts['.counts']!r} holds {n_counts} counts (in_sum2 is "
-                    "[values per matrix, matrices], one count per matrix)"
-                )
-            if ".in_sum" in parts:
-                i_at, _, i_ne, _ = infos[parts[".in_sum"]]
-                if _prod(i_ne) != size:
-                    raise SmoeError(
-                        f"{self.path}: tensor {parts['.in_sum']!r} at offset {i_at} "
-                        f"has ne {list(i_ne)}, in_sum2 {list(s_ne)}"
-                    )
-            counts = self.view.read(c_off, 4 * n_counts).view("<f4").astype(np.float64)
-            bad = ~np.isfinite(counts) | (counts < 0) | (counts != np.round(counts))
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise SmoeError(
-                    f"{self.path}: tensor {parts['.counts']!r} holds "
-                    f"{float(counts[i])!r} at offset {c_off + 4 * i} (matrix {i}): "
-                    "counts are whole numbers >= 0"
-                )
-            out.append(
-                _Entry(
-                    base,
-                    f"tensor {parts['.in_sum2']!r}",
-                    s_off,
-                    size,
-                    counts,
-                    legacy=False,
-                    file_cols=size // n_counts if n_counts > 1 else None,
-                )
-            )
+    # -- the tensors --
+    def entries(self, infos: dict[str, Tensor]) -> list[_Entry]:
+        """One entry per weight, in name order, each checked whole."""
+        out = [self._entry(base, parts, infos) for base, parts in sorted(_groups(infos).items())]
         if not out:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{self.path}: has no in_sum2/counts tensors: not a llama.cpp importance matrix"
             )
         return out
 
+    def _entry(self, base: str, parts: dict[str, str], infos: dict[str, Tensor]) -> _Entry:
+        """Weight ``base``'s entry: F32 ``in_sum2`` ``[values per matrix, matrices]`` and
+        ``counts`` (one per matrix), ``in_sum`` (unused) as large as ``in_sum2``."""
+        self._require_pair(base, parts)
+        f32 = self.g.GGMLQuantizationType.F32
+        for name in parts.values():
+            at, ttype, _, _ = infos[name]
+            if ttype != f32:
+                raise RefusedInput(
+                    f"{self.path}: tensor {name!r} at offset {at} is {ttype.name}, expected F32"
+                )
+        s_at, _, s_ne, s_off = infos[parts[".in_sum2"]]
+        c_at, _, c_ne, c_off = infos[parts[".counts"]]
+        size, n_counts = math.prod(s_ne), math.prod(c_ne)
+        if not size or not n_counts:
+            name, at = (parts[".in_sum2"], s_at) if not size else (parts[".counts"], c_at)
+            raise RefusedInput(f"{self.path}: tensor {name!r} at offset {at} holds no values")
+        if len(s_ne) > 2 or size % n_counts or (len(s_ne) == 2 and s_ne[1] != n_counts):
+            raise RefusedInput(
+                f"{self.path}: tensor {parts['.in_sum2']!r} has ne {list(s_ne)} "
+                f"but {parts['.counts']!r} holds {n_counts} counts (in_sum2 is "
+                "[values per matrix, matrices], one count per matrix)"
+            )
+        if ".in_sum" in parts:
+            i_at, _, i_ne, _ = infos[parts[".in_sum"]]
+            if math.prod(i_ne) != size:
+                raise RefusedInput(
+                    f"{self.path}: tensor {parts['.in_sum']!r} at offset {i_at} "
+                    f"has ne {list(i_ne)}, in_sum2 {list(s_ne)}"
+                )
+        return _Entry(
+            base,
+            f"tensor {parts['.in_sum2']!r}",
+            s_off,
+            size,
+            self._counts(parts[".counts"], c_off, n_counts),
+            legacy=False,
+            file_cols=size // n_counts if n_counts > 1 else None,
+        )
 
-def _prod(ne: tuple[int, ...]) -> int:
-    n = 1
-    for d in ne:
-        n *= d
-    return n
+    def _require_pair(self, base: str, parts: dict[str, str]) -> None:
+        """in_sum2 and counts, both; the message names the one there and the one missing."""
+        if ".in_sum2" in parts and ".counts" in parts:
+            return
+        has, lacks = (
+            (".in_sum2", ".counts")
+            if ".in_sum2" in parts
+            else ((".counts", ".in_sum2") if ".counts" in parts else (".in_sum", ".in_sum2"))
+        )
+        raise RefusedInput(
+            f"{self.path}: tensor {base + has!r} has no {base + lacks!r} "
+            "beside it (llama-imatrix writes in_sum2 and counts per weight)"
+        )
+
+    def _counts(self, name: str, offset: int, n: int) -> np.ndarray:
+        """The ``n`` counts at ``offset`` (float64), each a whole number >= 0."""
+        counts = self.view.read(offset, 4 * n).view("<f4").astype(np.float64)
+        bad = ~np.isfinite(counts) | (counts < 0) | (counts != np.round(counts))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise RefusedInput(
+                f"{self.path}: tensor {name!r} holds "
+                f"{float(counts[i])!r} at offset {offset + 4 * i} (matrix {i}): "
+                "counts are whole numbers >= 0"
+            )
+        return counts
+
+
+def _groups(infos: dict[str, Tensor]) -> dict[str, dict[str, str]]:
+    """Weight name -> its tensors by suffix (``.in_sum2``, ``.counts``, ``.in_sum``)."""
+    groups: dict[str, dict[str, str]] = {}
+    for name in infos:
+        for suffix in (".in_sum2", ".counts", ".in_sum"):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                groups.setdefault(name[: -len(suffix)], {})[suffix] = name
+                break
+    return groups
 
 
 # ---- the legacy form ------------------------------------------------------------------------
 def _parse_legacy(view: FileView) -> tuple[list[_Entry], list[str], int | None]:
     """Entries, dataset names and chunk count of a legacy ``.dat`` file, every count bounded
     by the bytes left before it is used."""
-    path, size = view.path, view.size
+    legacy = _Legacy(view)
+    entries = [legacy.entry(i) for i in range(legacy.entry_count())]
+    chunk_count = legacy.chunk_count()
+    datasets = legacy.datasets()
+    legacy.end()
+    return entries, datasets, chunk_count
 
-    def i32(at: int) -> int:
-        return struct.unpack("<i", bytes(view.read(at, 4)))[0]
 
-    n = i32(0)
-    # each entry needs at least 17 bytes: name length, a 1-byte name, ncall, nval, a value
-    if n < 1 or n * 17 > size - 4:
-        raise SmoeError(
-            f"{path}: not a llama.cpp importance matrix: no GGUF magic, and as a "
-            f"legacy .dat file its entry count {n} at offset 0 "
-            f"{'is not positive' if n < 1 else f'cannot fit in {size} bytes'}"
-        )
-    pos = 4
-    entries: list[_Entry] = []
-    seen: dict[str, int] = {}
-    for i in range(n):
-        at = pos
-        if size - pos < 12:
-            raise SmoeError(
-                f"{path}: legacy entry {i} at offset {at} is cut off: the file ends "
-                f"at offset {size} (truncated?)"
+class _Legacy:
+    """A legacy ``.dat`` file read front to back (``pos``: where the next field starts)."""
+
+    def __init__(self, view: FileView) -> None:
+        self.view, self.path, self.size = view, view.path, view.size
+        self.pos = 0
+        self.seen: dict[str, int] = {}  # name -> offset of its entry
+
+    def i32(self, at: int) -> int:
+        return int(struct.unpack("<i", bytes(self.view.read(at, 4)))[0])
+
+    def entry_count(self) -> int:
+        path, size = self.path, self.size
+        n = self.i32(0)
+        # each entry needs at least 17 bytes: name length, a 1-byte name, ncall, nval, a value
+        if n < 1 or n * 17 > size - 4:
+            raise RefusedInput(
+                f"{path}: not a llama.cpp importance matrix: no GGUF magic, and as a "
+                f"legacy .dat file its entry count {n} at offset 0 "
+                f"{'is not positive' if n < 1 else f'cannot fit in {size} bytes'}"
             )
-        length = i32(pos)
-        if length < 1 or length > size - pos - 12:
-            raise SmoeError(
-                f"{path}: legacy entry {i} at offset {at} has a name length of "
-                f"{length}; {size - pos - 12} bytes are left for the name and values"
-                + (" (not an importance matrix?)" if i == 0 else "")
-            )
-        raw = bytes(view.read(pos + 4, length))
-        try:
-            name = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SmoeError(
-                f"{path}: legacy entry {i} at offset {at} has a name that is not "
-                f"valid UTF-8 (byte 0x{raw[e.start]:02x} at offset "
-                f"{pos + 4 + e.start})"
-            ) from None
-        if "\0" in name:
-            raise SmoeError(
-                f"{path}: legacy entry {i} ({name!r}) at offset {at} has a NUL byte in its name"
-            )
-        if name in seen:
-            raise SmoeError(
-                f"{path}: legacy entry {i} at offset {at} names {name!r} again "
-                f"(first at offset {seen[name]})"
-            )
-        pos += 4 + length
+        self.pos = 4
+        return n
+
+    def entry(self, i: int) -> _Entry:
+        """Entry ``i``: its name, ``ncall`` and ``nval``, its values left in the file."""
+        path, size = self.path, self.size
+        at = self.pos
+        name = self._name(i)
+        pos = self.pos
         if size - pos < 8:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: legacy entry {i} ({name!r}) at offset {at} is cut off "
                 f"after its name: the file ends at offset {size}"
             )
-        ncall, nval = i32(pos), i32(pos + 4)
+        ncall, nval = self.i32(pos), self.i32(pos + 4)
         if ncall < 0:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: legacy entry {i} ({name!r}) has ncall {ncall} at offset "
                 f"{pos}; it counts chunks, >= 0"
             )
         if nval < 1 or 4 * nval > size - pos - 8:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: legacy entry {i} ({name!r}) has nval {nval} at offset "
                 f"{pos + 4}; {size - pos - 8} bytes are left for its values"
             )
         pos += 8
-        seen[name] = at
-        entries.append(
-            _Entry(
-                name,
-                f"legacy entry {name!r}",
-                pos,
-                nval,
-                np.array([ncall], np.float64),
-                legacy=True,
-            )
+        self.seen[name] = at
+        self.pos = pos + 4 * nval
+        return _Entry(
+            name, f"legacy entry {name!r}", pos, nval, np.array([ncall], np.float64), legacy=True
         )
-        pos += 4 * nval
-    chunk_count: int | None = None
-    datasets: list[str] = []
-    if pos < size:
+
+    def _name(self, i: int) -> str:
+        """Entry ``i``'s name: UTF-8, no NUL, not seen before."""
+        path, size, pos = self.path, self.size, self.pos
+        if size - pos < 12:
+            raise RefusedInput(
+                f"{path}: legacy entry {i} at offset {pos} is cut off: the file ends "
+                f"at offset {size} (truncated?)"
+            )
+        length = self.i32(pos)
+        if length < 1 or length > size - pos - 12:
+            raise RefusedInput(
+                f"{path}: legacy entry {i} at offset {pos} has a name length of "
+                f"{length}; {size - pos - 12} bytes are left for the name and values"
+                + (" (not an importance matrix?)" if i == 0 else "")
+            )
+        raw = bytes(self.view.read(pos + 4, length))
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RefusedInput(
+                f"{path}: legacy entry {i} at offset {pos} has a name that is not "
+                f"valid UTF-8 (byte 0x{raw[e.start]:02x} at offset "
+                f"{pos + 4 + e.start})"
+            ) from None
+        if "\0" in name:
+            raise RefusedInput(
+                f"{path}: legacy entry {i} ({name!r}) at offset {pos} has a NUL byte in its name"
+            )
+        if name in self.seen:
+            raise RefusedInput(
+                f"{path}: legacy entry {i} at offset {pos} names {name!r} again "
+                f"(first at offset {self.seen[name]})"
+            )
+        self.pos = pos + 4 + length
+        return name
+
+    def chunk_count(self) -> int | None:
+        """The optional chunk count after the entries (None: the file ends there)."""
+        path, size, pos = self.path, self.size, self.pos
+        if pos >= size:
+            return None
         if size - pos < 4:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: {size - pos} bytes at offset {pos} after the last entry "
                 "are too few for the chunk count (4 bytes; truncated?)"
             )
-        chunk_count = i32(pos)
+        chunk_count = self.i32(pos)
         if chunk_count < 0:
-            raise SmoeError(f"{path}: chunk count {chunk_count} at offset {pos} is negative")
-        pos += 4
-    if pos < size:
+            raise RefusedInput(f"{path}: chunk count {chunk_count} at offset {pos} is negative")
+        self.pos = pos + 4
+        return chunk_count
+
+    def datasets(self) -> list[str]:
+        """The optional dataset name after the chunk count (as it decodes, up to a NUL)."""
+        path, size, pos = self.path, self.size, self.pos
+        if pos >= size:
+            return []
         if size - pos < 4:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: {size - pos} bytes at offset {pos} after the chunk count "
                 "are too few for the dataset name's length (truncated?)"
             )
-        length = i32(pos)
+        length = self.i32(pos)
         if length < 0 or length > size - pos - 4:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: dataset name length {length} at offset {pos}; "
                 f"{size - pos - 4} bytes are left"
             )
-        raw = bytes(view.read(pos + 4, length)).split(b"\0", 1)[0]
-        if raw:
-            datasets.append(raw.decode("utf-8", "replace"))
-        pos += 4 + length
-    if pos < size:
-        raise SmoeError(
-            f"{path}: {size - pos} bytes at offset {pos} after the dataset name belong to nothing"
-        )
-    return entries, datasets, chunk_count
+        raw = bytes(self.view.read(pos + 4, length)).split(b"\0", 1)[0]
+        self.pos = pos + 4 + length
+        return [raw.decode("utf-8", "replace")] if raw else []
+
+    def end(self) -> None:
+        """Nothing may follow the dataset name."""
+        if self.pos < self.size:
+            raise RefusedInput(
+                f"{self.path}: {self.size - self.pos} bytes at offset {self.pos} after the "
+                "dataset name belong to nothing"
+            )

@@ -1,0 +1,449 @@
+"""The run of one sculpt, step by step (the protocol is in :mod:`smoe.sculpt`): open and
+check the inputs, plan, then under the lock resume, quantise every expert, stage the
+companions and commit."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from smoe.errors import RefusedInput
+from smoe.families.config import config_object, parse_json, read_small
+from smoe.format.plan import Plan, Shape, make_plan
+from smoe.format.records import ArchInfo, ModelInfo, metadata_bytes
+from smoe.interop.safetensors_io import write_streaming
+from smoe.plumbing import fileio
+from smoe.plumbing.atomic import AtomicFile, sweep_stale
+from smoe.sculpt.inputs import open_imatrix, resolve_jobs, select
+from smoe.sculpt.journal import Entry, Journal, fingerprint, keep_verified
+from smoe.sculpt.options import SculptOptions, SculptResult
+from smoe.sculpt.paths import Paths, checkpoint_inputs
+from smoe.sculpt.provenance import provenance, tensor_entries
+from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
+from smoe.sculpt.workers import Job, Target, run_jobs
+from smoe.vault.writer import State, VaultWriter
+from smoe_gen import layout
+from smoe_gen.layout import TENSOR_NAMES
+
+if TYPE_CHECKING:
+    from smoe.sculpt.source.imatrix import ImportanceMatrix
+
+__all__ = ["Run", "dry_run_plan", "sculpt", "stage_config"]
+
+Progress = Callable[[int, int, int], None]
+"""``progress(done, total, bytes_in)``, called after every expert."""
+
+
+def sculpt(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    opts: SculptOptions,
+    progress: Progress | None = None,
+) -> SculptResult | dict:
+    """Convert; returns a SculptResult, or the planned layout (a dict) with ``dry_run``.
+
+    ``progress(done, total, bytes_in)`` is called after every expert.
+
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp()
+    >>> res = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(bits=2, jobs=1))
+    >>> sorted(p.name for p in Path(out).iterdir())  # doctest: +NORMALIZE_WHITESPACE
+    ['qwen3_moe.config.json', 'qwen3_moe.scout.safetensors', 'qwen3_moe.smoe',
+     'qwen3_moe.smoe.manifest.json']
+    >>> plan = sculpt("fixtures/checkpoints/qwen3_moe", out, SculptOptions(dry_run=True))
+    >>> plan["experts"], plan["vault_bytes"]
+    (16, 278528)
+    """
+    t0 = time.perf_counter()
+    jobs = resolve_jobs(opts.jobs)
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    run = Run.open(model_dir, opts, jobs, progress, t0)
+    try:
+        return _sculpt_checked(run, model_dir, out_dir)
+    finally:
+        run.close()
+
+
+@dataclass
+class Run:
+    """One sculpt's inputs, opened and checked before anything is written: the checkpoint,
+    the experts chosen, the model's header facts, the importance matrix (if any); and how
+    the run goes (options, worker count, progress callback, start time).
+
+    >>> run = Run.open(Path("fixtures/checkpoints/qwen3_moe"), SculptOptions(max_layers=1), 1)
+    >>> len(run.refs), run.model.d_model, run.weighted
+    (8, 64, False)
+    >>> run.close()
+    """
+
+    ckpt: Checkpoint
+    refs: list[ExpertRef]
+    model: ModelInfo
+    opts: SculptOptions
+    jobs: int
+    progress: Progress | None = None
+    t0: float = field(default_factory=time.perf_counter)
+    imatrix: ImportanceMatrix | None = None
+    imatrix_warning: str | None = None
+
+    @classmethod
+    def open(
+        cls,
+        model_dir: Path,
+        opts: SculptOptions,
+        jobs: int,
+        progress: Progress | None = None,
+        t0: float | None = None,
+    ) -> Run:
+        """Open the checkpoint, choose the experts and open the importance matrix: a wrong
+        file is refused here, before anything is written (``t0``: when the run started;
+        default now).
+
+        >>> Run.open(Path("fixtures/checkpoints/olmoe"), SculptOptions(), 1).imatrix is None
+        True
+        """
+        ckpt = Checkpoint.open(model_dir)
+        refs = select(ckpt, opts)
+        model = ckpt.model_info()
+        run = cls(
+            ckpt, refs, model, opts, jobs, progress, time.perf_counter() if t0 is None else t0
+        )
+        if opts.imatrix is not None:
+            run.imatrix, run.imatrix_warning = open_imatrix(
+                opts.imatrix, refs, model.max_experts_per_layer
+            )
+        return run
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the experts are quantised with an importance matrix.
+
+        >>> Run.open(Path("fixtures/checkpoints/olmoe"), SculptOptions(), 1).weighted
+        False
+        """
+        return self.imatrix is not None
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The importance matrix's record for the summary and the manifest, or None.
+
+        >>> opts = SculptOptions(imatrix="fixtures/imatrix_tiny.dat")
+        >>> Run.open(Path("fixtures/checkpoints/olmoe"), opts, 1).record["format"]
+        'dat'
+        """
+        return self.imatrix.info.as_json() if self.imatrix is not None else None
+
+    def inputs(self) -> list[Path]:
+        """Every file the run reads: the checkpoint's and the importance matrix.
+
+        >>> run = Run.open(Path("fixtures/checkpoints/qwen3_moe"), SculptOptions(), 1)
+        >>> [p.name for p in run.inputs()]
+        ['config.json', 'model.safetensors']
+        """
+        extra = [self.imatrix.path] if self.imatrix is not None else []
+        return checkpoint_inputs(self.ckpt) + extra
+
+    def warnings(self) -> list[str]:
+        """The checkpoint's warnings so far, then the importance matrix's.
+
+        >>> Run.open(Path("fixtures/checkpoints/qwen3_moe"), SculptOptions(), 1).warnings()
+        []
+        """
+        return self.ckpt.warnings + ([self.imatrix_warning] if self.imatrix_warning else [])
+
+    def close(self) -> None:
+        """Close the importance matrix (the checkpoint holds no open files).
+
+        >>> Run.open(Path("fixtures/checkpoints/olmoe"), SculptOptions(), 1).close()
+        """
+        if self.imatrix is not None:
+            self.imatrix.close()
+
+
+def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | dict:
+    """:func:`sculpt` once the inputs are open and checked: plan, then the run proper under
+    the lock."""
+    opts = run.opts
+    arch = run.ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
+    paths = Paths.of(model_dir, out_dir, opts.name)
+    paths.refuse_inputs(run.inputs())
+    record = run.record
+    writer = _new_writer(run, arch, paths, record)
+    shapes = {(r.layer, r.expert): cast("tuple[Shape, Shape, Shape]", r.shapes) for r in run.refs}
+    plan0 = make_plan(shapes, opts.bits, opts.version)  # (an ExpertRef has three matrices)
+    warnings = run.warnings()
+    if opts.dry_run:
+        return _dry_run(run, plan0, arch, record, warnings)
+    fileio.ensure_dir(out_dir)
+    with fileio.Lock(paths.lock, paths.vault):
+        for staged in (paths.scout, paths.config, paths.manifest, paths.vault):
+            sweep_stale(staged)  # temporary files of a killed run (the partial is kept)
+        fp = fingerprint(
+            run.ckpt,
+            run.refs,
+            metadata_bytes(plan0, run.model, arch),
+            opts,
+            run.imatrix.info.sha256 if run.imatrix is not None else None,
+        )
+        result = _sculpt_locked(run, writer, paths, fp)
+    result.warnings = warnings
+    result.imatrix = record
+    return result
+
+
+def _new_writer(
+    run: Run, arch: ArchInfo | None, paths: Paths, record: dict[str, Any] | None
+) -> VaultWriter:
+    """The vault's writer, every chosen expert declared, its manifest's provenance set."""
+    opts = run.opts
+    tool, source = provenance(run.ckpt, opts, record)
+    writer = VaultWriter(
+        paths.vault,
+        run.model,
+        bits=opts.bits,
+        version=opts.version,
+        arch=arch,
+        scale=opts.scale,
+        partial=paths.partial,
+        tool=tool,
+        source=source,
+    )
+    for ref in run.refs:
+        writer.add_expert(ref.layer, ref.expert, ref.shapes)
+    return writer
+
+
+def _dry_run(
+    run: Run,
+    plan: Plan,
+    arch: ArchInfo | None,
+    record: dict[str, Any] | None,
+    warnings: list[str],
+) -> dict:
+    """``--dry-run``'s answer: the planned layout, the header facts and the warnings."""
+    scout_bytes = sum(t.nbytes for t in run.ckpt.non_expert_tensors())
+    info = dry_run_plan(run.ckpt, plan, scout_bytes, run.refs)
+    info["arch"] = asdict(arch) if arch else None
+    info["model"] = asdict(run.model)
+    if record is not None:
+        info["imatrix"] = record
+    info["warnings"] = warnings
+    return info
+
+
+def dry_run_plan(ckpt: Checkpoint, plan: Plan, scout_bytes: int, refs: list[ExpertRef]) -> dict:
+    """The layout a run would write: experts, blob sizes, offsets and file sizes.
+
+    >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+    >>> refs = select(ck, SculptOptions())
+    >>> plan = make_plan({(r.layer, r.expert): r.shapes for r in refs}, 4, 2)
+    >>> info = dry_run_plan(ck, plan, 0, refs)
+    >>> info["experts_per_layer"], info["vault_bytes"]
+    ({0: 8, 1: 8}, 278528)
+    """
+    per_layer: dict[int, int] = {}
+    for ref in refs:
+        per_layer[ref.layer] = per_layer.get(ref.layer, 0) + 1
+    sizes = sorted({e.padded_size for e in plan.experts})
+    return {
+        "experts": len(plan.experts),
+        "experts_per_layer": per_layer,
+        "blob_padded_sizes": sizes,
+        "blob_raw_sizes": sorted({e.raw_size for e in plan.experts}),
+        "data_offset": plan.data_offset,
+        "reserved_ext": plan.reserved_ext,
+        "vault_bytes": plan.file_size,
+        "scout_bytes": scout_bytes,
+        "scout_tensors": len(ckpt.non_expert_tensors()),
+    }
+
+
+# ---- under the lock ------------------------------------------------------------------------
+@dataclass
+class _Tally:
+    """The experts written by this run: per tensor name their SNR (and weighted SNR), in
+    the order of ``keys``; bytes read; experts done so far (those kept included)."""
+
+    done: int
+    snr: dict[str, list[float | None]] = field(
+        default_factory=lambda: {n: [] for n in TENSOR_NAMES}
+    )
+    wsnr: dict[str, list[float | None]] = field(
+        default_factory=lambda: {n: [] for n in TENSOR_NAMES}
+    )
+    keys: list[tuple[int, int]] = field(default_factory=list)
+    bytes_in: int = 0
+
+    def add(
+        self,
+        key: tuple[int, int],
+        snrs: list[float | None],
+        wsnrs: list[float | None],
+        nbytes: int,
+    ) -> None:
+        for name, value, wvalue in zip(TENSOR_NAMES, snrs, wsnrs):
+            self.snr[name].append(value)
+            self.wsnr[name].append(wvalue)
+        self.keys.append(key)
+        self.bytes_in += nbytes
+        self.done += 1
+
+
+@dataclass
+class _Locked:
+    """The run under the lock: its writer and paths, and what it has open or staged (kept
+    or removed when it stops early)."""
+
+    run: Run
+    writer: VaultWriter
+    paths: Paths
+    journal: Journal | None = None
+    scout: AtomicFile | None = None
+    config: AtomicFile | None = None
+
+    def resume(self, fp: str) -> tuple[Plan, dict[tuple[int, int], Entry]]:
+        """Open the journal, begin the vault (keeping the partial when there is something to
+        resume) and adopt every journaled expert still intact; the journal restarts with
+        those kept."""
+        run, writer = self.run, self.writer
+        journal = self.journal = Journal(self.paths.journal)
+        done = journal.read(fp) if run.opts.resume and os.path.lexists(self.paths.partial) else {}
+        plan = writer.begin(keep=bool(done))
+        kept = keep_verified(writer, run.refs, done, run.jobs, run.weighted) if done else {}
+        journal.start(fp, kept)
+        return plan, kept
+
+    def quantise(self, todo: list[Job], kept: int, marks: dict[str, float]) -> _Tally:
+        """Quantise and write ``todo``; each finished expert is adopted by the writer and
+        journaled at once (``kept``: experts already done; ``marks``: see :func:`run_jobs`)."""
+        run, writer, journal = self.run, self.writer, self.journal
+        assert journal is not None  # opened by resume()
+        target = Target(str(writer.partial_path), str(self.paths.vault), writer.partial_identity)
+        by_key = {(r.layer, r.expert): r for r in run.refs}
+        tally = _Tally(kept)
+        results = run_jobs(todo, run.jobs, target, marks)
+        try:
+            for key, crc, srcs, snrs, wsnrs, nbytes in results:
+                w = tuple(wsnrs) if run.weighted else None
+                writer.adopt(*key, crc, tensor_entries(by_key[key], srcs, snrs, w))
+                journal.append(Entry(crc, srcs, tuple(snrs), w).line(key))
+                tally.add(key, snrs, wsnrs, nbytes)
+                if run.progress:
+                    run.progress(tally.done, len(run.refs), tally.bytes_in)
+        finally:
+            results.close()  # stops the worker pool at once on an error
+        return tally
+
+    def commit(self) -> int:
+        """Stage the scout and the config copy and commit them with the vault; the scout's
+        size."""
+        scout_bytes, self.scout = write_streaming(
+            self.paths.scout,
+            self.run.ckpt.non_expert_tensors(),
+            metadata={"format": "pt"},
+            stage=True,
+        )
+        self.config = stage_config(self.run.ckpt, self.paths.config)
+        self.writer.commit([self.scout, self.config])
+        return scout_bytes
+
+    def _abort_staged(self) -> None:
+        for staged in (self.scout, self.config):
+            if staged is not None:
+                staged.abort()
+
+    def interrupted(self) -> None:
+        """Ctrl-C: the partial and the journal stay for ``--resume``."""
+        self.writer.suspend()
+        self._abort_staged()
+        if self.journal is not None:
+            self.journal.close(remove=False)
+
+    def failed(self) -> None:
+        """Any other error: nothing of the run is left."""
+        self._abort_staged()
+        if self.writer.state is not State.COMMITTED:
+            self.writer.abort()
+        if self.journal is not None:
+            self.journal.close(remove=True)
+
+    def finished(self) -> None:
+        """The vault is committed: the journal goes."""
+        if self.journal is not None:
+            self.journal.close(remove=True)
+
+
+def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> SculptResult:
+    """The run proper, under the lock: see :mod:`smoe.sculpt` for the protocol."""
+    locked = _Locked(run, writer, paths)
+    try:
+        plan, kept = locked.resume(fp)
+        slots = {e.key: e for e in plan.experts}
+        todo = [
+            Job(ref, slots[(ref.layer, ref.expert)], run.opts.bits, run.opts.scale, run.imatrix)
+            for ref in run.refs
+            if (ref.layer, ref.expert) not in kept
+        ]
+        marks: dict[str, float] = {}
+        tally = locked.quantise(todo, len(kept), marks)
+        marks["commit"] = time.perf_counter()
+        scout_bytes = locked.commit()
+    except KeyboardInterrupt:
+        locked.interrupted()
+        raise
+    except BaseException:
+        locked.failed()
+        raise
+    locked.finished()
+    end = time.perf_counter()
+    start = marks.get("experts", marks["commit"])
+    return SculptResult(
+        paths.vault,
+        paths.scout,
+        len(todo),
+        len(kept),
+        tally.bytes_in,
+        plan.file_size,
+        scout_bytes,
+        end - run.t0,
+        tally.snr,
+        run.ckpt.warnings,
+        snr_keys=tally.keys,
+        bits=run.opts.bits,
+        weighted_snr=tally.wsnr if run.weighted else None,
+        config=paths.config,
+        phases={
+            "setup": start - run.t0,
+            "experts": marks["commit"] - start,
+            "commit": end - marks["commit"],
+        },
+    )
+
+
+def stage_config(ckpt: Checkpoint, path: Path) -> AtomicFile:
+    """The checkpoint's config.json, byte for byte, staged as ``path`` (committed with the
+    vault; ``smoe export --hf`` copies it). A config.json that no longer says what it said
+    when the checkpoint was opened is refused.
+
+    >>> import tempfile
+    >>> ckpt = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+    >>> staged = stage_config(ckpt, Path(tempfile.mkdtemp()) / "qwen3_moe.config.json")
+    >>> _ = staged.commit()
+    >>> staged.path.read_bytes() == (ckpt.root / "config.json").read_bytes()
+    True
+    """
+    src = ckpt.root / "config.json"
+    raw = read_small(src)
+    if config_object(parse_json(raw, src), src) != ckpt.config:
+        raise RefusedInput(f"{src}: changed while sculpting; refused")
+    staged = AtomicFile(path)
+    try:
+        staged.pwrite(raw, 0)
+    except BaseException:
+        staged.abort()
+        raise
+    return staged

@@ -1,0 +1,197 @@
+"""What a sculpt is asked to make (:class:`SculptOptions`) and what it did
+(:class:`SculptResult`, whose :meth:`~SculptResult.summary` the CLI prints)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from smoe import quant
+from smoe_gen import layout
+
+__all__ = ["SculptOptions", "SculptResult", "finite", "spread"]
+
+
+@dataclass(frozen=True)
+class SculptOptions:
+    """What :func:`smoe.sculpt.sculpt` makes: bit width, format version, which experts, how many
+    worker processes, resume, scale choice, output name, importance matrix.
+
+    >>> SculptOptions(bits=2, max_layers=1, jobs=2).bits
+    2
+    """
+
+    bits: int = layout.BITS_Q4
+    version: int = layout.VERSION_MAX
+    max_layers: int | None = None
+    max_experts: int | None = None
+    jobs: int | None = None
+    """Worker processes; None: the usable cores. Never more than there are batches."""
+    resume: bool = False
+    dry_run: bool = False
+    scale: str = "optimal"
+    name: str | None = None
+    """The outputs' stem (``<name>.smoe``, ...); None: the model folder's name."""
+    imatrix: str | Path | None = None
+    """A llama.cpp importance matrix (GGUF or legacy ``.dat``): ``optimal`` scales minimise
+    the error weighted by each input channel's mean square; None: the plain error."""
+
+
+@dataclass
+class SculptResult:
+    """What a sculpt did; ``summary()`` is what the CLI prints.
+
+    >>> import tempfile
+    >>> from smoe.sculpt import sculpt
+    >>> res = sculpt("fixtures/checkpoints/qwen3_moe", tempfile.mkdtemp(), SculptOptions(jobs=1))
+    >>> res.vault.name, res.experts_written, res.bytes_in, res.vault_bytes
+    ('qwen3_moe.smoe', 16, 294912, 278528)
+    """
+
+    vault: Path
+    scout: Path
+    experts_written: int
+    experts_resumed: int
+    bytes_in: int
+    vault_bytes: int
+    scout_bytes: int
+    seconds: float
+    snr: dict[str, list[float | None]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    snr_keys: list[tuple[int, int]] = field(default_factory=list)
+    """(layer, expert) of the i-th value of every list in ``snr``."""
+    bits: int | None = None
+    """Bit width of the run: selects ``quant.SNR_FLOOR_DB`` (no SNR warnings if None)."""
+    weighted_snr: dict[str, list[float | None]] | None = None
+    """With an importance matrix: per tensor name, the importance-weighted SNR of every
+    expert written (as ``snr``; None for a tensor quantised unweighted)."""
+    imatrix: dict[str, Any] | None = None
+    """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
+    config: Path | None = None
+    """The copy of the model's config.json committed beside the vault."""
+    phases: dict[str, float] | None = None
+    """Seconds of ``setup`` (checkpoint, plan, resume checks, compiled kernels loaded),
+    ``experts`` (reading, quantising and writing them) and ``commit`` (scout, fsyncs,
+    renames); together ``seconds``."""
+
+    SHOW_EACH = 3
+    """Up to this many low-SNR tensors get a warning line each; more collapse into one."""
+
+    def summary(self) -> dict:
+        """The CLI's summary; JSON-safe (RFC 8259: no NaN or Infinity anywhere).
+
+        ``snr_db``: per tensor name, ``{"min", "median"}`` in dB over the experts written,
+        or ``None`` when none has a finite SNR. ``snr_exact``: how many expert tensors
+        have no finite SNR (``QuantStats.finite_snr_db`` is ``None``, or a value is
+        NaN/±Inf: encoded exactly up to a constant offset, e.g. all zeros, or constant);
+        they are left out of min/median.
+        ``snr_floor_db``: the bit width's floor (``quant.SNR_FLOOR_DB``); ``warnings``:
+        the checkpoint's (and the importance matrix's), then one per tensor below the floor
+        (or one line for many; the importance-weighted SNR where there is one).
+        ``phases_s``: seconds of setup, experts and commit (see :attr:`phases`).
+        ``imatrix``: the importance matrix used (path, format, size, CRC-32C, SHA-256,
+        datasets, chunk count and size, entries) or None; ``weighted_snr_db``: with it, per
+        tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
+        the output ``W x``), or None.
+
+        >>> res = SculptResult(Path("m.smoe"), Path("m.scout.safetensors"), 2, 0, 4096, 2048,
+        ...                    64, 0.5, {"gate_proj": [6.5, float("nan")]}, bits=4)
+        >>> s = res.summary()
+        >>> s["compression_ratio"], s["throughput_mb_s"], s["snr_db"], s["snr_exact"]
+        (2.0, 0.008192, {'gate_proj': {'min': 6.5, 'median': 6.5}}, 1)
+        >>> s["warnings"]
+        ['expert #0 gate_proj: SNR 6.50 dB is below the Q4 floor of 10 dB']
+        """
+        snr, exact = {}, 0
+        for t, values in self.snr.items():
+            real = [v for v in values if finite(v)]
+            exact += len(values) - len(real)
+            snr[t] = spread(real)
+        weighted = None
+        if self.weighted_snr is not None:
+            weighted = {
+                t: spread([v for v in values if finite(v)])
+                for t, values in self.weighted_snr.items()
+            }
+        floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
+        mb_in = self.bytes_in / 1e6
+        return {
+            "vault": str(self.vault),
+            "scout": str(self.scout),
+            "config": None if self.config is None else str(self.config),
+            "experts_written": self.experts_written,
+            "experts_resumed": self.experts_resumed,
+            "expert_bytes_in": self.bytes_in,
+            "vault_bytes": self.vault_bytes,
+            "scout_bytes": self.scout_bytes,
+            "compression_ratio": self.bytes_in / self.vault_bytes if self.vault_bytes else None,
+            "seconds": self.seconds,
+            "phases_s": self.phases,
+            "throughput_mb_s": mb_in / self.seconds if self.seconds > 0 else None,
+            "snr_db": snr,
+            "snr_exact": exact,
+            "snr_floor_db": floor,
+            "imatrix": self.imatrix,
+            "weighted_snr_db": weighted,
+            "warnings": self.warnings + self.snr_warnings(),
+        }
+
+    def snr_warnings(self) -> list[str]:
+        """Expert tensors whose SNR is below the floor for ``bits``, worst first when
+        there are more than :attr:`SHOW_EACH` (then as one line with a count). A tensor
+        quantised with importance is judged by its importance-weighted SNR: weighting
+        lowers the plain one on purpose.
+
+        >>> res = SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0,
+        ...                    {"up_proj": [7.25]}, snr_keys=[(3, 5)], bits=2)
+        >>> res.snr_warnings()
+        []
+        >>> SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0, {"up_proj": [7.25]},
+        ...              snr_keys=[(3, 5)], bits=4).snr_warnings()
+        ['layer 3 expert 5 up_proj: SNR 7.25 dB is below the Q4 floor of 10 dB']
+        """
+        floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
+        if floor is None:
+            return []
+        low = []  # (snr, (layer, expert) or (i,), tensor ordinal, who, tensor name, weighted)
+        for j, (t, values) in enumerate(self.snr.items()):
+            wvalues = (self.weighted_snr or {}).get(t, [])
+            for i, v in enumerate(values):
+                w = wvalues[i] if i < len(wvalues) else None
+                weighted = finite(w)
+                v = w if weighted else v
+                if finite(v) and v < floor:
+                    key = self.snr_keys[i] if i < len(self.snr_keys) else None
+                    who = f"layer {key[0]} expert {key[1]}" if key else f"expert #{i}"
+                    low.append((v, key or (i,), j, who, t, weighted))
+        below = f"the Q{self.bits} floor of {floor:g} dB"
+        if len(low) <= self.SHOW_EACH:
+            return [
+                f"{who} {t}: {'importance-weighted ' if w else ''}SNR {v:.2f} dB is below {below}"
+                for v, _, _, who, t, w in sorted(low, key=lambda x: x[1:3])
+            ]
+        worst = ", ".join(
+            f"{who} {t} {v:.2f} dB" for v, _, _, who, t, _ in sorted(low)[: self.SHOW_EACH]
+        )
+        how = " (importance-weighted where an imatrix applies)" if self.weighted_snr else ""
+        return [f"{len(low)} expert tensors have an SNR{how} below {below}; worst: {worst}"]
+
+
+def finite(v: float | None) -> TypeGuard[float]:
+    """A real SNR: not None, NaN or ±Inf (an expert tensor encoded exactly has none).
+
+    >>> finite(6.5), finite(None), finite(float("inf"))
+    (True, False, False)
+    """
+    return v is not None and float("-inf") < v < float("inf")
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """``{"min", "median"}`` of finite values, or None when there are none.
+
+    >>> spread([3.0, 1.0, 2.0]), spread([])
+    ({'min': 1.0, 'median': 2.0}, None)
+    """
+    return {"min": min(values), "median": statistics.median(values)} if values else None
