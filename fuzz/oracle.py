@@ -96,6 +96,7 @@ def _open_fds() -> int:
 
 def attempt(fn: Callable[[], object], seconds: float) -> Outcome:
     """Run ``fn`` once and classify how it ended (see the module docstring)."""
+    gc.collect()  # garbage left by earlier work holding a descriptor must not hide a leak
     fds = _open_fds()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
