@@ -87,6 +87,7 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/package/test_layers.py  # the layers' import contracts
 	@command -v clang-format >/dev/null || { \
 		echo "lint: installing clang-format (Debian package)"; \
 		(apt-get install -y -q clang-format >/dev/null 2>&1 \
