@@ -7,17 +7,17 @@ undecodable byte of a path is shown as ``\\xNN``. A refused command line is one 
 Exit status:
 
 * 0: done (verify/dump: no error finding).
-* 1: a :class:`SmoeError` (refused or failed operation; verify/dump: the vault breaks a
-  rule); an ``OSError`` (``error: FILE: STRERROR``) naming an output, or of a write-side
-  kind (EROFS, ENOSPC, EDQUOT, EEXIST, ...) whatever file it names; stdout that cannot be
-  written (``error: standard output: cannot write: ...``); any other exception
-  (``UnicodeError``, ``ValueError``, ``MemoryError``, ...): ``error: internal error: TYPE:
-  message (run with --debug for the traceback)``.
-* 2: an input cannot be read at all: ``fileio.NotRegular`` (a FIFO, folder or device, or a
-  file that cannot be opened), a vault too short for a header, and an
-  ``OSError`` of a read-side kind (ENOENT, EACCES, EPERM, EISDIR, ENOTDIR, ELOOP, EIO, ...)
-  naming an input (vault, ``--manifest``, ``--config``, ``--model`` or the model folder, or
-  a file inside one) that is not under an output; also a refused command line (``--jobs 0``).
+* 1: a :class:`~smoe.errors.SmoeError` of any kind but the two below (a refused input, a
+  broken format rule, a failed write; verify/dump: the vault breaks a rule); an ``OSError``
+  no layer gave a kind (``error: FILE: STRERROR``); stdout that cannot be written
+  (``error: standard output: cannot write: ...``); any other exception (``UnicodeError``,
+  ``ValueError``, ``MemoryError``, ...): ``error: internal error: TYPE: message (run with
+  --debug for the traceback)``.
+* 2: an :class:`~smoe.errors.UnreadableInput`: an input cannot be read at all (a FIFO,
+  folder or device, a file that cannot be opened or stat'ed, a vault too short for a
+  header); a :class:`~smoe.errors.UsageError`: a refused command line (``--jobs 0``).
+  The kinds are raised where the problem is found; :data:`smoe.cli.failures.EXIT_STATUS`
+  maps them to these numbers.
 * 130: interrupted (Ctrl-C); 141: stdout was closed (``| head``), quietly.
 
 With ``--json`` stdout holds exactly one RFC 8259 document, on success (the command's own

@@ -169,7 +169,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
     from smoe.sculpt import SculptOptions
     from smoe.sculpt.source.hub import resolve
 
-    # the local folder from here on: an OSError inside it is an unreadable input (exit 2)
+    # the local folder from here on (a model id resolved to its snapshot in the cache)
     args.model_dir, stem = resolve(args.model_dir, args.revision)
     opts = SculptOptions(
         bits=args.bits,

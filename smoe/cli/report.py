@@ -31,6 +31,7 @@ from smoe.cli.console import valid_text
 from smoe.errors import SmoeError, WriteFailed
 from smoe.format import manifest as manifests
 from smoe.format.findings import Finding, Value, display
+from smoe.format.records import model_type_str
 from smoe.format.verify import Report, verify_file
 from smoe.format.view import FileView, Geometry, arch_view, header_view, table_views
 from smoe.plumbing import fileio
@@ -428,8 +429,7 @@ def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict
 
 def _model_type_bytes(arch: np.void) -> str:
     at = layout.ARCH_BLOCK_OFFSETS["model_type"]
-    raw = arch.tobytes()[at : at + layout.MODEL_TYPE_SIZE]
-    return raw.rstrip(b"\0").decode("utf-8", "replace")
+    return model_type_str(arch.tobytes()[at : at + layout.MODEL_TYPE_SIZE])
 
 
 def _model_type(arch: np.void) -> str:

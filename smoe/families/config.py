@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput
 from smoe.format.records import ArchInfo
+from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
 
 __all__ = [
@@ -44,12 +45,6 @@ _QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by co
 _MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
 
 
-def _json(value: object) -> str:
-    """``value`` as it reads in JSON, cut to 60 characters."""
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _get(
     cfg: dict,
     where: str,
@@ -63,7 +58,9 @@ def _get(
         value = cfg.get(key)
         if value is not None:
             if not test(value):
-                raise SmoeError(f"{where}: {prefix}{key} is {_json(value)}, expected {expected}")
+                raise RefusedInput(
+                    f"{where}: {prefix}{key} is {json_excerpt(value)}, expected {expected}"
+                )
             return value
     return None
 
@@ -78,7 +75,7 @@ def get_int(cfg: dict, where: str, *keys: str, minimum: int = 1) -> int | None:
     64
     >>> get_int({"num_experts": 2.0}, "config.json", "num_experts")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: config.json: num_experts is 2.0, expected a positive integer
+    smoe.errors.RefusedInput: config.json: num_experts is 2.0, expected a positive integer
     """
     expected = "a positive integer" if minimum else "a non-negative integer"
     value = _get(cfg, where, keys, lambda v: type(v) is int and v >= minimum, expected)
@@ -131,8 +128,9 @@ def get_str(cfg: dict, where: str, *keys: str, default: str = "") -> str:
             value.encode("utf-8")
         except UnicodeEncodeError:
             key = next(k for k in keys if cfg.get(k) is not None)
-            raise SmoeError(
-                f"{where}: {key} is {_json(value)}, which is not valid Unicode (a lone surrogate)"
+            raise RefusedInput(
+                f"{where}: {key} is {json_excerpt(value)}, which is not valid Unicode "
+                "(a lone surrogate)"
             ) from None
     return value if isinstance(value, str) else default
 
@@ -169,7 +167,7 @@ def read_small(path: Path) -> bytes:
     return fileio.read_whole(
         path,
         _MAX_JSON,
-        lambda size: SmoeError(
+        lambda size: RefusedInput(
             f"{path}: {size} bytes is too large for a JSON file (over {_MAX_JSON >> 20} MiB)"
         ),
     )
@@ -181,27 +179,27 @@ def parse_json(raw: bytes, path: Path) -> object:
     >>> from pathlib import Path
     >>> parse_json(b'{"a": 1, "a": 2}', Path("x.json"))
     Traceback (most recent call last):
-    smoe.errors.SmoeError: x.json: the key 'a' appears twice in one object
+    smoe.errors.RefusedInput: x.json: the key 'a' appears twice in one object
     """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: not valid UTF-8 at offset {e.start} (byte 0x{raw[e.start]:02x})"
         ) from None
     try:
         return json.loads(text, object_pairs_hook=_unique)
     except _Duplicate as e:
-        raise SmoeError(f"{path}: the key {e.key!r} appears twice in one object") from None
+        raise RefusedInput(f"{path}: the key {e.key!r} appears twice in one object") from None
     except json.JSONDecodeError as e:
         at = len(text[: e.pos].encode("utf-8"))
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: not valid JSON at offset {at} ({e.msg.removesuffix(' at').lower()})"
         ) from None
     except RecursionError:
-        raise SmoeError(f"{path}: JSON nested too deeply") from None
+        raise RefusedInput(f"{path}: JSON nested too deeply") from None
     except ValueError:  # an integer literal of more than 4300 digits
-        raise SmoeError(f"{path}: has an integer too long to read") from None
+        raise RefusedInput(f"{path}: has an integer too long to read") from None
 
 
 def read_json(path: Path) -> object:
@@ -213,7 +211,7 @@ def read_json(path: Path) -> object:
     'qwen3_moe'
     >>> read_json(Path("fixtures/q4_v2.smoe"))
     Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
+    smoe.errors.RefusedInput: fixtures/q4_v2.smoe: not valid UTF-8 at offset 4 (byte 0xde)
     """
     return parse_json(read_small(path), path)
 
@@ -226,7 +224,7 @@ def config_object(doc: object, path: Path) -> dict:
     {'model_type': 'qwen3_moe'}
     """
     if not isinstance(doc, dict):
-        raise SmoeError(f"{path}: not a JSON object")
+        raise RefusedInput(f"{path}: not a JSON object")
     inner = doc.get("text_config")
     return inner if isinstance(inner, dict) else doc
 
@@ -289,7 +287,7 @@ def _rope_theta(cfg: dict, where: str) -> float:
         if theta is None and sub is not None:
             theta = _get_float(sub, where, "rope_theta", prefix=f"{nested}.")
     if theta is None:
-        raise SmoeError(f"{where}: no rope_theta (top-level or in rope_parameters)")
+        raise RefusedInput(f"{where}: no rope_theta (top-level or in rope_parameters)")
     return theta
 
 
@@ -297,17 +295,17 @@ def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
     """(num_heads, num_kv_heads, head_dim); head_dim = hidden_size // heads when absent."""
     heads = get_int(cfg, where, "num_attention_heads")
     if heads is None:
-        raise SmoeError(f"{where}: no num_attention_heads")
+        raise RefusedInput(f"{where}: no num_attention_heads")
     kv = get_int(cfg, where, "num_key_value_heads") or heads
     if heads % kv:
-        raise SmoeError(
+        raise RefusedInput(
             f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
         )
     if is_mla(cfg, where):
         # Ruling R3: MLA (DeepSeek) has no single head_dim; the block carries the q/k width.
         head_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         if head_dim < 1:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{where}: qk_nope_head_dim + qk_rope_head_dim is 0, expected a "
                 "positive q/k head width"
             )
@@ -316,10 +314,10 @@ def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
     if head_dim is None:
         hidden = get_int(cfg, where, "hidden_size")
         if hidden is None:
-            raise SmoeError(f"{where}: no head_dim, and no hidden_size to derive it from")
+            raise RefusedInput(f"{where}: no head_dim, and no hidden_size to derive it from")
         head_dim = hidden // heads
         if head_dim < 1:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{where}: head_dim = hidden_size {hidden} // num_attention_heads {heads} is 0"
             )
     return heads, kv, head_dim
@@ -341,18 +339,18 @@ def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> Non
     >>> refuse_unsupported({"model_type": "qwen3_moe", "hidden_act": "silu"}, "config.json")
     >>> refuse_unsupported({"hidden_act": "gelu"}, "config.json", "ckpt")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: ckpt: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) experts can \
-be represented
+    smoe.errors.RefusedInput: ckpt: hidden_act 'gelu' refused: only SiLU-gated (SwiGLU) \
+experts can be represented
     """
     subject = subject or where
     model_type = get_str(cfg, where, "model_type")
     if model_type in _REFUSED_FAMILIES:
-        raise SmoeError(
+        raise RefusedInput(
             f"{subject}: model_type {model_type!r} refused: {_REFUSED_FAMILIES[model_type]}"
         )
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
     if act not in _SILU_ACTS:
-        raise SmoeError(
+        raise RefusedInput(
             f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
             "experts can be represented"
         )
@@ -379,7 +377,7 @@ def arch_from_config(
     heads, kv, head_dim = _attention_from_config(cfg, where)
     top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
     if top_k is None:
-        raise SmoeError(f"{where}: no num_experts_per_tok")
+        raise RefusedInput(f"{where}: no num_experts_per_tok")
     model_type = get_str(cfg, where, "model_type", default="unknown")
     moe_cfg = get_int(cfg, where, "moe_intermediate_size")
     if moe_cfg is None and model_type == "mixtral":

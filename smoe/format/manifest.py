@@ -285,21 +285,7 @@ def check(
     >>> [(f.code, f.path, f.expected, f.actual) for f in found]
     [('manifest.expert', 'manifest/experts/0/raw_size', 1728, 3264)]
     """
-    out: list[Finding] = []
-    vault = doc["vault"]
-    for key, actual in (("size", size), ("experts", len(table))):
-        if vault[key] != actual:
-            out.append(
-                Finding.of(
-                    Rule.MANIFEST_VAULT,
-                    0,
-                    f"manifest/vault/{key}",
-                    f"the manifest describes a vault with {key} {vault[key]}, "
-                    f"this one has {actual} (it belongs to another file)",
-                    vault[key],
-                    actual,
-                )
-            )
+    out = _vault_findings(doc["vault"], size, len(table))
     if out:
         return out
     rows = doc["experts"]
@@ -315,40 +301,66 @@ def check(
             )
         ]
     for i, row in enumerate(rows):
-        e = table[i]
-        layer, expert = int(e["layer_id"]), int(e["expert_id"])
-        off, raw = int(e["byte_offset"]), int(e["raw_size"])
-        for key, actual in (
-            ("layer", layer),
-            ("expert", expert),
-            ("offset", off),
-            ("raw_size", raw),
-        ):
-            if row[key] != actual:
-                return [
-                    Finding.of(
-                        Rule.MANIFEST_EXPERT,
-                        off,
-                        f"manifest/experts/{i}/{key}",
-                        f"table entry {i} (layer {layer} expert {expert}) has {key} "
-                        f"{actual}, the manifest says {row[key]}",
-                        row[key],
-                        actual,
-                    )
-                ]
-        crc = 0
-        for at in range(off, off + raw, _CHUNK):
-            crc = checksum(read(at, min(_CHUNK, off + raw - at)), crc)
-        if crc != row["crc32c"]:
-            out.append(
-                Finding.of(
-                    Rule.MANIFEST_CHECKSUM,
-                    off,
-                    f"manifest/experts/{i}/crc32c",
-                    f"layer {layer} expert {expert}: the blob's CRC-32C differs "
-                    "from the manifest (the blob was changed or damaged)",
-                    row["crc32c"],
-                    crc,
-                )
-            )
+        moved = _row_finding(i, row, table[i])
+        if moved is not None:
+            return [moved]
+        out += _blob_findings(i, row, table[i], read)
     return out
+
+
+def _vault_findings(vault: dict[str, Any], size: int, experts: int) -> list[Finding]:
+    """The manifest's ``vault`` object against this vault: another file's manifest?"""
+    return [
+        Finding.of(
+            Rule.MANIFEST_VAULT,
+            0,
+            f"manifest/vault/{key}",
+            f"the manifest describes a vault with {key} {vault[key]}, "
+            f"this one has {actual} (it belongs to another file)",
+            vault[key],
+            actual,
+        )
+        for key, actual in (("size", size), ("experts", experts))
+        if vault[key] != actual
+    ]
+
+
+def _row_finding(i: int, row: dict[str, Any], entry: np.void) -> Finding | None:
+    """The first field of manifest row ``i`` that disagrees with table entry ``i``."""
+    layer, expert = int(entry["layer_id"]), int(entry["expert_id"])
+    off, raw = int(entry["byte_offset"]), int(entry["raw_size"])
+    for key, actual in (("layer", layer), ("expert", expert), ("offset", off), ("raw_size", raw)):
+        if row[key] != actual:
+            return Finding.of(
+                Rule.MANIFEST_EXPERT,
+                off,
+                f"manifest/experts/{i}/{key}",
+                f"table entry {i} (layer {layer} expert {expert}) has {key} "
+                f"{actual}, the manifest says {row[key]}",
+                row[key],
+                actual,
+            )
+    return None
+
+
+def _blob_findings(
+    i: int, row: dict[str, Any], entry: np.void, read: Callable[[int, int], bytes | np.ndarray]
+) -> list[Finding]:
+    """The blob of table entry ``i`` against its recorded CRC-32C (read in chunks)."""
+    off, raw = int(entry["byte_offset"]), int(entry["raw_size"])
+    crc = 0
+    for at in range(off, off + raw, _CHUNK):
+        crc = checksum(read(at, min(_CHUNK, off + raw - at)), crc)
+    if crc == row["crc32c"]:
+        return []
+    return [
+        Finding.of(
+            Rule.MANIFEST_CHECKSUM,
+            off,
+            f"manifest/experts/{i}/crc32c",
+            f"layer {int(entry['layer_id'])} expert {int(entry['expert_id'])}: the blob's "
+            "CRC-32C differs from the manifest (the blob was changed or damaged)",
+            row["crc32c"],
+            crc,
+        )
+    ]

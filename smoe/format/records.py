@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import FormatError
 from smoe.format.plan import Plan
 from smoe_gen import layout
 
@@ -22,6 +22,7 @@ __all__ = [
     "arch_record",
     "header_record",
     "metadata_bytes",
+    "model_type_str",
     "plain",
     "plain_rows",
     "table_records",
@@ -50,14 +51,14 @@ class ModelInfo:
 
         >>> ModelInfo(1, 8, d_model=0, vocab_size=0, ffn_dim=0).check()
         Traceback (most recent call last):
-        smoe.errors.SmoeError: header.d_model: must be at least 1, got 0
+        smoe.errors.FormatError: header.d_model: must be at least 1, got 0
         """
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, int) or not 0 <= value <= U32_MAX:
-                raise SmoeError(f"header.{f.name}: {value!r} is not a uint32")
+                raise FormatError(f"header.{f.name}: {value!r} is not a uint32")
         if self.d_model < 1:
-            raise SmoeError("header.d_model: must be at least 1, got 0")
+            raise FormatError("header.d_model: must be at least 1, got 0")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class ArchInfo:
         >>> ArchInfo(1e6, 4, 2, 16, moe_top_k=0, moe_ffn_dim=32, num_hidden_layers=2,
         ...          rms_norm_eps=1e-6, model_type="qwen3_moe").check()
         Traceback (most recent call last):
-        smoe.errors.SmoeError: arch.moe_top_k: 0 is outside 1..16
+        smoe.errors.FormatError: arch.moe_top_k: 0 is outside 1..16
         """
         for name in (
             "num_heads",
@@ -120,33 +121,33 @@ class ArchInfo:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or not 0 <= value <= U32_MAX:
-                raise SmoeError(f"arch.{name}: {value!r} is not a uint32")
+                raise FormatError(f"arch.{name}: {value!r} is not a uint32")
         if self.activation != layout.Activation.SILU:
-            raise SmoeError(
+            raise FormatError(
                 f"arch.activation: {self.activation} is not 0 (SiLU), the only "
                 "activation the kernels implement"
             )
         if not 1 <= self.moe_top_k <= layout.MAX_MOE_TOP_K:
-            raise SmoeError(
+            raise FormatError(
                 f"arch.moe_top_k: {self.moe_top_k} is outside 1..{layout.MAX_MOE_TOP_K}"
             )
         if not 1 <= self.head_dim <= layout.MAX_HEAD_DIM:
-            raise SmoeError(f"arch.head_dim: {self.head_dim} is outside 1..{layout.MAX_HEAD_DIM}")
+            raise FormatError(f"arch.head_dim: {self.head_dim} is outside 1..{layout.MAX_HEAD_DIM}")
         if self.num_heads < 1:
-            raise SmoeError("arch.num_heads: must be at least 1, got 0")
+            raise FormatError("arch.num_heads: must be at least 1, got 0")
         if self.num_kv_heads < 1:
-            raise SmoeError("arch.num_kv_heads: must be at least 1, got 0")
+            raise FormatError("arch.num_kv_heads: must be at least 1, got 0")
         if self.num_heads % self.num_kv_heads:
-            raise SmoeError(
+            raise FormatError(
                 f"arch.num_heads: {self.num_heads} is not divisible by "
                 f"num_kv_heads {self.num_kv_heads}"
             )
         for name in ("rope_theta", "rms_norm_eps"):
             value = float(getattr(self, name))
             if not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
-                raise SmoeError(f"arch.{name}: {value!r} is not a finite float32")
+                raise FormatError(f"arch.{name}: {value!r} is not a finite float32")
             if value != 0 and float(np.float32(value)) == 0:
-                raise SmoeError(f"arch.{name}: {value!r} underflows to 0 as a float32")
+                raise FormatError(f"arch.{name}: {value!r} underflows to 0 as a float32")
 
     def model_type_bytes(self) -> bytes:
         """``model_type`` as UTF-8, cut to 24 bytes without splitting a character (D6).
@@ -223,6 +224,22 @@ def arch_record(arch: ArchInfo) -> np.ndarray:
     return a
 
 
+def model_type_str(raw: bytes | np.bytes_ | np.ndarray) -> str:
+    """The arch block's ``model_type`` field (its 24 bytes, or the record's value, which
+    numpy has already cut at the trailing NULs) as text: NUL padding dropped, bytes that
+    are not UTF-8 replaced (a reader shows what a damaged vault holds, it does not refuse).
+
+    >>> model_type_str(b"qwen3_moe" + bytes(15))
+    'qwen3_moe'
+    >>> model_type_str(bytes([98, 97, 100, 0xFF])) == "bad\\ufffd"  # not UTF-8: replaced
+    True
+    >>> block = arch_record(ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "olmoe"))
+    >>> model_type_str(block["model_type"])
+    'olmoe'
+    """
+    return bytes(raw).rstrip(b"\0").decode("utf-8", "replace")
+
+
 def table_records(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """The expert table and the descriptors, as structured arrays in table order.
 
@@ -269,7 +286,7 @@ def metadata_bytes(plan: Plan, model: ModelInfo, arch: ArchInfo | None) -> bytes
     out[plan.descriptors_offset : plan.descriptors_end] = descs.tobytes()
     if plan.version >= layout.VERSION_WITH_ARCH:
         if arch is None:
-            raise SmoeError(f"a v{plan.version} vault needs an arch block")
+            raise FormatError(f"a v{plan.version} vault needs an arch block")
         out[plan.reserved_ext : plan.reserved_ext + layout.ARCH_BLOCK_SIZE] = arch_record(
             arch
         ).tobytes()

@@ -22,7 +22,7 @@ from typing import Literal, cast, overload
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, WriteFailed
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 
@@ -31,6 +31,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "TensorInfo",
     "copy_range",
+    "json_excerpt",
     "read_array",
     "read_header",
     "write_file",
@@ -186,8 +187,16 @@ def _top_level(text: str) -> list[tuple[str, int, object]]:
     return items
 
 
-def _json(value: object) -> str:
-    """``value`` as it reads in JSON, cut to 60 characters."""
+def json_excerpt(value: object) -> str:
+    """``value`` as it reads in JSON, cut to 60 characters: how a refused value of a JSON
+    input (a safetensors header, config.json) is quoted in its error.
+
+    >>> json_excerpt({"dtype": "BF16"})
+    '{"dtype": "BF16"}'
+    >>> long = json_excerpt(list(range(100)))
+    >>> len(long), long[-8:]
+    (60, '5, 16...')
+    """
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -212,7 +221,9 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
     if not _valid_unicode(name):
         raise ValueError("has a name that is not valid Unicode (lone surrogate)")
     if not isinstance(meta, dict):
-        raise ValueError(f"is {_json(meta)}, expected an object with dtype, shape and data_offsets")
+        raise ValueError(
+            f"is {json_excerpt(meta)}, expected an object with dtype, shape and data_offsets"
+        )
     for key in _ENTRY_KEYS:
         if key not in meta:
             raise ValueError(f"has no {key!r}")
@@ -221,19 +232,21 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
             raise ValueError(f"has an unknown key {key!r}")
     dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        raise ValueError(f"has an unsupported dtype {_json(dtype)}")
+        raise ValueError(f"has an unsupported dtype {json_excerpt(dtype)}")
     if not isinstance(shape, list) or not all(map(_is_u64, shape)):
-        raise ValueError(f"has shape {_json(shape)}, expected a list of unsigned 64-bit integers")
+        raise ValueError(
+            f"has shape {json_excerpt(shape)}, expected a list of unsigned 64-bit integers"
+        )
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_u64, offsets))):
         raise ValueError(
-            f"has data_offsets {_json(offsets)}, expected two unsigned 64-bit integers"
+            f"has data_offsets {json_excerpt(offsets)}, expected two unsigned 64-bit integers"
         )
     begin, end = offsets
     if end < begin:
         raise ValueError(f"has data_offsets [{begin}, {end}], which end before they begin")
     nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
     if nbytes >= 1 << 64:
-        raise ValueError(f"has shape {_json(shape)} of {dtype}: 2^64 bytes or more")
+        raise ValueError(f"has shape {json_excerpt(shape)} of {dtype}: 2^64 bytes or more")
     if end - begin != nbytes:
         raise ValueError(
             f"has data_offsets [{begin}, {end}] holding {end - begin} bytes, but "
@@ -244,10 +257,10 @@ def _entry(name: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
 
 def _check_metadata(meta: object) -> None:
     if not isinstance(meta, dict):
-        raise ValueError(f"is {_json(meta)}, expected an object of strings")
+        raise ValueError(f"is {json_excerpt(meta)}, expected an object of strings")
     for key, value in meta.items():
         if not isinstance(value, str):
-            raise ValueError(f"key {key!r} is {_json(value)}, expected a string")
+            raise ValueError(f"key {key!r} is {json_excerpt(value)}, expected a string")
         if not (_valid_unicode(key) and _valid_unicode(value)):
             raise ValueError(f"key {key!r} is not valid Unicode (lone surrogate)")
 
@@ -262,18 +275,18 @@ def _tile(path: Path, places: list[tuple[int, int, str]], base: int, size: int) 
                 if begin < prev_end
                 else f"leaves a hole of {begin - prev_end} bytes after"
             )
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: {_what(name)} data at offset {base + begin} {what} "
                 f"{prev}, which ends at offset {base + prev_end}"
             )
         prev_end, prev = end, _what(name)
     if base + prev_end > size:
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: {prev} data ends at offset {base + prev_end}, beyond the end "
             f"of the file ({size} bytes)"
         )
     if base + prev_end < size:
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: {size - base - prev_end} bytes at offset {base + prev_end} "
             f"after {prev} belong to no tensor"
         )
@@ -296,31 +309,33 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     >>> _ = bad.write_bytes((2).to_bytes(8, "little") + b"{]")
     >>> read_header(bad)
     Traceback (most recent call last):
-    smoe.errors.SmoeError: .../bad.safetensors: header is not valid JSON at offset 9 ...
+    smoe.errors.RefusedInput: .../bad.safetensors: header is not valid JSON at offset 9 ...
     """
     fd = fileio.open_input(path)
     try:
         size = os.fstat(fd).st_size
         if size < 8:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: not a safetensors file ({size} bytes, shorter than the "
                 "8-byte header length)"
             )
         (n,) = struct.unpack("<Q", fileio.pread_exact(fd, 8, 0, path))
         if n > _MAX_HEADER:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: header length {n} at offset 0 exceeds the safetensors "
                 f"limit of {_MAX_HEADER} bytes"
             )
         if n > size - 8:
-            raise SmoeError(f"{path}: header length {n} at offset 0 exceeds the file size {size}")
+            raise RefusedInput(
+                f"{path}: header length {n} at offset 0 exceeds the file size {size}"
+            )
         raw = fileio.pread_exact(fd, n, 8, path)
     finally:
         os.close(fd)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SmoeError(
+        raise RefusedInput(
             f"{path}: header is not valid UTF-8 at offset {8 + e.start} (byte 0x{raw[e.start]:02x})"
         ) from None
 
@@ -330,7 +345,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     try:
         items = _top_level(text)
     except _HeaderFault as e:
-        raise SmoeError(f"{path}: {e.before} at offset {offset(e.pos)}{e.after}") from None
+        raise RefusedInput(f"{path}: {e.before} at offset {offset(e.pos)}{e.after}") from None
     base = 8 + n
     out: dict[str, TensorInfo] = {}
     places = []
@@ -341,7 +356,9 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                 continue
             dtype, shape, begin, end = _entry(name, meta)
         except ValueError as e:
-            raise SmoeError(f"{path}: {_what(name)} (entry at offset {offset(pos)}) {e}") from None
+            raise RefusedInput(
+                f"{path}: {_what(name)} (entry at offset {offset(pos)}) {e}"
+            ) from None
         out[name] = TensorInfo(name, path, dtype, shape, base + begin, end - begin)
         places.append((begin, end, name))
     _tile(path, places, base, size)
@@ -360,7 +377,7 @@ def read_array(info: TensorInfo, fd: int | None = None) -> np.ndarray:
     (dtype('uint16'), (64,))
     """
     if info.dtype not in FLOAT_DTYPES:
-        raise SmoeError(
+        raise RefusedInput(
             f"{info.path}: tensor {info.name!r} is {info.dtype}; expert weights "
             "must be BF16, F16 or F32"
         )
@@ -490,7 +507,7 @@ def write_file(
             try:
                 fill(fd, i, base + places[i])
             except OSError as e:  # a fill that wrote with a bare os.pwrite
-                raise SmoeError(
+                raise WriteFailed(
                     f"{path}: cannot write tensor {items[i][0]!r} at offset "
                     f"{base + places[i]}: {e.strerror or e}"
                 ) from None

@@ -14,6 +14,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from smoe.errors import WriteFailed
 from smoe.plumbing import fileio
 from smoe.plumbing.fileio import fsync_dir
 
@@ -78,7 +79,7 @@ class AtomicFile:
                 try:
                     fd = fileio.create_new(self.tmp)
                     break
-                except fileio.SmoeError:
+                except WriteFailed:
                     if not os.path.lexists(self.tmp):
                         raise
         else:  # a fixed name, e.g. a resumable partial file

@@ -1,13 +1,15 @@
 """Checked file primitives every smoe writer and reader goes through.
 
 * Writes loop until every byte is written; an OSError (ENOSPC, EDQUOT, EIO, EROFS,
-  EACCES, ...) becomes one :class:`SmoeError` line naming the file and the error.
+  EACCES, ...) becomes one :class:`WriteFailed` line naming the file and the error.
 * Files the tools create are never reached through a symlink: new files are created
   exclusively with ``O_NOFOLLOW``; a fixed-name file (a resumable partial, a journal, a
   lock) is reused only if it is a regular file of ours with a single link.
 * Inputs are untouchable: :func:`refuse_same_file` compares device and inode.
-* Inputs that are not regular files (FIFOs, devices, directories) are refused at once,
-  and a file that shrinks under a reader gives a clean error, never a hang or a signal.
+* Inputs that are not regular files (FIFOs, devices, directories) are refused at once
+  (:class:`NotRegular`), and a file that shrinks under a reader gives a clean error, never a
+  hang or a signal; :func:`reading` turns any other failed open or stat of an input into
+  :class:`UnreadableInput`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import errno
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from smoe.errors import SmoeError, UnreadableInput
+from smoe.errors import SmoeError, UnreadableInput, WriteFailed
 
 if TYPE_CHECKING:
     from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DIRECT_ALIGN",
+    "READ_ERRNOS",
     "Lock",
     "NotRegular",
     "aligned_empty",
@@ -44,6 +47,7 @@ __all__ = [
     "preadv_exact",
     "pwrite_all",
     "read_whole",
+    "reading",
     "refuse_same_file",
     "rename",
     "require_regular",
@@ -81,7 +85,7 @@ def _current_umask() -> int:
 # ---- writing ------------------------------------------------------------------------------
 def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> None:
     """Write all of ``data`` (any buffer) at ``offset``; short writes continue, errors raise
-    SmoeError.
+    WriteFailed.
 
     >>> import os, tempfile, numpy as np
     >>> path = tempfile.mkdtemp() + "/out.bin"
@@ -99,12 +103,12 @@ def pwrite_all(fd: int, data: Buffer, offset: int, path: str | os.PathLike) -> N
         except InterruptedError:
             continue
         except OSError as e:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: cannot write {len(view) - done} bytes at offset "
                 f"{offset + done}: {_why(e)}"
             ) from None
         if n <= 0:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: cannot write {len(view) - done} bytes at offset "
                 f"{offset + done}: the write made no progress"
             )
@@ -125,7 +129,7 @@ def truncate(fd: int, size: int, path: str | os.PathLike) -> None:
     try:
         os.ftruncate(fd, size)
     except OSError as e:
-        raise SmoeError(f"{path}: cannot set the size to {size} bytes: {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot set the size to {size} bytes: {_why(e)}") from None
 
 
 def fsync(fd: int, path: str | os.PathLike) -> None:
@@ -141,7 +145,7 @@ def fsync(fd: int, path: str | os.PathLike) -> None:
     try:
         os.fsync(fd)
     except OSError as e:
-        raise SmoeError(f"{path}: cannot flush to disk (fsync): {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot flush to disk (fsync): {_why(e)}") from None
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -151,12 +155,12 @@ def fsync_dir(path: str | os.PathLike) -> None:
     >>> fsync_dir(tempfile.mkdtemp())
     >>> fsync_dir("no/such/folder")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: no/such/folder: cannot open the folder to flush it: No such file ...
+    smoe.errors.WriteFailed: no/such/folder: cannot open the folder to flush it: No such file ...
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
     except OSError as e:
-        raise SmoeError(f"{path}: cannot open the folder to flush it: {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot open the folder to flush it: {_why(e)}") from None
     try:
         fsync(fd, path)
     finally:
@@ -176,7 +180,7 @@ def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     try:
         os.replace(src, dst)
     except OSError as e:
-        raise SmoeError(f"{dst}: cannot rename {Path(src).name} onto it: {_why(e)}") from None
+        raise WriteFailed(f"{dst}: cannot rename {Path(src).name} onto it: {_why(e)}") from None
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
@@ -187,17 +191,17 @@ def ensure_dir(path: str | os.PathLike) -> Path:
     True
     >>> ensure_dir("fixtures/q4_v2.smoe")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/q4_v2.smoe: exists and is not a folder
+    smoe.errors.WriteFailed: fixtures/q4_v2.smoe: exists and is not a folder
     """
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise SmoeError(f"{path}: exists and is not a folder") from None
+        raise WriteFailed(f"{path}: exists and is not a folder") from None
     except OSError as e:
-        raise SmoeError(f"{path}: cannot create the folder: {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot create the folder: {_why(e)}") from None
     if not path.is_dir():
-        raise SmoeError(f"{path}: exists and is not a folder")
+        raise WriteFailed(f"{path}: exists and is not a folder")
     return path
 
 
@@ -210,15 +214,15 @@ def create_new(path: str | os.PathLike, mode: int = 0o666) -> int:
     >>> os.close(create_new(path))
     >>> create_new(path)
     Traceback (most recent call last):
-    smoe.errors.SmoeError: /...new.bin: already exists (refusing to overwrite or follow it)
+    smoe.errors.WriteFailed: /...new.bin: already exists (refusing to overwrite or follow it)
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
     try:
         fd = os.open(path, flags, mode)
     except FileExistsError:
-        raise SmoeError(f"{path}: already exists (refusing to overwrite or follow it)") from None
+        raise WriteFailed(f"{path}: already exists (refusing to overwrite or follow it)") from None
     except OSError as e:
-        raise SmoeError(f"{path}: cannot create: {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot create: {_why(e)}") from None
     with contextlib.suppress(OSError):  # e.g. a filesystem without modes: still ours
         os.fchmod(fd, mode & ~_current_umask())
     return fd
@@ -236,17 +240,17 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
     >>> os.symlink("job.partial", f"{d}/link")
     >>> open_owned(f"{d}/link")
     Traceback (most recent call last):
-    smoe.errors.SmoeError: /...link: is a symlink, not a file smoe made; refused, ...
+    smoe.errors.WriteFailed: /...link: is a symlink, not a file smoe made; refused, ...
     """
     flags = os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o666 & ~_current_umask())
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: is a symlink, not a file smoe made; refused, not followed and not deleted"
             ) from None
-        raise SmoeError(f"{path}: cannot open: {_why(e)}") from None
+        raise WriteFailed(f"{path}: cannot open: {_why(e)}") from None
     try:
         st = os.fstat(fd)
         foreign = None
@@ -257,7 +261,7 @@ def open_owned(path: str | os.PathLike, create: bool = True) -> int:
         elif hasattr(os, "geteuid") and st.st_uid != os.geteuid():
             foreign = f"belongs to user {st.st_uid}"
         if foreign:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: {foreign}, not a file smoe made; refused, not followed and not deleted"
             )
         os.set_blocking(fd, True)
@@ -307,7 +311,7 @@ def refuse_same_file(
 
     >>> refuse_same_file("fixtures/../fixtures/q4_v2.smoe", ["fixtures/q4_v2.smoe"])
     Traceback (most recent call last):
-    smoe.errors.SmoeError: fixtures/../fixtures/q4_v2.smoe: the output is the input ...
+    smoe.errors.WriteFailed: fixtures/../fixtures/q4_v2.smoe: the output is the input ...
     >>> refuse_same_file("no/such/output.smoe", ["fixtures/q4_v2.smoe"])  # a new file: fine
     """
     try:
@@ -320,7 +324,7 @@ def refuse_same_file(
         except OSError:
             continue
         if same_file(st_out, st_in):
-            raise SmoeError(
+            raise WriteFailed(
                 f"{out}: the {what} is the input {src} itself; refusing to overwrite an input"
             )
 
@@ -368,6 +372,43 @@ def require_regular(path: str | os.PathLike) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
     return st
+
+
+READ_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EIO,
+        errno.ENXIO,
+        errno.ENODEV,
+    }
+)
+"""The errnos of an input that cannot be opened or read (:func:`reading`); the others
+(EMFILE, ENOMEM, ENOSPC, ...) say nothing about the file."""
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """Open, stat or list inputs inside: an ``OSError`` of a :data:`READ_ERRNOS` kind that
+    names its file becomes :class:`UnreadableInput`, worded ``FILE: STRERROR`` (exit status
+    2); any other is raised as it is.
+
+    >>> with reading():
+    ...     os.stat("no/such/config.json")
+    Traceback (most recent call last):
+    smoe.errors.UnreadableInput: no/such/config.json: No such file or directory
+    """
+    try:
+        yield
+    except OSError as e:
+        if e.errno in READ_ERRNOS and e.filename is not None:
+            raise UnreadableInput.from_os(e) from None
+        raise
 
 
 def _kind(mode: int) -> str:
@@ -520,7 +561,7 @@ class Lock:
     >>> with Lock(f"{d}/.out.smoe.lock", "out.smoe"):
     ...     Lock(f"{d}/.out.smoe.lock", "out.smoe").__enter__()
     Traceback (most recent call last):
-    smoe.errors.SmoeError: out.smoe: another smoe process (pid ...) is writing it; wait ...
+    smoe.errors.WriteFailed: out.smoe: another smoe process (pid ...) is writing it; wait ...
     >>> os.listdir(d)  # released: the lock file is gone
     []
     """
@@ -544,11 +585,11 @@ class Lock:
                     pass
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise SmoeError(
+                    raise WriteFailed(
                         f"{self.target}: another smoe process{holder} is writing "
                         f"it; wait for it to finish (lock {self.path.name})"
                     ) from None
-                raise SmoeError(f"{self.path}: cannot lock: {_why(e)}") from None
+                raise WriteFailed(f"{self.path}: cannot lock: {_why(e)}") from None
             try:
                 current = os.lstat(self.path)
             except OSError:
@@ -564,7 +605,7 @@ class Lock:
                 raise
             self.fd = fd
             return self
-        raise SmoeError(f"{self.path}: cannot lock: the lock file keeps being replaced")
+        raise WriteFailed(f"{self.path}: cannot lock: the lock file keeps being replaced")
 
     def __exit__(self, *exc: object) -> None:
         self.release()

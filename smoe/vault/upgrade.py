@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from smoe.errors import SmoeError
+from smoe.errors import FormatError, RefusedInput, SmoeError, WriteFailed
 from smoe.format import manifest
 from smoe.format.records import ArchInfo, arch_record
 from smoe.plumbing import fileio
@@ -178,7 +178,7 @@ def _check_gap(vault: Vault) -> None:
     nz = np.flatnonzero(gap)
     if len(nz):
         at = g.descriptors_end + int(nz[0])
-        raise SmoeError(
+        raise RefusedInput(
             f"{vault.path}: the gap between the descriptors and data_offset is not "
             f"zero (byte {at:#x} = {int(gap[nz[0]]):#04x}); refusing to write into it"
         )
@@ -186,7 +186,7 @@ def _check_gap(vault: Vault) -> None:
 
 def _check_moe_ffn(vault: Vault, arch: ArchInfo) -> None:
     if len(vault) and int(vault.descriptors[0, 0]["rows"]) != arch.moe_ffn_dim:
-        raise SmoeError(
+        raise RefusedInput(
             f"{vault.path}: arch.moe_ffn_dim {arch.moe_ffn_dim} disagrees with the "
             f"vault's expert shapes ({int(vault.descriptors[0, 0]['rows'])} rows)"
         )
@@ -215,7 +215,7 @@ def upgrade(
     >>> vault = shutil.copy("fixtures/noroom_v1.smoe", folder)
     >>> upgrade(vault, arch)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    smoe.errors.SmoeError: ...noroom_v1.smoe: no room for the arch block: ...
+    smoe.errors.RefusedInput: ...noroom_v1.smoe: no room for the arch block: ...
     >>> result = upgrade(vault, arch, out=os.path.join(folder, "v2.smoe"))
     >>> result.mode, result.data_offset, verify_path(result.path, deep=True).ok
     ('rewrite', 32768, True)
@@ -244,8 +244,8 @@ def _open_for_writing(path: Path) -> int:
         fd = os.open(real, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise SmoeError(f"{path}: was replaced by a symlink; nothing written") from None
-        raise SmoeError(f"{path}: cannot open for writing: {e.strerror or e}") from None
+            raise WriteFailed(f"{path}: was replaced by a symlink; nothing written") from None
+        raise WriteFailed(f"{path}: cannot open for writing: {e.strerror or e}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise fileio.NotRegular(f"{path}: not a regular file; nothing written")
@@ -254,7 +254,7 @@ def _open_for_writing(path: Path) -> int:
 
 
 def _ops_pwrite(ops: FileOps, fd: int, data: bytes, offset: int, path: Path) -> None:
-    """All of ``data`` through ``ops`` (short writes continued; errors -> SmoeError)."""
+    """All of ``data`` through ``ops`` (short writes continued; errors -> WriteFailed)."""
     done = 0
     while done < len(data):
         try:
@@ -262,12 +262,12 @@ def _ops_pwrite(ops: FileOps, fd: int, data: bytes, offset: int, path: Path) -> 
         except InterruptedError:
             continue
         except OSError as e:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: cannot write {len(data) - done} bytes at offset {offset + done}: "
                 f"{e.strerror or e}"
             ) from None
         if not isinstance(n, int) or n <= 0:
-            raise SmoeError(
+            raise WriteFailed(
                 f"{path}: cannot write {len(data) - done} bytes at offset {offset + done}: "
                 "the write made no progress"
             )
@@ -278,22 +278,24 @@ def _ops_fsync(ops: FileOps, fd: int, path: Path) -> None:
     try:
         ops.fsync(fd)
     except OSError as e:
-        raise SmoeError(f"{path}: cannot flush to disk (fsync): {e.strerror or e}") from None
+        raise WriteFailed(f"{path}: cannot flush to disk (fsync): {e.strerror or e}") from None
 
 
 def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) -> UpgradeResult:
     vault = Vault.open(path)
-    if not fileio.same_file(os.fstat(fd), os.stat(path)):
-        raise SmoeError(f"{path}: was replaced by another file while opening; nothing written")
+    with fileio.reading():
+        now = os.stat(path)
+    if not fileio.same_file(os.fstat(fd), now):
+        raise WriteFailed(f"{path}: was replaced by another file while opening; nothing written")
     _check_moe_ffn(vault, arch)
     g = vault.geometry
     if g.version >= layout.VERSION_WITH_ARCH and not force:
-        raise SmoeError(f"{path}: already version {g.version}; --force re-stamps its arch block")
+        raise RefusedInput(f"{path}: already version {g.version}; --force re-stamps its arch block")
     if g.version >= layout.VERSION_WITH_ARCH:
         slot, mode = g.reserved_ext, "re-stamp"
     else:
         if not has_room(vault):
-            raise SmoeError(
+            raise RefusedInput(
                 f"{path}: no room for the arch block: the descriptors end at "
                 f"{g.descriptors_end}, so the {layout.ARCH_BLOCK_SIZE}-byte block would "
                 f"need [{_arch_slot(vault)}, {_arch_slot(vault) + layout.ARCH_BLOCK_SIZE}) "
@@ -338,11 +340,11 @@ def _roll_back(fd: int, path: Path, begun: list[tuple[int, bytes]], error: SmoeE
             fileio.pwrite_all(fd, data, offset, path)
             fileio.fsync(fd, path)
     except SmoeError as again:
-        raise SmoeError(
+        raise WriteFailed(
             f"{error}; restoring the original bytes failed too ({again}); the vault is a "
             "valid v1 or v2 vault (check it with smoe verify)"
         ) from None
-    raise SmoeError(f"{error}; rolled back, the vault is unchanged") from None
+    raise WriteFailed(f"{error}; rolled back, the vault is unchanged") from None
 
 
 # ---- into a new file -----------------------------------------------------------------------
@@ -368,10 +370,10 @@ def _old_manifest(path: Path, vault: Vault) -> dict[str, Any] | None:
     try:
         doc = manifest.load(where, len(vault))
     except SmoeError as e:
-        raise SmoeError(f"{where}: the old vault's manifest is unusable ({e}); {hint}") from None
+        raise RefusedInput(f"{where}: the old vault's manifest is unusable ({e}); {hint}") from None
     size = len(vault.data)
     if doc["vault"]["size"] != size or len(doc["experts"]) != len(vault):
-        raise SmoeError(
+        raise RefusedInput(
             f"{where}: describes a vault of {doc['vault']['size']} bytes with "
             f"{len(doc['experts'])} experts, {path} has {size} bytes and {len(vault)}; "
             f"it belongs to another file; {hint}"
@@ -381,7 +383,7 @@ def _old_manifest(path: Path, vault: Vault) -> dict[str, Any] | None:
         want = (entry["layer_id"], entry["expert_id"], entry["byte_offset"], entry["raw_size"])
         got = (row["layer"], row["expert"], row["offset"], row["raw_size"])
         if tuple(int(x) for x in want) != got:
-            raise SmoeError(
+            raise RefusedInput(
                 f"{where}: experts[{i}] is layer {got[0]} expert {got[1]} at offset {got[2]} "
                 f"({got[3]} bytes), the table of {path} has layer {int(want[0])} expert "
                 f"{int(want[1])} at offset {int(want[2])} ({int(want[3])} bytes); {hint}"
@@ -447,7 +449,7 @@ def _rewrite(
     for target in (out, man_out):
         fileio.refuse_same_file(target, protected)
     if out.is_dir():
-        raise SmoeError(f"{out}: is a folder; --out names the new vault file")
+        raise WriteFailed(f"{out}: is a folder; --out names the new vault file")
     fileio.require_regular(path)
     fileio.ensure_dir(out.parent)
     with fileio.Lock(out.parent / f".{out.name}.lock", out):
@@ -482,7 +484,7 @@ def _rewrite(
                 layer, expert = int(e["layer_id"]), int(e["expert_id"])
                 row = old["experts"][i] if old else {}
                 if old and row["crc32c"] != crcs[i]:
-                    raise SmoeError(
+                    raise FormatError(
                         f"{path}: layer {layer} expert {expert}: the blob at offset "
                         f"{int(e['byte_offset'])} has CRC-32C {crcs[i]:#010x}, its manifest "
                         f"says {row['crc32c']:#010x}; the old vault is damaged, nothing written"

@@ -35,7 +35,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from smoe import quant
-from smoe.errors import SmoeError, WriterStateError
+from smoe.errors import FormatError, RefusedInput, SmoeError, WriterStateError
 from smoe.format.manifest import ManifestBuilder, checksum, encode, path_for, tool_info
 from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.format.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
@@ -195,15 +195,15 @@ class VaultWriter:
         the vault's content only.
         """
         if bits not in layout.SUPPORTED_BITS:
-            raise SmoeError(f"bits: {bits} is not one of {list(layout.SUPPORTED_BITS)}")
+            raise FormatError(f"bits: {bits} is not one of {list(layout.SUPPORTED_BITS)}")
         if not layout.VERSION_MIN <= version <= layout.VERSION_MAX:
-            raise SmoeError(
+            raise FormatError(
                 f"version: {version} is outside {layout.VERSION_MIN}..{layout.VERSION_MAX}"
             )
         model.check()
         if version >= layout.VERSION_WITH_ARCH:
             if arch is None:
-                raise SmoeError(f"version {version} needs an arch block (arch=ArchInfo(...))")
+                raise FormatError(f"version {version} needs an arch block (arch=ArchInfo(...))")
             arch.check()
         self.path = Path(path)
         self.model = model
@@ -259,7 +259,7 @@ class VaultWriter:
         >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
         >>> w.add_expert(0, 1, [(32, 64), (32, 64), (32, 64)])
         Traceback (most recent call last):
-        smoe.errors.SmoeError: layer 0 expert 1: down_proj shape (32, 64) is not the transpose \
+        smoe.errors.FormatError: layer 0 expert 1: down_proj shape (32, 64) is not the transpose \
 of gate_proj shape (32, 64)
         >>> w.abort()
         """
@@ -267,25 +267,25 @@ of gate_proj shape (32, 64)
         name = expert_name(layer, expert)
         for what, value in (("layer_id", layer), ("expert_id", expert)):
             if not isinstance(value, (int, np.integer)) or not 0 <= value <= U32_MAX:
-                raise SmoeError(f"{name}: {what} {value!r} is not a uint32")
+                raise FormatError(f"{name}: {what} {value!r} is not a uint32")
         if expert >= self.model.max_experts_per_layer:
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: expert_id must be below max_experts_per_layer "
                 f"{self.model.max_experts_per_layer}"
             )
         key = (int(layer), int(expert))
         if key in self._shapes:
-            raise SmoeError(f"{name}: added twice (duplicate (layer_id, expert_id))")
+            raise FormatError(f"{name}: added twice (duplicate (layer_id, expert_id))")
         norm = self._check_shapes(name, shapes)
         if layer not in self._layer_shapes and (
             len(self._layer_shapes) >= self.model.num_moe_layers
         ):
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: more MoE layers than num_moe_layers {self.model.num_moe_layers}"
             )
         first = self._layer_shapes.setdefault(key[0], norm)
         if first != norm:
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: shapes {list(norm)} differ from the other experts of "
                 f"layer {layer} {list(first)}"
             )
@@ -295,7 +295,7 @@ of gate_proj shape (32, 64)
         self, name: str, shapes: Sequence[Sequence[int]]
     ) -> tuple[Shape, Shape, Shape]:
         if len(shapes) != layout.TENSORS_PER_EXPERT:
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: expected {layout.TENSORS_PER_EXPERT} shapes "
                 f"(gate, up, down), got {len(shapes)}"
             )
@@ -303,23 +303,23 @@ of gate_proj shape (32, 64)
         for tname, shape in zip(TENSOR_NAMES, shapes):
             dims = tuple(int(d) for d in shape)
             if len(dims) != layout.TENSOR_NDIM or not all(1 <= d <= U32_MAX for d in dims):
-                raise SmoeError(
+                raise FormatError(
                     f"{name}: {tname} shape {dims} is not 2-D with positive uint32 dimensions"
                 )
             norm.append((dims[0], dims[1]))
         gate, up, down = norm
         if up != gate:
-            raise SmoeError(f"{name}: up_proj shape {up} differs from gate_proj shape {gate}")
+            raise FormatError(f"{name}: up_proj shape {up} differs from gate_proj shape {gate}")
         if down != (gate[1], gate[0]):
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: down_proj shape {down} is not the transpose of gate_proj shape {gate}"
             )
         if gate[1] != self.model.d_model:
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: gate_proj has {gate[1]} columns, d_model is {self.model.d_model}"
             )
         if self.arch is not None and gate[0] != self.arch.moe_ffn_dim:
-            raise SmoeError(
+            raise FormatError(
                 f"{name}: gate_proj has {gate[0]} rows, arch.moe_ffn_dim is {self.arch.moe_ffn_dim}"
             )
         return norm[0], norm[1], norm[2]
@@ -384,9 +384,9 @@ of gate_proj shape (32, 64)
         self._require(State.STREAMING, action="write")
         key = (int(layer), int(expert))
         if key not in self._index:
-            raise SmoeError(f"{expert_name(layer, expert)}: not declared with add_expert")
+            raise WriterStateError(f"{expert_name(layer, expert)}: not declared with add_expert")
         if key in self._written:
-            raise SmoeError(f"{expert_name(layer, expert)}: written twice")
+            raise WriterStateError(f"{expert_name(layer, expert)}: written twice")
         return key, self.plan.experts[self._index[key]]
 
     def write_expert(
@@ -408,13 +408,13 @@ of gate_proj shape (32, 64)
         []
         >>> w.write_expert(0, 0, [np.ones((32, 64)), np.ones((32, 64)), np.ones((64, 32))])
         Traceback (most recent call last):
-        smoe.errors.SmoeError: layer 0 expert 0: written twice
+        smoe.errors.WriterStateError: layer 0 expert 0: written twice
         >>> w.abort()
         """
         key, slot = self._slot(layer, expert)
         for tname, t, w in zip(TENSOR_NAMES, slot.tensors, weights):
             if tuple(w.shape) != (t.rows, t.cols):
-                raise SmoeError(
+                raise RefusedInput(
                     f"{expert_name(layer, expert)}: {tname} has shape "
                     f"{tuple(w.shape)}, declared {(t.rows, t.cols)}"
                 )
@@ -455,7 +455,7 @@ of gate_proj shape (32, 64)
             p = np.ascontiguousarray(packed, np.uint8).tobytes()
             s = np.ascontiguousarray(scales, "<f2").tobytes()
             if len(p) != t.packed_size or len(s) != t.scales_size:
-                raise SmoeError(
+                raise RefusedInput(
                     f"{name}: {tname} encodes to {len(p)} packed + {len(s)} scale "
                     f"bytes, the plan has {t.packed_size} + {t.scales_size}"
                 )
@@ -586,7 +586,7 @@ of gate_proj shape (32, 64)
         >>> plan = w.begin()
         >>> w.commit()
         Traceback (most recent call last):
-        smoe.errors.SmoeError: commit: 1 declared experts were not written: layer 0 expert 0
+        smoe.errors.WriterStateError: commit: 1 declared experts were not written: layer 0 expert 0
         >>> w.adopt(0, 0, w.stored_crc(0, 0))
         >>> w.commit().name, w.state
         ('tiny.smoe', <State.COMMITTED: 'committed'>)
@@ -596,7 +596,7 @@ of gate_proj shape (32, 64)
         if missing:
             shown = ", ".join(expert_name(*k) for k in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise SmoeError(
+            raise WriterStateError(
                 f"commit: {len(missing)} declared experts were not written: {shown}{more}"
             )
         assert self._out is not None

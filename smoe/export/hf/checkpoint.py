@@ -390,6 +390,15 @@ def _shard_names(count: int) -> list[str]:
     return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
 
 
+def _stat_unless_missing(path: str | Path) -> os.stat_result | None:
+    """``os.stat(path)``, or None when nothing is there (a missing input is refused where it
+    is opened, not here)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
 def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
     """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
     if os.path.islink(out_dir):
@@ -405,14 +414,14 @@ def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
         raise WriteFailed(f"{out_dir}: cannot use as the output folder: {e.strerror}") from None
     real = os.path.realpath(out_dir)
     for src in inputs:
-        try:
-            if st is not None and fileio.same_file(st, os.stat(src)):
-                raise WriteFailed(
-                    f"{out_dir}: the output is the input {src} itself; refusing "
-                    "to overwrite an input"
-                )
-        except FileNotFoundError:
+        with fileio.reading():  # an input that cannot be stat'ed: exit 2, as at its open
+            src_st = _stat_unless_missing(src)
+        if src_st is None:
             continue
+        if st is not None and fileio.same_file(st, src_st):
+            raise WriteFailed(
+                f"{out_dir}: the output is the input {src} itself; refusing to overwrite an input"
+            )
         if os.path.realpath(src).startswith(real.rstrip(os.sep) + os.sep):
             raise WriteFailed(
                 f"{out_dir}: the output folder holds the input {src}; refusing to replace an input"

@@ -21,6 +21,7 @@ from smoe.errors import RefusedInput
 from smoe.families.config import read_json
 from smoe.format.records import model_type_str
 from smoe.interop.safetensors_io import TensorInfo
+from smoe.plumbing import fileio
 from smoe.vault.reader import Vault
 from smoe_gen import layout
 
@@ -85,7 +86,8 @@ def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
     if not isinstance(cfg, dict):
         raise RefusedInput(f"{path}: not a JSON object")
     if dtype is None or _config_dtype(cfg) == dtype:
-        return path.read_bytes(), []
+        with fileio.reading():
+            return path.read_bytes(), []
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
     was = json.dumps(cfg[keys[0]]) if keys[0] in cfg else "absent"
     for key in keys:
