@@ -8,12 +8,19 @@ from pathlib import Path
 from smoe.format.records import ArchInfo
 from smoe_gen import layout
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+ROOT = Path(__file__).resolve().parent.parent  # the checkout, wherever it is
+FIXTURES = ROOT / "fixtures"
 CORRUPT = FIXTURES / "corrupt"
+CKPTS = FIXTURES / "checkpoints"  # tiny HuggingFace-style checkpoints, one per family
 MANIFEST: dict = json.loads((FIXTURES / "MANIFEST.json").read_text())
 EXPECTED: dict = json.loads((CORRUPT / "EXPECTED.json").read_text())
 GOOD = sorted(MANIFEST)
 BAD = sorted(EXPECTED)
+# the checkpoints' own manifest (fixtures/checkpoints/MANIFEST.json): what each one holds and
+# whether the sculptor converts it or refuses it
+CKPT_MANIFEST: dict = json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"]
+CONVERT = sorted(k for k, v in CKPT_MANIFEST.items() if v["expect"] == "convert")
+REFUSE = sorted(k for k, v in CKPT_MANIFEST.items() if v["expect"] == "refuse")
 
 # The arch block and config.json of the v1 fixtures (olmoe-shaped), for the upgrade tests.
 OLMOE_ARCH = ArchInfo(

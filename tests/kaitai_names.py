@@ -8,16 +8,15 @@ parser field by field look the Kaitai attribute up here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from smoe_gen.smoe_kaitai import Smoe
 
-_SPEC = yaml.safe_load(
-    (Path(__file__).resolve().parent.parent / "spec" / "smoe.ksy").read_text(encoding="utf-8")
-)
+from fixtures_data import ROOT
+
+_SPEC = yaml.safe_load((ROOT / "spec" / "smoe.ksy").read_text(encoding="utf-8"))
 
 #: reference header name -> .ksy id, for every field whose names differ (the same in every type)
 KSY_ID: dict[str, str] = {

@@ -34,7 +34,6 @@ import sys
 from collections.abc import Sequence
 
 from smoe.cli.console import Stdout, to_json
-from smoe.cli.console import TrimmedLines as _TrimmedLines  # noqa: F401 (tests/cli/test_pipes.py)
 from smoe.cli.failures import fail, run
 from smoe.cli.parser import build_dump_parser, build_parser
 from smoe.errors import UsageError

@@ -67,7 +67,7 @@ class VaultError(FormatError):
 def _ml_dtypes_float(dtype: np.dtype) -> bool:
     """Whether ``dtype`` is a float type of ``ml_dtypes`` (bfloat16, float8_*)."""
     ml_dtypes = sys.modules.get("ml_dtypes")  # an ml_dtypes dtype implies it is imported
-    if ml_dtypes is None:
+    if ml_dtypes is None or dtype.kind != "V":  # its floats are kind 'V'; its finfo takes complex
         return False
     try:
         ml_dtypes.finfo(dtype)

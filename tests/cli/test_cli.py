@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +12,7 @@ from safetensors.numpy import load_file
 from smoe.vault.reader import Vault
 
 from fixtures_data import CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
-
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1"}  # text output in a pipe never depends on COLUMNS
-
-
-def run(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *args], capture_output=True, text=True, env=ENV, **kw)
-
-
-def dump_main(*args: str) -> subprocess.CompletedProcess:
-    code = "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[1:]))"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=ENV
-    )
+from helpers import SMOE_DUMP, run
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -52,7 +36,7 @@ def test_dump_json_matches_manifest(name: str) -> None:
 
 
 def test_dump_text_tree() -> None:
-    proc = dump_main(str(FIXTURES / "deepseek_v2.smoe"))
+    proc = run(str(FIXTURES / "deepseek_v2.smoe"), command=SMOE_DUMP)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     lines = out.splitlines()
@@ -73,28 +57,28 @@ def test_dump_text_tree() -> None:
     ):
         assert text in out, text
     assert "expert 0: blob" not in out  # collapsed by default
-    expanded = dump_main("--experts", str(FIXTURES / "deepseek_v2.smoe")).stdout
+    expanded = run("--experts", str(FIXTURES / "deepseek_v2.smoe"), command=SMOE_DUMP).stdout
     assert "expert 3: blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups" in expanded
     assert (
         "down_proj [64, 32]  packed +2176 (0x20880) 1,024 B  scales +3200 (0x20c80) 64 B"
         in expanded
     )
-    one = dump_main("--layer", "2", str(FIXTURES / "deepseek_v2.smoe")).stdout
+    one = run("--layer", "2", str(FIXTURES / "deepseek_v2.smoe"), command=SMOE_DUMP).stdout
     assert "layer 2: 4 experts" in one and "layer 1:" not in one
 
 
 def test_dump_of_broken_and_v1_vaults() -> None:
-    proc = dump_main(str(CORRUPT / "duplicate_expert.smoe"))
+    proc = run(str(CORRUPT / "duplicate_expert.smoe"), command=SMOE_DUMP)
     assert proc.returncode == 1
     assert (
         "error: table.duplicate at 0x74 (experts[1].expert_id): (layer 0, expert 0) appears "
         "twice" in " ".join(proc.stdout.split())
     )
-    v1 = dump_main(str(FIXTURES / "q4_v1.smoe"))
+    v1 = run(str(FIXTURES / "q4_v1.smoe"), command=SMOE_DUMP)
     assert "arch block: none (version 1)" in v1.stdout
-    bad = dump_main(str(CORRUPT / "bad_magic.smoe"))
+    bad = run(str(CORRUPT / "bad_magic.smoe"), command=SMOE_DUMP)
     assert bad.returncode == 1 and "header.magic" in bad.stdout
-    assert dump_main(str(FIXTURES / "missing.smoe")).returncode == 2
+    assert run(str(FIXTURES / "missing.smoe"), command=SMOE_DUMP).returncode == 2
 
 
 def test_dump_json_of_every_corrupt_fixture_is_well_formed() -> None:

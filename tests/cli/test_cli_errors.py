@@ -7,14 +7,12 @@ command function replaced in a tiny ``-c`` script.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import struct
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,52 +24,15 @@ from smoe.plumbing import cpus
 from smoe_testkit.synth import write_checkpoint
 
 from fixtures_data import FIXTURES
+from helpers import SMOE_DUMP, one_line, plain_env, python, refused, run, strict_json
 
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {k: v for k, v in os.environ.items() if k != "SMOE_DEBUG"}
-ENV.update({"NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"})
 ARCH_ROPE_THETA = 1536 + 16  # deepseek_v2.smoe: arch block at 1536, rope_theta at +16
 Arg = str | bytes | os.PathLike
 
 
-def run(*args: Arg, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *args], capture_output=True, env=env or ENV)
-
-
-def strict_json(raw: bytes) -> object:
-    """RFC 8259 or fail: UTF-8, no NaN/Infinity, no lone surrogate in any string."""
-
-    def refuse(name: str) -> None:
-        raise AssertionError(f"{name} in JSON output")
-
-    doc = json.loads(raw.decode("utf-8"), parse_constant=refuse)
-
-    def walk(v: object) -> None:
-        if isinstance(v, str):
-            v.encode("utf-8")  # a lone surrogate (\udcff) raises here
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                walk(k)
-                walk(x)
-        elif isinstance(v, list):
-            for x in v:
-                walk(x)
-
-    walk(doc)
-    return doc
-
-
-def one_line(proc: subprocess.CompletedProcess) -> str:
-    err = proc.stderr.decode("utf-8")
-    assert "Traceback" not in err, err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err[:-1]
-
-
 def failed(proc: subprocess.CompletedProcess, code: int) -> str:
     """Exit ``code``, one ``error:`` line, and with --json exactly the error document."""
-    assert proc.returncode == code, proc.stderr
-    line = one_line(proc)
+    line = refused(proc, code)
     assert line.startswith("error: "), line
     if b"--json" in [os.fsencode(a) for a in proc.args]:
         doc = strict_json(proc.stdout)
@@ -92,31 +53,6 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(
         tmp_path_factory.mktemp("ckpt") / "qwen", layers=2, experts=4, d_model=64, ffn=32, seed=1
     )
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """``tmpfs("name", "ro")`` mounts a tmpfs at tmp_path/name; unmounted afterwards."""
-    mounted: list[Path] = []
-    if shutil.which("mount") is None:
-        pytest.skip("mount(8) is not installed")
-
-    def mount(name: str, options: str = "size=1m") -> Path:
-        point = tmp_path / name
-        point.mkdir()
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode:
-            pytest.skip(f"mounting a tmpfs needs root (CAP_SYS_ADMIN): {proc.stderr.strip()}")
-        mounted.append(point)
-        return point
-
-    yield mount
-    for point in reversed(mounted):
-        subprocess.run(["umount", str(point)], check=True)
 
 
 def writes(ckpt: Path, out_dir: Path) -> dict[str, list[Arg]]:
@@ -146,8 +82,8 @@ def test_unwritable_out_dir(ckpt: Path, tmpfs: Callable[..., Path], command: str
     out.mkdir()
     if shutil.which("chattr") is None:
         pytest.skip("chattr (e2fsprogs) is not installed: cannot make a folder unwritable to root")
-    subprocess.run(["chattr", "+i", str(out)], check=True)
-    line = failed(run(*writes(ckpt, out)[command]), 1)
+    assert run("+i", out, command=["chattr"]).returncode == 0
+    line = failed(run(*writes(ckpt, out)[command], text=False), 1)
     assert line.startswith(f"error: {out}/") and line.endswith(": Operation not permitted")
     assert list(out.iterdir()) == []
 
@@ -156,7 +92,7 @@ def test_unwritable_out_dir(ckpt: Path, tmpfs: Callable[..., Path], command: str
 def test_out_dir_is_a_file(ckpt: Path, tmp_path: Path, command: str) -> None:
     afile = tmp_path / "afile"
     afile.write_bytes(b"keep")
-    line = failed(run(*writes(ckpt, afile)[command]), 1)
+    line = failed(run(*writes(ckpt, afile)[command], text=False), 1)
     assert line == f"error: {afile}: exists and is not a folder"  # fileio.ensure_dir
     assert afile.read_bytes() == b"keep"
 
@@ -164,7 +100,7 @@ def test_out_dir_is_a_file(ckpt: Path, tmp_path: Path, command: str) -> None:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_read_only_filesystem(ckpt: Path, tmpfs: Callable[..., Path], command: str) -> None:
     ro = tmpfs("ro", "ro")
-    line = failed(run(*writes(ckpt, ro / "out")[command]), 1)
+    line = failed(run(*writes(ckpt, ro / "out")[command], text=False), 1)
     assert line.startswith(f"error: {ro}/") and line.endswith(": Read-only file system")
 
 
@@ -172,7 +108,7 @@ def test_read_only_filesystem(ckpt: Path, tmpfs: Callable[..., Path], command: s
 def test_disk_full(ckpt: Path, tmpfs: Callable[..., Path], command: str) -> None:
     full = tmpfs("full", "size=64k")
     out = full / "out"
-    line = failed(run(*writes(ckpt, out)[command]), 1)
+    line = failed(run(*writes(ckpt, out)[command], text=False), 1)
     assert line.startswith(f"error: {full}/") and line.endswith(": No space left on device")
     left = [p.name for p in out.iterdir() if not p.name.endswith(".lock")] if out.exists() else []
     assert left == []  # nothing half-written under a final or temporary name
@@ -189,7 +125,7 @@ def test_stdout_on_a_full_disk(tmpfs: Callable[..., Path], args: list[str]) -> N
             os.write(fd, b"\0" * 4096)
     os.close(fd)
     with (full / "out").open("wb") as out:
-        proc = subprocess.run([*SMOE, *args], stdout=out, stderr=subprocess.PIPE, env=ENV)
+        proc = run(*args, stdout=out, text=False)
     assert proc.returncode == 1
     assert one_line(proc) == "error: standard output: cannot write: No space left on device"
 
@@ -211,7 +147,7 @@ def test_non_utf8_config(ckpt: Path, tmp_path: Path) -> None:
             "--json",
         ],
     ):
-        line = failed(run(*args), 1)
+        line = failed(run(*args, text=False), 1)
         assert line.startswith(f"error: {bad / 'config.json'}: "), line
         assert "UTF-8" in line and "internal error" not in line
     assert not (tmp_path / "out" / "bad.smoe").exists() and not (tmp_path / "x.smoe").exists()
@@ -222,25 +158,27 @@ def test_paths_with_byte_ff_in_json_modes(ckpt: Path, tmp_path: Path) -> None:
     vault = base + b"/ok\xff.smoe"
     shutil.copyfile(FIXTURES / "q4_v2.smoe", vault)
     shown = f"{tmp_path}/ok\ufffd.smoe"
-    proc = run("verify", "--json", vault)
+    proc = run("verify", "--json", vault, text=False)
     assert proc.returncode == 0 and strict_json(proc.stdout)["vault"] == shown
-    proc = run("dump", "--json", vault)
+    proc = run("dump", "--json", vault, text=False)
     assert proc.returncode == 0 and strict_json(proc.stdout)["file"]["path"] == shown
-    proc = run("export", FIXTURES / "q4_v2.smoe", base + b"/x\xff.safetensors", "--json")
+    proc = run(
+        "export", FIXTURES / "q4_v2.smoe", base + b"/x\xff.safetensors", "--json", text=False
+    )
     assert proc.returncode == 0
     assert strict_json(proc.stdout)["out"] == f"{tmp_path}/x\ufffd.safetensors"
-    proc = run("sculpt", ckpt, base + b"/out\xff", "--jobs", "1", "--json")
+    proc = run("sculpt", ckpt, base + b"/out\xff", "--jobs", "1", "--json", text=False)
     assert proc.returncode == 0
     assert strict_json(proc.stdout)["vault"] == f"{tmp_path}/out\ufffd/qwen.smoe"
 
-    proc = run("verify", "--json", base + b"/missing\xff.smoe")
+    proc = run("verify", "--json", base + b"/missing\xff.smoe", text=False)
     failed(proc, 2)
     reason = "cannot open: No such file or directory"
     assert one_line(proc) == f"error: {tmp_path}/missing\\xff.smoe: {reason}"
     assert (
         strict_json(proc.stdout)["error"]["message"] == f"{tmp_path}/missing\ufffd.smoe: {reason}"
     )
-    text = run("verify", vault)
+    text = run("verify", vault, text=False)
     assert text.returncode == 0
     assert f"{tmp_path}/ok\\xff.smoe: valid" in text.stdout.decode("utf-8")
 
@@ -276,7 +214,10 @@ def test_dump_json_of_a_nan_arch_field(tmp_path: Path) -> None:
     data = bytearray((FIXTURES / "deepseek_v2.smoe").read_bytes())
     data[ARCH_ROPE_THETA : ARCH_ROPE_THETA + 4] = struct.pack("<f", math.nan)
     vault.write_bytes(bytes(data))
-    dump, verify = run("dump", "--json", vault), run("verify", "--json", vault)
+    dump, verify = (
+        run("dump", "--json", vault, text=False),
+        run("verify", "--json", vault, text=False),
+    )
     assert (dump.returncode, dump.stderr, verify.returncode, verify.stderr) == (0, b"", 0, b"")
     assert strict_json(dump.stdout)["arch"]["rope_theta"] is None  # NaN in the file
     findings = strict_json(verify.stdout)["findings"]
@@ -290,7 +231,7 @@ def test_nan_weight(tmp_path: Path) -> None:
     tensors = load_file(str(ck / "model.safetensors"))
     tensors["model.layers.1.mlp.experts.2.up_proj.weight"][3, 5] = np.nan
     save_file(tensors, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    line = failed(run("sculpt", ck, tmp_path / "out", "--jobs", "1", "--json"), 1)
+    line = failed(run("sculpt", ck, tmp_path / "out", "--jobs", "1", "--json", text=False), 1)
     assert "inf or nan" in line and "internal error" not in line
     assert not (tmp_path / "out" / "nanw.smoe").exists()
 
@@ -302,8 +243,11 @@ def test_jobs_refused(tmp_path: Path, value: str) -> None:
         f"error: argument --jobs: expected a whole number >= 1, got '{value}' "
         "(see smoe sculpt --help)"
     )
-    assert failed(run("sculpt", tmp_path, tmp_path / "o", "--jobs", value), 2) == want
-    assert failed(run("sculpt", tmp_path, tmp_path / "o", "--jobs", value, "--json"), 2) == want
+    assert failed(run("sculpt", tmp_path, tmp_path / "o", "--jobs", value, text=False), 2) == want
+    assert (
+        failed(run("sculpt", tmp_path, tmp_path / "o", "--jobs", value, "--json", text=False), 2)
+        == want
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -318,29 +262,24 @@ def test_jobs_default_and_value(
     assert cli.main(["sculpt", "m", "o", "--dry-run", "--json", "--jobs", "3"]) == 0
     assert seen == [None, 3]
     assert cpus.usable_cores() == len(os.sched_getaffinity(0))
-    help_text = " ".join(run("sculpt", "--help").stdout.decode().split())
+    help_text = " ".join(run("sculpt", "--help", text=False).stdout.decode().split())
     assert f"(default: the usable cores, {cpus.usable_cores()} here;" in help_text
 
 
 def test_usage_errors_are_one_line_and_json(tmp_path: Path) -> None:
-    line = failed(run("verify", "--json"), 2)
+    line = failed(run("verify", "--json", text=False), 2)
     assert line == "error: the following arguments are required: vault (see smoe verify --help)"
-    line = failed(run("verify", "v.smoe", "--manifest", "m.json", "--no-manifest"), 2)
+    line = failed(run("verify", "v.smoe", "--manifest", "m.json", "--no-manifest", text=False), 2)
     assert line == (
         "error: argument --no-manifest: not allowed with argument --manifest "
         "(see smoe verify --help)"
     )
-    dump = [
-        sys.executable,
-        "-c",
-        "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[1:]))",
-    ]
-    proc = subprocess.run([*dump, "--layer", "x", "v.smoe"], capture_output=True, env=ENV)
+    proc = run("--layer", "x", "v.smoe", command=SMOE_DUMP, text=False)
     assert failed(proc, 2) == (
         "error: argument --layer: invalid int value: 'x' (see smoe-dump --help)"
     )
     missing = tmp_path / "missing.smoe"
-    proc = subprocess.run([*dump, "--json", missing], capture_output=True, env=ENV)
+    proc = run("--json", missing, command=SMOE_DUMP, text=False)
     assert failed(proc, 2) == f"error: {missing}: cannot open: No such file or directory"
 
 
@@ -365,7 +304,7 @@ def test_manifest_options_reach_verify_and_dump(
             assert cli.main([command, "v.smoe", "--deep", *extra]) == 1
             err = capsys.readouterr().err
             assert err == f"error: v.smoe deep=True manifest={want}\n"
-        help_text = " ".join(run(command, "--help").stdout.decode().split())
+        help_text = " ".join(run(command, "--help", text=False).stdout.decode().split())
         assert "when present); only checked with --deep" in help_text
         assert "(it is only checked with --deep anyway)" in help_text
     assert cli.dump_main(["v.smoe", "--no-manifest"]) == 1
@@ -375,11 +314,11 @@ def test_manifest_options_reach_verify_and_dump(
 def test_a_broken_manifest_is_a_finding(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_bytes(b"{not json")
-    proc = run("verify", "--deep", "--json", "--manifest", bad, FIXTURES / "q4_v2.smoe")
+    proc = run("verify", "--deep", "--json", "--manifest", bad, FIXTURES / "q4_v2.smoe", text=False)
     assert proc.returncode == 1, proc.stderr
     codes = [f["code"] for f in strict_json(proc.stdout)["findings"]]
     assert "manifest.malformed" in codes
-    proc = run("verify", "--deep", "--json", "--no-manifest", FIXTURES / "q4_v2.smoe")
+    proc = run("verify", "--deep", "--json", "--no-manifest", FIXTURES / "q4_v2.smoe", text=False)
     assert proc.returncode == 0 and strict_json(proc.stdout)["valid"] is True
 
 
@@ -387,13 +326,14 @@ def test_a_broken_manifest_is_a_finding(tmp_path: Path) -> None:
 SCRIPT = """\
 import errno, sys
 import smoe.cli as cli
-from smoe.errors import SmoeError
+import smoe.cli.commands as commands
+from smoe.errors import SmoeError, UnreadableInput
 from smoe.plumbing.fileio import NotRegular
 
 def fail(args):
     raise {exc}
 
-cli.{func} = fail
+commands.{func} = fail
 sys.exit(cli.main(sys.argv[1:]))
 """
 HINT = "(run with --debug for the traceback)"
@@ -422,7 +362,7 @@ CASES = [
         1,
         f"internal error: ValueError: bad value {HINT}",
     ),
-    # OSError: an output -> 1, an input that cannot be read -> 2
+    # OSError: FILE: STRERROR, exit 1 (an input that cannot be read is UnreadableInput: 2)
     (
         "cmd_export",
         ["export", "v.smoe", "out/x.st", "--json"],
@@ -433,15 +373,24 @@ CASES = [
     (
         "cmd_verify",
         ["verify", "dir/v.smoe", "--json"],
-        "FileNotFoundError(errno.ENOENT, 'No such file or directory', 'dir/v.smoe')",
+        "UnreadableInput.from_os(FileNotFoundError(errno.ENOENT, 'No such file or directory', "
+        "'dir/v.smoe'))",
         2,
         "dir/v.smoe: No such file or directory",
     ),
     (
         "cmd_sculpt",
         ["sculpt", "model", "out"],
-        "PermissionError(errno.EACCES, 'Permission denied', 'model/config.json')",
+        "UnreadableInput.from_os(PermissionError(errno.EACCES, 'Permission denied', "
+        "'model/config.json'))",
         2,
+        "model/config.json: Permission denied",
+    ),
+    (
+        "cmd_sculpt",
+        ["sculpt", "model", "out"],
+        "PermissionError(errno.EACCES, 'Permission denied', 'model/config.json')",
+        1,
         "model/config.json: Permission denied",
     ),
     (
@@ -494,7 +443,7 @@ def run_failing(
     func: str, exc: str, args: list[str], env: dict | None = None
 ) -> subprocess.CompletedProcess:
     code = SCRIPT.format(func=func, exc=exc)
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, env=env or ENV)
+    return python(code, *args, env=env, text=False)
 
 
 @pytest.mark.parametrize(("func", "args", "exc", "code", "message"), CASES)
@@ -507,9 +456,9 @@ def test_exception_is_one_line(
 def test_debug_shows_the_traceback() -> None:
     exc = "RuntimeError('boom')"
     for args, env in (
-        (["--debug", "spec"], ENV),
-        (["spec", "--debug"], ENV),
-        (["spec"], {**ENV, "SMOE_DEBUG": "1"}),
+        (["--debug", "spec"], None),
+        (["spec", "--debug"], None),
+        (["spec"], plain_env(SMOE_DEBUG="1")),
     ):
         proc = run_failing("cmd_spec", exc, args, env)
         assert proc.returncode == 1
@@ -520,7 +469,7 @@ def test_debug_shows_the_traceback() -> None:
     assert (
         strict_json(proc.stdout)["error"]["message"] == f"internal error: RuntimeError: boom {HINT}"
     )
-    quiet = run_failing("cmd_spec", exc, ["spec"], {**ENV, "SMOE_DEBUG": "0"})
+    quiet = run_failing("cmd_spec", exc, ["spec"], plain_env(SMOE_DEBUG="0"))
     assert failed(quiet, 1) == f"error: internal error: RuntimeError: boom {HINT}"
 
 

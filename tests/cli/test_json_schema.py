@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,10 +15,9 @@ from smoe import cli
 from smoe.format.findings import SCHEMA
 from smoe_gen import layout
 
-from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD
+from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, ROOT
+from helpers import SMOE_STREAM, run
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "smoe-stream"
 JSON_MD = (ROOT / "docs" / "JSON.md").read_text()
 SPEC_MD = (ROOT / "generated" / "docs" / "SPEC.md").read_text()
 ALL = [FIXTURES / n for n in GOOD] + [CORRUPT / n for n in BAD]
@@ -40,9 +38,7 @@ DUMP_KEYS = documented_keys("Dump document")
 ERROR_KEYS = documented_keys("Error document")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built() -> None:
-    subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
+pytestmark = pytest.mark.usefixtures("smoe_stream")  # check() runs the harness
 
 
 def python(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
@@ -53,9 +49,7 @@ def python(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict]:
 
 
 def check(*args: object) -> tuple[int, dict]:
-    r = subprocess.run(
-        [str(BIN), "check", *map(str, args)], capture_output=True, text=True, timeout=60
-    )
+    r = run("check", *args, command=[SMOE_STREAM])
     return r.returncode, json.loads(r.stdout)
 
 

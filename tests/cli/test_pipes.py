@@ -14,29 +14,18 @@ import pty
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from smoe.cli import _TrimmedLines
+from smoe.cli.console import TrimmedLines
 
 from fixtures_data import CORRUPT, FIXTURES
+from helpers import SMOE, SMOE_DUMP, plain_env, run
 
-SMOE = [sys.executable, "-m", "smoe"]
-SMOE_DUMP = [
-    sys.executable,
-    "-c",
-    "import sys; from smoe.cli import dump_main; sys.exit(dump_main(sys.argv[1:]))",
-]
-TERMINAL_ENV = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR", "COLUMNS", "LINES")
-ENV = {
-    **{k: v for k, v in os.environ.items() if k not in TERMINAL_ENV},
-    "COLUMNS": "40",
-    "LINES": "10",
-    "TERM": "xterm-256color",
-}
+# a narrow colour terminal's settings: what a pipe's output must not depend on
+ENV = plain_env(NO_COLOR=None, COLUMNS="40", LINES="10", TERM="xterm-256color")
 CHECKPOINT = FIXTURES / "checkpoints" / "qwen3_moe"
 # config.json says 1 layer, the tensors hold 2: sculpt and upgrade --model warn, then go on
 WARNING = "warning: num_hidden_layers: config.json says 1, the tensors say 2; using the tensors"
@@ -55,13 +44,6 @@ class Place:
     sculpt: subprocess.CompletedProcess
 
 
-def run(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [*SMOE, *map(str, args)]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, env=env or ENV, stdin=subprocess.DEVNULL
-    )
-
-
 @pytest.fixture(scope="module")
 def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
     long = tmp_path_factory.mktemp("pipes")
@@ -71,9 +53,11 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
     shutil.copytree(CHECKPOINT, model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    sculpt = run("sculpt", model, long / "v2", "--jobs", "1")
+    sculpt = run("sculpt", model, long / "v2", "--jobs", "1", env=ENV)
     assert sculpt.returncode == 0, sculpt.stderr
-    v1_run = run("sculpt", model, long / "v1", "--jobs", "1", "--format-version", "1", "--json")
+    v1_run = run(
+        "sculpt", model, long / "v1", "--jobs", "1", "--format-version", "1", "--json", env=ENV
+    )
     assert v1_run.returncode == 0, v1_run.stderr
     corrupt = long / "duplicate_expert.smoe"
     shutil.copy(CORRUPT / "duplicate_expert.smoe", corrupt)
@@ -93,7 +77,7 @@ def check_plain(proc: subprocess.CompletedProcess) -> None:
 
 def test_trailing_spaces_are_dropped_only_at_line_ends() -> None:
     out = io.StringIO()
-    trimmed = _TrimmedLines(out)
+    trimmed = TrimmedLines(out)
     for chunk in ("a  ", " b   ", "\n  \nc ", "d  "):
         trimmed.write(chunk)
     trimmed.flush()
@@ -115,7 +99,7 @@ def test_sculpt_summary_and_its_warning(place: Place) -> None:
 
 
 def test_sculpt_dry_run(place: Place) -> None:
-    proc = run("sculpt", place.model, place.long / "planned", "--dry-run")
+    proc = run("sculpt", place.model, place.long / "planned", "--dry-run", env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     assert "experts                  16" in proc.stdout.splitlines()
@@ -125,7 +109,7 @@ def test_sculpt_dry_run(place: Place) -> None:
 
 @pytest.mark.parametrize("deep", [[], ["--deep"]], ids=["shallow", "deep"])
 def test_verify(place: Place, deep: list[str]) -> None:
-    proc = run("verify", *deep, place.vault)
+    proc = run("verify", *deep, place.vault, env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     verdict = "valid (0 errors, 0 warnings, deep)" if deep else "valid (0 errors, 0 warnings)"
@@ -134,7 +118,7 @@ def test_verify(place: Place, deep: list[str]) -> None:
 
 
 def test_verify_findings_are_whole_lines(place: Place) -> None:
-    proc = run("verify", place.corrupt)
+    proc = run("verify", place.corrupt, env=ENV)
     assert proc.returncode == 1
     check_plain(proc)
     assert (
@@ -149,13 +133,7 @@ def test_verify_findings_are_whole_lines(place: Place) -> None:
 @pytest.mark.parametrize("command", [[*SMOE, "dump"], SMOE_DUMP], ids=["smoe dump", "smoe-dump"])
 @pytest.mark.parametrize("flags", [[], ["--experts"], ["--layer", "1", "--deep"]])
 def test_dump(place: Place, command: list[str], flags: list[str]) -> None:
-    proc = subprocess.run(
-        [*command, *flags, str(place.vault)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run(*flags, place.vault, command=command, env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     (first,) = lines_with(proc.stdout, str(place.vault))
@@ -174,11 +152,11 @@ def test_dump(place: Place, command: list[str], flags: list[str]) -> None:
 
 
 def test_spec(place: Place) -> None:
-    proc = run("spec")
+    proc = run("spec", env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     lines = proc.stdout.splitlines()
-    spec = json.loads(run("spec", "--json").stdout)
+    spec = json.loads(run("spec", "--json", env=ENV).stdout)
     for struct in spec["structs"].values():
         for f in struct["fields"]:
             assert len(lines_with(proc.stdout, f["doc"])) >= 1, f["name"]  # never folded
@@ -187,14 +165,14 @@ def test_spec(place: Place) -> None:
 
 def test_export(place: Place) -> None:
     out = place.long / "layer0.safetensors"
-    proc = run("export", place.vault, out, "--layer", "0")
+    proc = run("export", place.vault, out, "--layer", "0", env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     assert proc.stdout.splitlines() == [f"wrote 24 float32 tensors (8 experts) to {out}"]
 
 
 def test_upgrade_and_its_warning(place: Place) -> None:
-    proc = run("upgrade", place.v1, "--model", place.model)
+    proc = run("upgrade", place.v1, "--model", place.model, env=ENV)
     assert proc.returncode == 0, proc.stderr
     check_plain(proc)
     (line,) = proc.stdout.splitlines()
@@ -204,7 +182,7 @@ def test_upgrade_and_its_warning(place: Place) -> None:
 
 def test_errors_are_one_whole_line_on_stderr(place: Place) -> None:
     missing = place.long / "missing.smoe"
-    proc = run("verify", missing)
+    proc = run("verify", missing, env=ENV)
     assert proc.returncode == 2
     check_plain(proc)
     assert proc.stdout == ""

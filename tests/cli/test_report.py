@@ -10,7 +10,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -31,8 +30,8 @@ from smoe.vault.reader import Vault
 from smoe_testkit.synth import write_sparse_vault
 
 from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES
+from helpers import HANG_GUARD, plain_env, run
 
-SMOE = [sys.executable, "-m", "smoe"]
 CHECKPOINT = FIXTURES / "checkpoints" / "qwen3_moe"
 
 
@@ -154,10 +153,6 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vault = write_sparse_vault(tmp_path_factory.mktemp("big") / "qwen3_235b.smoe")
     synthetic_manifest(vault)
     return vault
-
-
-def run(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *map(str, args)], capture_output=True, text=True)
 
 
 # ---- what the page shows -----------------------------------------------------------------
@@ -407,11 +402,9 @@ def _chromium() -> str:
     """Debian's chromium; installed with apt-get when missing and running as root."""
     found = shutil.which("chromium")
     if found is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=900)
-        subprocess.run(
-            ["apt-get", "install", "-y", "chromium"], capture_output=True, env=env, timeout=1800
-        )
+        env = plain_env(DEBIAN_FRONTEND="noninteractive")
+        run("update", command=["apt-get"], env=env)
+        run("install", "-y", "chromium", command=["apt-get"], env=env, timeout=2 * HANG_GUARD)
         found = shutil.which("chromium")
     if found is None:
         pytest.skip(
@@ -428,26 +421,21 @@ def chromium() -> str:
 
 def browse(chromium: str, page: Path, profile: Path, *mode: str) -> subprocess.CompletedProcess:
     """Load ``page`` in headless chromium; console messages are logged on stderr."""
-    return subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            "--disable-extensions",
-            f"--user-data-dir={profile}",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=5000",
-            "--window-size=1400,1800",
-            *mode,
-            page.resolve().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run(
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+        "--window-size=1400,1800",
+        *mode,
+        page.resolve().as_uri(),
+        command=[chromium],
     )
 
 
@@ -594,7 +582,7 @@ def test_browser_check_sees_svg_errors(chromium: str, broken_page: Path, tmp_pat
 
 def test_weighted_snr_is_shown_when_the_manifest_has_it(tmp_path: Path) -> None:
     """An imatrix sculpt records weighted_snr_db: the heat map shows that one and says so."""
-    src = Path(__file__).resolve().parents[2] / "fixtures" / "q4_v2.smoe"
+    src = FIXTURES / "q4_v2.smoe"
     vault = tmp_path / src.name
     shutil.copy(src, vault)
     doc = json.loads(manifest.path_for(src).read_text())

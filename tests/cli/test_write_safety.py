@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,15 +31,10 @@ from smoe.vault.upgrade import OsOps, lock_path, upgrade
 from fixtures_data import FIXTURES
 from fixtures_data import OLMOE_ARCH as ARCH
 from fixtures_data import OLMOE_CONFIG as CONFIG
+from helpers import plain_env, run
 
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"}
 ENOSPC_LINE = r"error: {}: cannot write \d+ bytes at offset \d+: No space left on device"
 ROLLED_BACK = "; rolled back, the vault is unchanged"
-
-
-def run(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *map(str, args)], capture_output=True, text=True, env=ENV)
 
 
 def copy_of(name: str, folder: Path, as_name: str | None = None) -> Path:
@@ -69,26 +64,10 @@ def checked_manifest(vault: Path) -> dict:
     return doc
 
 
-def _mount(args: list[str]) -> None:
-    """Run ``mount ARGS``; skip the test when mounting is not permitted here."""
-    try:
-        proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-    except OSError as e:
-        pytest.skip(f"mounting a tmpfs is not permitted here (no mount command: {e})")
-    if proc.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {proc.stderr.strip()}")
-
-
 @pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
+def small_fs(tmpfs: Callable[..., Path]) -> Path:
     """A 64 KiB tmpfs (the tests run as root); unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    _mount(["-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)])
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    return tmpfs("small", "size=64k")
 
 
 # ---- short writes: the output is the same as with whole writes ---------------------------
@@ -178,22 +157,17 @@ def test_export_on_a_full_disk(tmp_path: Path, small_fs: Path) -> None:
     assert src.read_bytes() == before
 
 
-def test_in_place_on_a_read_only_filesystem(tmp_path: Path) -> None:
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    _mount(["-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)])
-    try:
-        vault = copy_of("q4_v1.smoe", mnt)
-        _mount(["-o", "remount,ro", str(mnt)])
-        proc = run("upgrade", vault, "--config", config_file(tmp_path))
-        assert proc.returncode == 1 and proc.stdout == ""
-        assert proc.stderr.strip() == (
-            f"error: {vault}: cannot open for writing: Read-only file system"
-        )
-        assert vault.read_bytes() == (FIXTURES / "q4_v1.smoe").read_bytes()
-        assert listing(mnt) == ["q4_v1.smoe"]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def test_in_place_on_a_read_only_filesystem(tmp_path: Path, tmpfs) -> None:
+    mnt = tmpfs("ro", "size=1m")
+    vault = copy_of("q4_v1.smoe", mnt)
+    tmpfs.remount(mnt, "ro")
+    proc = run("upgrade", vault, "--config", config_file(tmp_path))
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == (
+        f"error: {vault}: cannot open for writing: Read-only file system"
+    )
+    assert vault.read_bytes() == (FIXTURES / "q4_v1.smoe").read_bytes()
+    assert listing(mnt) == ["q4_v1.smoe"]
 
 
 # ---- in place: a failure at any step is rolled back --------------------------------------
@@ -423,7 +397,7 @@ def test_a_held_lock_refuses_a_second_upgrade(tmp_path: Path) -> None:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=ENV,
+            env=plain_env(),
         )
         try:
             assert holder.stdout.readline() == "locked\n"

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -32,20 +29,16 @@ from smoe.interop.safetensors_io import read_header
 from smoe.sculpt import SculptOptions, companions, sculpt
 from smoe.vault.reader import Vault
 
+from fixtures_data import CKPTS, CONVERT
+from helpers import run
+
 torch = pytest.importorskip("torch", reason="the hf extra (torch, transformers) is not installed")
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
-FAMILIES = sorted(
-    name
-    for name, c in json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"].items()
-    if c["expect"] == "convert"
-)
+FAMILIES = CONVERT
 ASSUMES_ROUTING = {"deepseek_v3"}  # n_group 2, topk_group 1, routed_scaling 2.5: not in a vault
 IDS = [[(i * 37 + 3 + 11 * row) % 128 for i in range(16)] for row in range(2)]
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"}
 
 
 class Records(logging.Handler):
@@ -277,23 +270,13 @@ def test_cli_defaults(sculpted: Callable[[str, int], Path], work: Path) -> None:
     """``smoe export OUT/M.smoe HF --hf`` finds the scout and the staged config itself."""
     q2 = sculpted("mixtral", 2)
     out = work / "cli-hf"
-    proc = subprocess.run(
-        [*SMOE, "export", str(q2), str(out), "--hf", "--json"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("export", q2, out, "--hf", "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["files"] == ["model.safetensors", "config.json"]
     assert summary["dtype"] == "BF16" and summary["notes"] == []
     assert (out / "config.json").read_bytes() == (CKPTS / "mixtral" / "config.json").read_bytes()
-    proc = subprocess.run(
-        [*SMOE, "export", str(q2), str(work / "x"), "--dtype", "f32"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("export", q2, work / "x", "--dtype", "f32")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --dtype needs --hf (see smoe export --help)"
 

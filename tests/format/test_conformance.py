@@ -5,7 +5,6 @@ the Python decoder bit for bit, and `forward` equals a numpy SwiGLU within 1e-5.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,16 +14,12 @@ from smoe.format.records import plain
 from smoe.sculpt import SculptOptions, sculpt
 from smoe.vault.reader import Vault
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "smoe-stream"
-CKPTS = ROOT / "fixtures" / "checkpoints"
-MANIFEST = json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"]
-CONVERT = sorted(k for k, v in MANIFEST.items() if v["expect"] == "convert")
+from fixtures_data import CKPTS, CONVERT
+from helpers import SMOE_STREAM, run
 
 
 @pytest.fixture(scope="module")
-def vaults(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
+def vaults(smoe_stream: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("conformance")
     made = {}
     for name in CONVERT:
@@ -34,13 +29,9 @@ def vaults(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def stream(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True)
-
-
 @pytest.mark.parametrize("key", [f"{n}-q{b}" for n in CONVERT for b in (4, 2)])
 def test_check_agrees_with_python_reader(vaults, key: str) -> None:
-    r = stream("check", "--json", "--deep", vaults[key])
+    r = run("check", "--json", "--deep", vaults[key], command=[SMOE_STREAM])
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     v = Vault.open(vaults[key])
@@ -62,7 +53,7 @@ def test_dequant_and_forward_match_python(vaults, key: str, tmp_path: Path) -> N
     for layer, expert in (keys[0], keys[len(keys) // 2], keys[-1]):
         e = v.expert(layer, expert)
         ref = e.dequantize()
-        r = stream("dequant", vaults[key], layer, expert, tmp_path)
+        r = run("dequant", vaults[key], layer, expert, tmp_path, command=[SMOE_STREAM])
         assert r.returncode == 0, r.stderr
         for cname, pname in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
             got = np.fromfile(tmp_path / f"{cname}.f32", "<f4").reshape(ref[pname].shape)
@@ -70,7 +61,15 @@ def test_dequant_and_forward_match_python(vaults, key: str, tmp_path: Path) -> N
         d_model = ref["gate_proj"].shape[1]
         x = np.random.default_rng(layer * 1000 + expert).standard_normal(d_model)
         x.astype("<f4").tofile(tmp_path / "x.f32")
-        r = stream("forward", vaults[key], layer, expert, tmp_path / "x.f32", tmp_path / "y.f32")
+        r = run(
+            "forward",
+            vaults[key],
+            layer,
+            expert,
+            tmp_path / "x.f32",
+            tmp_path / "y.f32",
+            command=[SMOE_STREAM],
+        )
         assert r.returncode == 0, r.stderr
         y = np.fromfile(tmp_path / "y.f32", "<f4").astype(np.float64)
         xf = x.astype(np.float32).astype(np.float64)
@@ -89,7 +88,7 @@ def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str, tmp_
 
     src = vaults[key]
     assert verify_path(src, deep=True).ok
-    assert stream("check", src, "--deep").returncode == 0
+    assert run("check", src, "--deep", command=[SMOE_STREAM]).returncode == 0
     bad = tmp_path / src.name
     data = bytearray(src.read_bytes())
     v = Vault.open(src)
@@ -102,7 +101,7 @@ def test_sculpted_manifest_checked_alike(vaults: dict[str, Path], key: str, tmp_
     assert [(f.code, f.offset, f.path) for f in py] == [
         ("manifest.checksum", int(e["byte_offset"]), f"manifest/experts/{len(v) // 2}/crc32c")
     ]
-    cpp = stream("check", bad, "--deep", "--json")
+    cpp = run("check", bad, "--deep", "--json", command=[SMOE_STREAM])
     assert cpp.returncode == 1
     (err,) = [f for f in json.loads(cpp.stdout)["findings"] if f["severity"] == "error"]
     assert (err["code"], err["offset"], err["field"]) == (py[0].code, py[0].offset, py[0].path)

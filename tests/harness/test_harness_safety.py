@@ -19,50 +19,23 @@ import os
 import random
 import re
 import struct
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
 import pytest
 
-from fixtures_data import FIXTURES, MANIFEST
+from fixtures_data import FIXTURES, MANIFEST, ROOT
+from helpers import SMOE_STREAM, plain_env, refused, run, strict_json
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "build" / "smoe-stream"
+STREAM = [SMOE_STREAM]  # run(..., command=STREAM, raw_stdout=True): stdout as bytes, checked
 GOOD = FIXTURES / "q4_v2.smoe"
 EXPERTS = MANIFEST["q4_v2.smoe"]["experts"]
 ENTRY = 64  # first expert table entry; 48 bytes each: layer_id, expert_id, byte_offset, ...
 D_MODEL = 64
 
 
-@pytest.fixture(scope="session", autouse=True)
-def built() -> None:
-    subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
-
-
-def run(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs the harness; stdout stays bytes (strict UTF-8 is checked), stderr is text."""
-    r = subprocess.run(
-        [str(BIN), *map(os.fsencode, map(str, args))], capture_output=True, timeout=30, env=env
-    )
-    r.stderr = r.stderr.decode("utf-8", "surrogateescape")
-    return r
-
-
-def one_line(r: subprocess.CompletedProcess, status: int) -> str:
-    assert r.returncode == status, r.stderr
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1, r.stderr
-    return lines[0]
-
-
-def strict_json(raw: bytes) -> dict:
-    """Parses stdout as RFC 8259 JSON: UTF-8, no NaN or Infinity."""
-
-    def refuse(name: str) -> None:
-        raise AssertionError(f"non-standard JSON constant {name}")
-
-    return json.loads(raw.decode("utf-8"), parse_constant=refuse)
+pytestmark = pytest.mark.usefixtures("smoe_stream")
 
 
 def failed_check(raw: bytes, vault: Path) -> dict:
@@ -97,7 +70,8 @@ def names(folder: Path) -> list[str]:
 # ---------------------------------------------------------------- outputs that are inputs
 
 
-def refused(out: Path, src: Path) -> str:
+def input_refusal(out: Path, src: Path) -> str:
+    """The line that refuses to write ``out`` over the input ``src``."""
     return (
         f"smoe-stream: {out}: the output is the input {src} itself; refusing to overwrite an input"
     )
@@ -114,8 +88,8 @@ def test_forward_output_that_is_the_vault_is_refused(how: str, tmp_path: Path) -
         out = tmp_path / "hard.f32"
         os.link(vault, out)
     before = names(tmp_path)
-    r = run("forward", vault, 0, 0, x, out)
-    assert one_line(r, 2) == refused(out, vault)
+    r = run("forward", vault, 0, 0, x, out, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == input_refusal(out, vault)
     assert vault.read_bytes() == GOOD.read_bytes()
     assert names(tmp_path) == before
 
@@ -125,8 +99,8 @@ def test_forward_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     data = x.read_bytes()
     link = tmp_path / "y.f32"
     link.symlink_to(x)
-    r = run("forward", vault, 0, 0, x, link)
-    assert one_line(r, 2) == refused(link, x)
+    r = run("forward", vault, 0, 0, x, link, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == input_refusal(link, x)
     assert x.read_bytes() == data and link.is_symlink()
 
 
@@ -136,8 +110,8 @@ def test_dequant_output_that_is_the_vault_is_refused(tensor: str, tmp_path: Path
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     os.link(vault, out_dir / f"{tensor}.f32")
-    r = run("dequant", vault, 0, 0, out_dir)
-    assert one_line(r, 2) == refused(out_dir / f"{tensor}.f32", vault)
+    r = run("dequant", vault, 0, 0, out_dir, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == input_refusal(out_dir / f"{tensor}.f32", vault)
     assert vault.read_bytes() == GOOD.read_bytes()
     assert names(out_dir) == [f"{tensor}.f32"]
 
@@ -152,7 +126,7 @@ def test_dequant_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Pa
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "gate.f32").symlink_to(target)
-    r = run("dequant", vault, 0, 0, out_dir)
+    r = run("dequant", vault, 0, 0, out_dir, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     assert target.read_bytes() == b"keep me\n"
     assert not (out_dir / "gate.f32").is_symlink()
@@ -168,45 +142,12 @@ def test_outputs_replace_planted_symlinks(command: str, tmp_path: Path) -> None:
     out = tmp_path / "out.f32"
     out.symlink_to(target)
     args = ("forward", vault, 0, 0, x, out) if command == "forward" else ("fp16-table", out)
-    r = run(*args)
+    r = run(*args, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     assert target.read_bytes() == b"keep me\n"
     assert not out.is_symlink()
     assert out.stat().st_size == (D_MODEL if command == "forward" else 65536) * 4
     assert names(tmp_path) == sorted(["out.f32", "precious", "v.smoe", "x.f32"])
-
-
-class SmallFs:
-    """A tmpfs of a given size mounted for one test (root only), unmounted afterwards."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.mounted = False
-
-    def mount(self, options: str) -> Path:
-        if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs is not permitted here: not running as root")
-        self.path.mkdir(exist_ok=True)
-        r = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(self.path)],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            why = r.stderr.strip()
-            if "permission denied" in why.lower() or "not permitted" in why.lower():
-                pytest.skip(f"mounting a tmpfs is not permitted here: {why}")
-            pytest.fail(f"mount failed: {why}")
-        self.mounted = True
-        return self.path
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path):
-    fs = SmallFs(tmp_path / "small")
-    yield fs
-    if fs.mounted:
-        subprocess.run(["umount", str(fs.path)], check=True)
 
 
 def fill(folder: Path) -> None:
@@ -223,11 +164,11 @@ def fill(folder: Path) -> None:
         os.close(fd)
 
 
-def test_enospc_leaves_nothing_under_the_final_name(small_fs, tmp_path: Path) -> None:
-    small = small_fs.mount("size=64k")
+def test_enospc_leaves_nothing_under_the_final_name(tmpfs, tmp_path: Path) -> None:
+    small = tmpfs("small", "size=64k")
     out = small / "t.f32"
-    r = run("fp16-table", out)
-    line = one_line(r, 2)
+    r = run("fp16-table", out, command=STREAM, raw_stdout=True)
+    line = refused(r, 2)
     m = re.fullmatch(
         f"smoe-stream: {re.escape(str(out))}: cannot write (\\d+) bytes at "
         "offset (\\d+): No space left on device",
@@ -238,35 +179,33 @@ def test_enospc_leaves_nothing_under_the_final_name(small_fs, tmp_path: Path) ->
     assert names(small) == []
 
 
-def test_enospc_in_dequant_writes_none_of_the_three(small_fs, tmp_path: Path) -> None:
+def test_enospc_in_dequant_writes_none_of_the_three(tmpfs, tmp_path: Path) -> None:
     vault = copy_vault(tmp_path)
-    small = small_fs.mount("size=16k")  # room for two of the three 8 KiB matrices
-    r = run("dequant", vault, 0, 0, small)
-    assert one_line(r, 2) == (
+    small = tmpfs("small", "size=16k")  # room for two of the three 8 KiB matrices
+    r = run("dequant", vault, 0, 0, small, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == (
         f"smoe-stream: {small}/down.f32: cannot write 8192 bytes at "
         "offset 0: No space left on device"
     )
     assert names(small) == []
 
 
-def test_enospc_in_forward(small_fs, tmp_path: Path) -> None:
+def test_enospc_in_forward(tmpfs, tmp_path: Path) -> None:
     vault, x = copy_vault(tmp_path), x_file(tmp_path)
-    small = small_fs.mount("size=64k")
+    small = tmpfs("small", "size=64k")
     fill(small)
-    r = run("forward", vault, 0, 0, x, small / "y.f32")
-    assert one_line(r, 2) == (
+    r = run("forward", vault, 0, 0, x, small / "y.f32", command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == (
         f"smoe-stream: {small}/y.f32: cannot write 256 bytes at offset 0: No space left on device"
     )
     assert names(small) == ["filler"]
 
 
-def test_read_only_filesystem(small_fs, tmp_path: Path) -> None:
+def test_read_only_filesystem(tmpfs, tmp_path: Path) -> None:
     vault = copy_vault(tmp_path)
-    small = small_fs.mount("ro,size=64k")
-    r = run("dequant", vault, 0, 0, small)
-    assert one_line(r, 2) == (
-        f"smoe-stream: {small}/gate.f32: cannot create: Read-only file system"
-    )
+    small = tmpfs("small", "ro,size=64k")
+    r = run("dequant", vault, 0, 0, small, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == (f"smoe-stream: {small}/gate.f32: cannot create: Read-only file system")
     assert names(small) == []
 
 
@@ -291,15 +230,15 @@ def fifo_cases(tmp_path: Path) -> list[tuple[tuple, Path]]:
 
 def test_fifo_inputs_are_refused_at_once(tmp_path: Path) -> None:
     for args, fifo in fifo_cases(tmp_path):
-        r = run(*args)  # a hang would raise TimeoutExpired
-        assert one_line(r, 2) == f"smoe-stream: {fifo}: not a regular file (a FIFO)", args
+        r = run(*args, command=STREAM, raw_stdout=True)  # a hang would raise TimeoutExpired
+        assert refused(r, 2) == f"smoe-stream: {fifo}: not a regular file (a FIFO)", args
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("path,kind", [("/dev/null", "a character device"), (".", "a folder")])
 def test_other_non_regular_vaults_are_refused(path: str, kind: str) -> None:
-    r = run("check", "--deep", path)
-    assert one_line(r, 2) == f"smoe-stream: {path}: not a regular file ({kind})"
+    r = run("check", "--deep", path, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == f"smoe-stream: {path}: not a regular file ({kind})"
 
 
 # ---------------------------------------------------------------- truncation
@@ -328,7 +267,7 @@ def test_vault_truncated_in_a_blob_fails_cleanly_in_every_command(tmp_path: Path
         ("dequant", path, 0, 0, tmp_path / "out"),
         ("bench", path, "--seconds", "0.1"),
     ):
-        assert one_line(run(*args), 1) == expected, args
+        assert refused(run(*args, command=STREAM, raw_stdout=True), 1) == expected, args
     assert names(tmp_path) == ["cut.smoe", "x.f32"]
 
 
@@ -336,19 +275,9 @@ def test_vault_truncated_in_a_blob_fails_cleanly_in_every_command(tmp_path: Path
 def shrink_lib(tmp_path_factory) -> Path:
     """harness/tests/shrink_preload.c: truncates the vault at a fixed point of the reads."""
     lib = tmp_path_factory.mktemp("preload") / "shrink.so"
-    subprocess.run(
-        [
-            "cc",
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-o",
-            str(lib),
-            str(ROOT / "harness" / "tests" / "shrink_preload.c"),
-            "-ldl",
-        ],
-        check=True,
-    )
+    src = ROOT / "harness" / "tests" / "shrink_preload.c"
+    proc = run("-shared", "-fPIC", "-O1", "-o", lib, src, "-ldl", command=["cc"])
+    assert proc.returncode == 0, proc.stderr
     return lib
 
 
@@ -370,15 +299,14 @@ def test_vault_shrinking_under_the_reader_fails_cleanly(shrink_lib: Path, tmp_pa
     for args, what in cases:
         vault = copy_vault(tmp_path)
         args = tuple(vault if a == "@" else a for a in args) if "@" in args else (*args, vault)
-        env = {
-            **os.environ,
-            "LD_PRELOAD": str(shrink_lib),
-            "SMOE_SHRINK_FILE": str(vault),
-            "SMOE_SHRINK_AT": str(EXPERTS[0]["byte_offset"]),
-            "SMOE_SHRINK_TO": str(start + 1000),
-        }
-        r = run(*args, env=env)
-        assert one_line(r, 2) == f"smoe-stream: {vault}: file shrank while reading: {what}"
+        env = plain_env(
+            LD_PRELOAD=str(shrink_lib),
+            SMOE_SHRINK_FILE=str(vault),
+            SMOE_SHRINK_AT=str(EXPERTS[0]["byte_offset"]),
+            SMOE_SHRINK_TO=str(start + 1000),
+        )
+        r = run(*args, env=env, command=STREAM, raw_stdout=True)
+        assert refused(r, 2) == f"smoe-stream: {vault}: file shrank while reading: {what}"
         assert vault.stat().st_size == start + 1000  # the shim did cut it
     assert names(tmp_path) == ["v.smoe", "x.f32"]
 
@@ -403,7 +331,7 @@ def test_check_json_is_valid_utf8_for_any_path(raw: bytes, tmp_path: Path) -> No
     path = os.fsencode(tmp_path) + b"/" + raw + b".smoe"
     with open(path, "wb") as f:
         f.write(GOOD.read_bytes())
-    r = run("check", "--json", os.fsdecode(path))
+    r = run("check", "--json", os.fsdecode(path), command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
     assert out["vault"] == path.decode("utf-8", "replace")  # U+FFFD per ill-formed subpart
@@ -417,7 +345,7 @@ def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
     struct.pack_into("<f", data, arch + 56, float("inf"))  # rms_norm_eps
     path = tmp_path / "nan.smoe"
     path.write_bytes(bytes(data))
-    r = run("check", "--json", path)
+    r = run("check", "--json", path, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
     assert out["arch"]["rope_theta"] is None and out["arch"]["rms_norm_eps"] is None
@@ -430,7 +358,7 @@ def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
         ("arch.rope_theta", "arch.rope_theta", arch + 16, "finite", "nan", "nan"),
         ("arch.rms_norm_eps", "arch.rms_norm_eps", arch + 56, "finite", "inf", "inf"),
     ]
-    text = run("check", path)
+    text = run("check", path, command=STREAM, raw_stdout=True)
     assert text.returncode == 0 and text.stdout.decode().splitlines()[1:] == [
         f"warning: arch.rope_theta at offset {arch + 16:#x} (arch.rope_theta): rope_theta is "
         "not finite [expected finite, got nan]",
@@ -441,15 +369,15 @@ def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
 
 def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
     missing = tmp_path / "missing.smoe"
-    r = run("check", "--json", missing)
-    assert one_line(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
+    r = run("check", "--json", missing, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
     assert strict_json(r.stdout) == {
         "schema": "smoe-findings/1",
         "ok": False,
         "error": {"message": f"{missing}: cannot open: No such file or directory", "exit_code": 2},
     }
 
-    r = run("check", "--json", "--bogus", GOOD)
+    r = run("check", "--json", "--bogus", GOOD, command=STREAM, raw_stdout=True)
     assert r.returncode == 2
     assert r.stderr.startswith("smoe-stream: check: unknown option --bogus\nusage: ")
     assert strict_json(r.stdout) == {
@@ -458,7 +386,7 @@ def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
         "error": {"message": "check: unknown option --bogus", "exit_code": 2},
     }
 
-    r = run("check", "--json")
+    r = run("check", "--json", command=STREAM, raw_stdout=True)
     assert r.returncode == 2
     assert strict_json(r.stdout)["error"] == {"message": "check: VAULT missing", "exit_code": 2}
 
@@ -467,8 +395,8 @@ def test_check_json_of_a_file_shorter_than_a_header(tmp_path: Path) -> None:
     """Judged (the findings document, code header.size) but unreadable: exit status 2."""
     path = tmp_path / "short.smoe"
     path.write_bytes(GOOD.read_bytes()[:30])
-    r = run("check", "--json", path)
-    assert one_line(r, 2) == (
+    r = run("check", "--json", path, command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == (
         f"smoe-stream: {path}: header.size at offset 0 (header): file of "
         "30 bytes is shorter than the 64-byte header"
     )
@@ -497,7 +425,7 @@ def test_crc32c_both_implementations_match_the_crc32c_package(size: int, tmp_pat
     data = random.Random(size).randbytes(size)
     path = tmp_path / "data.bin"
     path.write_bytes(data)
-    r = run("crc32c", path)
+    r = run("crc32c", path, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
     want = crc32c.crc32c(data)
@@ -511,7 +439,7 @@ def test_crc32c_both_implementations_match_the_crc32c_package(size: int, tmp_pat
 def test_crc32c_of_the_check_value(tmp_path: Path) -> None:
     path = tmp_path / "check.txt"
     path.write_bytes(b"123456789")
-    out = strict_json(run("crc32c", path).stdout)
+    out = strict_json(run("crc32c", path, command=STREAM, raw_stdout=True).stdout)
     assert out["crc32c"] == out["portable"] == out["portable_chunked"] == 0xE3069283
     assert out["sse42"] in (None, 0xE3069283) and out["sse42_chunked"] in (None, 0xE3069283)
 
@@ -584,9 +512,9 @@ def side(vault: Path) -> Path:
 
 def expect(vault: Path, code: str, offset: int, field: str, message: str, *extra: object) -> None:
     """`check --deep` fails with exactly this rule line, and --json with its error."""
-    r = run("check", "--deep", vault, *extra)
-    assert one_line(r, 1) == f"smoe-stream: {vault}: {code} at offset {offset} ({field}): {message}"
-    r = run("check", "--deep", "--json", vault, *extra)
+    r = run("check", "--deep", vault, *extra, command=STREAM, raw_stdout=True)
+    assert refused(r, 1) == f"smoe-stream: {vault}: {code} at offset {offset} ({field}): {message}"
+    r = run("check", "--deep", "--json", vault, *extra, command=STREAM, raw_stdout=True)
     assert r.returncode == 1
     err = failed_check(r.stdout, vault)
     assert (err["code"], err["field"], err["offset"], err["message"]) == (
@@ -598,27 +526,27 @@ def expect(vault: Path, code: str, offset: int, field: str, message: str, *extra
 
 
 def test_matching_manifest_passes(vault: Path) -> None:
-    r = run("check", "--deep", vault)
+    r = run("check", "--deep", vault, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     assert r.stdout.decode().splitlines()[:2] == [
         f"{vault}: valid SMOE-Q4 v2 vault, 8 experts",
         f"manifest {side(vault)}: size, 8 experts and their CRC-32C match",
     ]
-    r = run("check", "--deep", "--json", vault)
+    r = run("check", "--deep", "--json", vault, command=STREAM, raw_stdout=True)
     assert strict_json(r.stdout)["manifest"] == str(side(vault))
 
 
 def test_manifest_is_only_read_with_deep(vault: Path) -> None:
     write_manifest(side(vault), "not json")
-    r = run("check", "--json", vault)
+    r = run("check", "--json", vault, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     assert strict_json(r.stdout)["manifest"] is None
 
 
 def test_vault_without_manifest_checks_as_before(tmp_path: Path) -> None:
     path = copy_vault(tmp_path)
-    r = run("check", "--deep", "--json", path)
+    r = run("check", "--deep", "--json", path, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
     assert out["valid"] is True and out["deep"] is True and out["manifest"] is None
@@ -648,7 +576,8 @@ def test_zeroed_blob(vault: Path) -> None:
     want = crc32c.crc32c(bytes(data[e["byte_offset"] : e["byte_offset"] + e["raw_size"]]))
     data[e["byte_offset"] : e["byte_offset"] + e["raw_size"]] = bytes(e["raw_size"])
     vault.write_bytes(bytes(data))
-    assert run("check", "--deep", "--no-manifest", vault).returncode == 0  # looks plausible
+    r = run("check", "--deep", "--no-manifest", vault, command=STREAM, raw_stdout=True)
+    assert r.returncode == 0  # looks plausible
     expect(
         vault,
         "manifest.checksum",
@@ -815,14 +744,15 @@ def test_escaped_unicode_and_lone_surrogates_are_accepted(vault: Path) -> None:
     text = json.dumps(m, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
     assert "\\udcff" in text and "\\ud83d\\ude00" in text
     write_manifest(side(vault), text)
-    assert run("check", "--deep", vault).returncode == 0
+    assert run("check", "--deep", vault, command=STREAM, raw_stdout=True).returncode == 0
 
 
 def test_nesting_is_bounded(vault: Path) -> None:
     m = manifest_for(vault)
     m["tool"]["options"]["deep"] = json.loads("[" * 13 + "]" * 13)  # 16 levels in all: fine
     write_manifest(side(vault), m)
-    assert run("check", "--deep", vault).returncode == 0, side(vault).read_text()[:200]
+    r = run("check", "--deep", vault, command=STREAM, raw_stdout=True)
+    assert r.returncode == 0, side(vault).read_text()[:200]
     deep = '"source": {"deep": ' + "[" * 15 + "]" * 15 + ", "
     text = good_text(vault).replace('"source": {', deep, 1)
     write_manifest(side(vault), text)
@@ -930,25 +860,28 @@ def test_unknown_keys_are_ignored(vault: Path) -> None:
     m["later"] = {"anything": [1.5e300, -2, "\u00e9", True, None]}
     m["experts"][0]["extra"] = {"a": [1, 2, 3]}
     write_manifest(side(vault), m)
-    assert run("check", "--deep", vault).returncode == 0
+    assert run("check", "--deep", vault, command=STREAM, raw_stdout=True).returncode == 0
 
 
 def test_manifest_option_and_no_manifest(vault: Path, tmp_path: Path) -> None:
     elsewhere = write_manifest(tmp_path / "other.json", manifest_for(vault))
     write_manifest(side(vault), "not json")
-    r = run("check", "--deep", vault, "--manifest", elsewhere)
+    r = run("check", "--deep", vault, "--manifest", elsewhere, command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     assert f"manifest {elsewhere}: " in r.stdout.decode()
-    assert run("check", "--deep", "--no-manifest", vault).returncode == 0
+    assert (
+        run("check", "--deep", "--no-manifest", vault, command=STREAM, raw_stdout=True).returncode
+        == 0
+    )
     missing = tmp_path / "missing.json"
-    r = run("check", "--deep", vault, f"--manifest={missing}")
-    assert one_line(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
+    r = run("check", "--deep", vault, f"--manifest={missing}", command=STREAM, raw_stdout=True)
+    assert refused(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
     for args in (
         ("--manifest", elsewhere),
         ("--no-manifest",),
         ("--deep", "--no-manifest", "--manifest", elsewhere),
     ):
-        r = run("check", vault, *args)
+        r = run("check", vault, *args, command=STREAM, raw_stdout=True)
         assert r.returncode == 2
         assert r.stderr.splitlines()[0].startswith("smoe-stream: check: --manifest and ")
 
@@ -970,11 +903,10 @@ def test_manifest_of_another_vault(vault: Path, tmp_path: Path) -> None:
     )
 
 
-SANITIZER_ENV = {
-    **os.environ,
-    "ASAN_OPTIONS": "exitcode=86:max_allocation_size_mb=256:detect_leaks=1",
-    "UBSAN_OPTIONS": "exitcode=87:print_stacktrace=1",
-}
+SANITIZER_ENV = plain_env(
+    ASAN_OPTIONS="exitcode=86:max_allocation_size_mb=256:detect_leaks=1",
+    UBSAN_OPTIONS="exitcode=87:print_stacktrace=1",
+)
 INSERTS = [
     b"[",
     b"{",
@@ -994,10 +926,12 @@ INSERTS = [
 ]
 
 
-def test_mutated_manifests_never_crash_under_sanitizers(tmp_path: Path) -> None:
+def test_mutated_manifests_never_crash_under_sanitizers(
+    make: Callable[..., None], tmp_path: Path
+) -> None:
     """300 seeded mutations of a manifest (bytes replaced, cut, spliced in): the ASan/UBSan
     build exits 0 or 1 with a manifest finding, never crashes or reports."""
-    subprocess.run(["make", "-s", "build/asan/smoe-stream"], cwd=ROOT, check=True)
+    make("build/asan/smoe-stream")
     vault = copy_vault(tmp_path)
     base = good_text(vault).encode()
     rng = random.Random(10)
@@ -1016,8 +950,8 @@ def test_mutated_manifests_never_crash_under_sanitizers(tmp_path: Path) -> None:
             else:
                 del data[pos:]
         side(vault).write_bytes(bytes(data))
-        cmd = [str(ROOT / "build" / "asan" / "smoe-stream"), "check", "--deep", "--json", vault]
-        r = subprocess.run(cmd, capture_output=True, timeout=60, env=SANITIZER_ENV)
+        asan = [ROOT / "build" / "asan" / "smoe-stream"]
+        r = run("check", "--deep", "--json", vault, command=asan, env=SANITIZER_ENV, text=False)
         assert r.returncode in (0, 1), (bytes(data)[:300], r.stderr[-2000:])
         if r.returncode == 1:
             assert failed_check(r.stdout, vault)["code"].startswith("manifest.")

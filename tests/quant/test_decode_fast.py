@@ -17,10 +17,12 @@ import pytest
 
 from smoe import quant
 from smoe.errors import SmoeError
+from smoe.quant import dispatch
 from smoe.vault.reader import Vault
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
 from fixtures_data import FIXTURES, GOOD
+from helpers import plain_env, python
 
 pytest.importorskip("numba", reason="the compiled decoder is optional: pip install 'smoe[fast]'")
 
@@ -54,10 +56,10 @@ def random_codes(n: int, bits: int, seed: int, scale_bits: np.ndarray | None = N
 
 
 def test_kernels_are_used_here() -> None:
-    assert quant._decode_kernels(1, "fast") is decode_kernels
-    assert quant._decode_kernels(1 << 30, "numpy") is None
-    assert quant._decode_kernels(quant.FAST_MIN_WEIGHTS - 1, "auto") is None
-    assert quant._decode_kernels(quant.FAST_MIN_WEIGHTS, "auto") is decode_kernels
+    assert dispatch.decode_kernels(1, "fast") is decode_kernels
+    assert dispatch.decode_kernels(1 << 30, "numpy") is None
+    assert dispatch.decode_kernels(quant.FAST_MIN_WEIGHTS - 1, "auto") is None
+    assert dispatch.decode_kernels(quant.FAST_MIN_WEIGHTS, "auto") is decode_kernels
 
 
 def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +68,7 @@ def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     spy = ModuleType("spy")
     spy.__dict__["decode_into"] = lambda p, s, bits, out: calls.append(out.size)
-    monkeypatch.setitem(quant._FAST, "decode", spy)
+    monkeypatch.setitem(dispatch._FAST, "decode", spy)
     for n in (GROUP_SIZE * 2, quant.FAST_MIN_WEIGHTS):
         packed, scales = random_codes(n, 4, n, np.ones(n // GROUP_SIZE, np.float16).view(np.uint16))
         quant.decode(packed, scales, 4, (n,))
@@ -82,7 +84,7 @@ def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_without_numba_auto_falls_back_and_fast_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(quant._FAST, "decode", None)  # as if importing the kernels failed
+    monkeypatch.setitem(dispatch._FAST, "decode", None)  # as if importing the kernels failed
     n = quant.FAST_MIN_WEIGHTS
     packed, scales = random_codes(n, 4, 0, np.arange(n // GROUP_SIZE, dtype=np.uint16))
     ref = quant.decode(packed, scales, 4, (n,), kernel="numpy")
@@ -217,9 +219,6 @@ def test_first_compile_prints_nothing(tmp_path: Path) -> None:
     """On an empty numba cache (a user's first export) compiling every variant of the
     decoder (float32 and bfloat16 out, read-only and writable codes) writes nothing to
     stderr: no numba warning reaches the user."""
-    import os
-    import subprocess
-    import sys
 
     code = (
         "import sys, numpy as np\n"
@@ -230,13 +229,8 @@ def test_first_compile_prints_nothing(tmp_path: Path) -> None:
         "    for fn in (quant.decode, quant.decode_bf16):\n"
         "        fn(packed, t.scales, t.bits, t.shape, kernel='fast')\n"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    env = plain_env(NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     for bits in ("q4", "q2"):
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(FIXTURES / f"{bits}_v2.smoe")],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+        proc = python(code, FIXTURES / f"{bits}_v2.smoe", env=env)
         assert (proc.returncode, proc.stderr) == (0, "")
     assert any((tmp_path / "numba").rglob("*.nbi"))  # it did compile into the empty cache

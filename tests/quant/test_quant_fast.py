@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,13 +22,16 @@ from hypothesis import strategies as st
 
 from smoe import quant
 from smoe.errors import SmoeError
+from smoe.quant import dispatch
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
 pytest.importorskip("numba", reason="the compiled encoder is optional: pip install 'smoe[fast]'")
 
 from smoe.quant.kernels import encode as quant_kernels  # (needs numba)
 
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures_data import FIXTURES
+from helpers import plain_env, run
+
 MODES = ("optimal", "absmax")
 WIDTHS_AND_MODES = [(b, m) for b in SUPPORTED_BITS for m in MODES]
 
@@ -160,7 +161,7 @@ def test_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_without_numba_auto_falls_back_and_fast_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(quant._FAST, "module", None)  # as if importing the kernels failed
+    monkeypatch.setitem(dispatch._FAST, "module", None)  # as if importing the kernels failed
     w = weights(1 << 17, ["0.02"], 0)
     assert quant.fast_kernels(4, "optimal", w.size, "auto") is None
     assert not quant.prepare_fast(4)
@@ -180,22 +181,19 @@ def test_prepare_fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fixtures_regenerate_identically_with_the_compiled_encoder(tmp_path: Path) -> None:
-    env = {**os.environ, quant.KERNEL_ENV: "fast"}
-    subprocess.run(
-        [sys.executable, str(ROOT / "fixtures" / "generate.py"), str(tmp_path)], check=True, env=env
-    )
+    env = plain_env(**{quant.KERNEL_ENV: "fast"})
+    proc = run(FIXTURES / "generate.py", tmp_path, command=[sys.executable], env=env)
+    assert proc.returncode == 0, proc.stderr
     vaults = sorted(tmp_path.glob("*.smoe"))
     assert vaults
     for path in vaults:
-        assert path.read_bytes() == (ROOT / "fixtures" / path.name).read_bytes(), path.name
+        assert path.read_bytes() == (FIXTURES / path.name).read_bytes(), path.name
 
 
 @functools.cache
 def fixture_tensors() -> list[tuple[str, np.ndarray]]:
     """Every weight matrix of the committed fixtures, from fixtures/generate.py."""
-    spec = importlib.util.spec_from_file_location(
-        "fixture_generate", ROOT / "fixtures" / "generate.py"
-    )
+    spec = importlib.util.spec_from_file_location("fixture_generate", FIXTURES / "generate.py")
     gen = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = gen  # its dataclasses look their module up
     spec.loader.exec_module(gen)

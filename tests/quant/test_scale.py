@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,8 @@ from smoe.vault.reader import Vault
 from smoe.vault.upgrade import upgrade
 from smoe_testkit.synth import qwen3_235b_arch, write_sparse_vault
 
-ROOT = Path(__file__).resolve().parents[2]
-SMOE = [sys.executable, "-m", "smoe"]
+from helpers import run
+
 PAGE_BUDGET = 20_000  # minor faults (80 MB of 4 KiB pages); touching the blobs needs ~30 M
 ARCH = qwen3_235b_arch()
 
@@ -36,10 +35,10 @@ def faults_self() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def run_counting(cmd: list[str]) -> tuple[subprocess.CompletedProcess, int]:
-    """Run a command; also return the minor page faults it caused."""
+def run_counting(*args: object, **options: object) -> tuple[subprocess.CompletedProcess, int]:
+    """:func:`helpers.run` a command; also return the minor page faults it caused."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run(*args, **options)
     return proc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - before
 
 
@@ -54,20 +53,19 @@ def test_open_and_verify_in_process_touch_no_blob(big: Path) -> None:
     assert faults_self() - before < PAGE_BUDGET
 
 
-def test_cli_verify_dump_and_cpp_check(big: Path) -> None:
-    proc, faults = run_counting([*SMOE, "verify", "--json", str(big)])
+def test_cli_verify_dump_and_cpp_check(big: Path, smoe_stream: Path) -> None:
+    proc, faults = run_counting("verify", "--json", big)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["errors"] == 0
     assert faults < PAGE_BUDGET + 40_000  # plus the interpreter and numpy themselves
-    proc, faults = run_counting([*SMOE, "dump", str(big)])
+    proc, faults = run_counting("dump", big)
     assert proc.returncode == 0
     assert "expert table (12032 entries, 94 layers)" in proc.stdout
     assert len(proc.stdout.splitlines()) < 400  # a line or two per layer, not 36,000 lines
-    proc, _ = run_counting([*SMOE, "dump", "--json", str(big)])
+    proc, _ = run_counting("dump", "--json", big)
     out = json.loads(proc.stdout)
     assert len(out["experts"]) == 12_032 and len(out["experts"][-1]["tensors"]) == 3
-    subprocess.run(["make", "-s", "build/smoe-stream"], cwd=ROOT, check=True)
-    proc, faults = run_counting([str(ROOT / "build" / "smoe-stream"), "check", "--json", str(big)])
+    proc, faults = run_counting("check", "--json", big, command=[smoe_stream])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["experts"] == 12_032
     assert faults < PAGE_BUDGET

@@ -10,8 +10,6 @@ import json
 import os
 import pickle
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -27,8 +25,8 @@ from smoe.vault.writer import encode_blob
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 from smoe_testkit.synth import write_checkpoint
 
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+from helpers import run, strict_json
+
 MODES = ("optimal", "absmax")
 SOURCES = ("f32", "f16", "bf16")
 SHAPE = (40, 70)  # rows straddle groups; 2800 weights = 43 groups + a partial one
@@ -216,13 +214,6 @@ def result(snr: dict, keys: list, bits: int | None = 4) -> SculptResult:
     )
 
 
-def strict_json(text: str) -> object:
-    def refuse(name: str) -> None:
-        raise ValueError(f"{name} is not JSON")
-
-    return json.loads(text, parse_constant=refuse)
-
-
 def test_summary_counts_exact_tensors_and_stays_json() -> None:
     keys = [(0, 0), (0, 1), (1, 0)]
     s = result(
@@ -326,12 +317,7 @@ def test_cli_refuses_and_writes_nothing(tmp_path: Path, case: str, jobs: int) ->
         patch(root, expert_tensor(layer, expert, name), row, col, value)
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run(
-        [*SMOE, "sculpt", str(root), str(out), "--jobs", str(jobs)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("sculpt", root, out, "--jobs", jobs)
     assert (proc.returncode, proc.stderr, proc.stdout) == (1, f"error: {message}\n", "")
     left = {p.name: p.stat().st_size for p in out.iterdir()}
     assert set(left) <= {f".{case}.smoe.lock"}  # no vault, scout, partial or journal
@@ -350,12 +336,7 @@ def test_cli_json_summary_with_an_all_zero_expert(tmp_path: Path) -> None:
             os.pwrite(fd, bytes(info.nbytes), info.offset)
     finally:
         os.close(fd)
-    proc = subprocess.run(
-        [*SMOE, "sculpt", str(root), str(tmp_path / "out"), "--json"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("sculpt", root, tmp_path / "out", "--json")
     assert (proc.returncode, proc.stderr) == (0, "")
     s = strict_json(proc.stdout)
     assert s["experts_written"] == 3 and s["snr_exact"] == 3

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from smoe import quant
+from smoe.quant.importance import prepare_importance
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
 KERNELS = ["numpy"] + (["fast"] if importlib.util.find_spec("numba") else [])
@@ -33,7 +34,7 @@ def channel_importance(cols: int, seed: int) -> np.ndarray:
 
 def prepared(imp: np.ndarray) -> np.ndarray:
     """The importance as the encoders use it (max 1, bfloat16 precision), float64."""
-    prepared = quant._prepare_importance(imp, (1, imp.size))
+    prepared = prepare_importance(imp, (1, imp.size))
     assert prepared is not None
     return prepared[0].astype(np.float64)
 

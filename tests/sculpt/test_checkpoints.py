@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,9 @@ from smoe.sculpt import SculptOptions, sculpt
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.vault.reader import Vault
 
-CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
-MANIFEST = json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"]
-CONVERT = sorted(k for k, v in MANIFEST.items() if v["expect"] == "convert")
-REFUSE = sorted(k for k, v in MANIFEST.items() if v["expect"] == "refuse")
+from fixtures_data import CKPT_MANIFEST as MANIFEST
+from fixtures_data import CKPTS, CONVERT, REFUSE
+
 SAME_AS_QWEN3 = ["qwen3_moe_fused", "qwen3_moe_sharded", "qwen3_moe_old_config"]
 
 

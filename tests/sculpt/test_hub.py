@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,12 +16,13 @@ from smoe.errors import SmoeError
 from smoe.sculpt import SculptOptions, sculpt
 from smoe.sculpt.source import hub
 
-CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
+from fixtures_data import CKPTS
+from helpers import python, run
+
 SINGLE = CKPTS / "qwen3_moe"  # config.json + model.safetensors
 SHARDED = CKPTS / "qwen3_moe_sharded"  # the same weights in 3 shards + index
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40
-SMOE = [sys.executable, "-m", "smoe"]
 
 
 # ---- a HuggingFace cache, as huggingface_hub lays it out -----------------------------------
@@ -91,17 +90,6 @@ def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-def smoe(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SMOE, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=os.environ,
-        timeout=300,
-    )
-
-
 def sources(manifest: Path) -> list[str]:
     """The checkpoint files a vault's manifest was made from."""
     return [f["name"] for f in json.loads(manifest.read_text())["source"]["files"]]
@@ -120,7 +108,7 @@ def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path, referenc
     cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     before = tree_state(hf_home)
     out = tmp_path / "out"
-    proc = smoe("sculpt", "org/name", out, "--jobs", "1", "--json")
+    proc = run("sculpt", "org/name", out, "--jobs", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # no progress bar or warning in a pipe
     summary = json.loads(proc.stdout)
@@ -138,7 +126,7 @@ def test_model_id_from_the_cache_offline(hf_home: Path, tmp_path: Path, referenc
 def test_name_overrides_the_model_name(hf_home: Path, tmp_path: Path) -> None:
     cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     out = tmp_path / "out"
-    proc = smoe("sculpt", "org/name", out, "--jobs", "1", "--name", "q4-test")
+    proc = run("sculpt", "org/name", out, "--jobs", "1", "--name", "q4-test")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "q4-test.config.json",
@@ -150,7 +138,7 @@ def test_name_overrides_the_model_name(hf_home: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("stem", ["", ".", "..", "a/b"])
 def test_a_name_that_is_no_file_name_is_a_usage_error(stem: str, tmp_path: Path) -> None:
-    proc = smoe("sculpt", SINGLE, tmp_path / "out", "--name", stem)
+    proc = run("sculpt", SINGLE, tmp_path / "out", "--name", stem)
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: argument --name: output name {stem!r}: not a file name")
@@ -164,13 +152,13 @@ def test_revision_picks_another_snapshot(hf_home: Path, tmp_path: Path) -> None:
     cache_model(cache, "org/name", SHARDED, COMMIT_B, refs=("v2",))
     before = tree_state(hf_home)
     runs = {"main": (), "tag": ("--revision", "v2"), "hash": ("--revision", COMMIT_B)}
-    for run, extra in runs.items():
-        proc = smoe("sculpt", "org/name", tmp_path / run, "--jobs", "1", *extra)
+    for name, extra in runs.items():
+        proc = run("sculpt", "org/name", tmp_path / name, "--jobs", "1", *extra)
         assert proc.returncode == 0, proc.stderr
     assert sources(tmp_path / "main" / "name.smoe.manifest.json") == ["model.safetensors"]
     shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-    for run in ("tag", "hash"):
-        assert sources(tmp_path / run / "name.smoe.manifest.json") == shards
+    for name in ("tag", "hash"):
+        assert sources(tmp_path / name / "name.smoe.manifest.json") == shards
     assert tree_state(hf_home) == before
 
 
@@ -179,7 +167,7 @@ def test_a_snapshot_folder_given_as_a_path_is_named_after_the_model(
 ) -> None:
     snap = cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     before = tree_state(hf_home)
-    proc = smoe("sculpt", snap, tmp_path / "out", "--jobs", "1")
+    proc = run("sculpt", snap, tmp_path / "out", "--jobs", "1")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "name.smoe").is_file()
     assert not (tmp_path / "out" / f"{COMMIT_A}.smoe").exists()
@@ -193,7 +181,7 @@ def test_an_uncached_id_offline_is_refused_in_one_line(hf_home: Path, tmp_path: 
         (["org/other"], "org/other"),
         (["org/name", "--revision", "v9"], "org/name (revision v9)"),
     ):
-        proc = smoe("sculpt", *args, tmp_path / "out")
+        proc = run("sculpt", *args, tmp_path / "out")
         assert proc.returncode == 1
         assert proc.stderr.splitlines() == [
             f"error: {what}: no such folder, and the model is not in {where}, while the "
@@ -206,7 +194,7 @@ def test_neither_a_folder_nor_a_model_id_is_not_a_checkpoint_directory(
     hf_home: Path, tmp_path: Path
 ) -> None:
     for arg in ("no/such/folder", "bad-/id", "org/na--me"):
-        proc = smoe("sculpt", arg, tmp_path / "out")
+        proc = run("sculpt", arg, tmp_path / "out")
         assert proc.returncode == 1
         assert proc.stderr.splitlines() == [f"error: {arg}: not a checkpoint directory"]
 
@@ -216,23 +204,13 @@ def test_without_huggingface_hub_an_id_asks_for_the_extra(tmp_path: Path) -> Non
         "import sys; sys.modules['huggingface_hub'] = None; from smoe.cli import main; "
         "sys.exit(main(sys.argv[1:]))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "sculpt", "org/name", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python(code, "sculpt", "org/name", tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
         "error: a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
     ]
     # a folder needs no extra
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "sculpt", "--dry-run", str(SINGLE), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python(code, "sculpt", "--dry-run", SINGLE, tmp_path)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -242,7 +220,7 @@ def test_cached_files_keep_the_strict_input_rules(hf_home: Path, tmp_path: Path)
     snap = cache_model(hf_home / "hub", "org/name", SINGLE, COMMIT_A, refs=("main",))
     blob = (snap / "model.safetensors").resolve()
     blob.write_bytes(blob.read_bytes()[:-100])
-    proc = smoe("sculpt", "org/name", tmp_path / "out")
+    proc = run("sculpt", "org/name", tmp_path / "out")
     assert proc.returncode == 1
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: {snap / 'model.safetensors'}: ")

@@ -13,6 +13,7 @@ import os
 import struct
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,8 @@ from smoe.plumbing.fileio import NotRegular
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.sculpt.source.imatrix import ALL_ZERO, NO_COUNT, NO_ENTRY, Fallback, ImportanceMatrix
 from smoe_testkit.synth import write_checkpoint
+
+from helpers import refused
 
 gguf = pytest.importorskip("gguf", reason="the optional extra smoe[imatrix] (gguf) is missing")
 
@@ -139,12 +142,6 @@ def write_dat(
         rows.append((name.encode(), ncall, values.size, values.astype("<f4").tobytes()))
     path.write_bytes(dat_bytes(rows, trailer() if tail is None else tail))
     return path
-
-
-def refused(path: Path, message: str) -> None:
-    with pytest.raises(SmoeError) as e:
-        ImportanceMatrix.open(path)
-    assert str(e.value) == message
 
 
 def tensor_offset(path: Path, name: str) -> int:
@@ -410,9 +407,8 @@ def test_fifo_and_folder_are_refused_at_once(tmp_path: Path) -> None:
 def test_without_the_gguf_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_gguf(tmp_path / "imatrix.gguf", moe_entries())
     monkeypatch.setitem(sys.modules, "gguf", None)
-    refused(
-        path,
-        "reading llama.cpp importance matrices needs the gguf package: pip install 'smoe[imatrix]'",
+    assert refused(partial(ImportanceMatrix.open, path)) == (
+        "reading llama.cpp importance matrices needs the gguf package: pip install 'smoe[imatrix]'"
     )
 
 
@@ -423,33 +419,39 @@ def gguf_case(tmp_path: Path, **kw: object) -> Path:
 def test_gguf_header_refusals(tmp_path: Path) -> None:
     vt = gguf.GGUFValueType
     p = gguf_case(tmp_path, general_type="model")
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: not a llama.cpp importance matrix: general.type at offset 24 is 'model', "
         "expected 'imatrix' (a GGUF model is not an importance matrix; llama-imatrix "
-        "makes one)",
+        "makes one)"
     )
     p = gguf_case(tmp_path, general_type=None)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: not a llama.cpp importance matrix: no general.type key (llama-imatrix "
-        "writes general.type = imatrix)",
+        "writes general.type = imatrix)"
     )
     p = gguf_case(tmp_path, general_type=(7, vt.UINT32))
-    refused(p, f"{p}: key general.type at offset 24 is UINT32, expected a STRING")
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: key general.type at offset 24 is UINT32, expected a STRING"
+    )
     p = gguf_case(tmp_path, chunk_count=None)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: has no imatrix.chunk_count key (llama-imatrix writes imatrix.datasets, "
         "imatrix.chunk_count and imatrix.chunk_size; llama-quantize refuses a file "
-        "without them)",
+        "without them)"
     )
     p = gguf_case(tmp_path, chunk_size=(512, vt.INT32))
     at = tensor_info_offset(p, 0, "imatrix.chunk_size")
-    refused(p, f"{p}: key imatrix.chunk_size at offset {at} is INT32, expected UINT32")
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: key imatrix.chunk_size at offset {at} is INT32, expected UINT32"
+    )
     p = gguf_case(tmp_path, datasets=("x", vt.STRING))
     at = tensor_info_offset(p, 0, "imatrix.datasets")
-    refused(p, f"{p}: key imatrix.datasets at offset {at} is STRING, expected an array of STRING")
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: key imatrix.datasets at offset {at} is STRING, expected an array of STRING"
+    )
 
 
 def test_gguf_version_and_counts_refusals(tmp_path: Path) -> None:
@@ -465,14 +467,13 @@ def test_gguf_version_and_counts_refusals(tmp_path: Path) -> None:
     ):
         data[4:8] = struct.pack("<I", version)
         p.write_bytes(data)
-        refused(p, f"{p}: {message}")
+        assert refused(partial(ImportanceMatrix.open, p)) == f"{p}: {message}"
     data[4:8] = struct.pack("<I", 3)
     data[8:16] = struct.pack("<Q", 1 << 40)
     p.write_bytes(data)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: {1 << 40} tensors (count at offset 8) and 4 key-values (count at offset "
-        f"16) cannot fit in {len(data)} bytes",
+        f"16) cannot fit in {len(data)} bytes"
     )
 
 
@@ -488,23 +489,20 @@ def test_gguf_truncated_or_padded_is_refused(tmp_path: Path) -> None:
     ):
         ImportanceMatrix.open(p)
     p.write_bytes(data + b"\0" * 5)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: 5 bytes at offset {len(data)} after the last tensor "
-        "('blk.1.ffn_up_exps.weight.in_sum') belong to no tensor",
+        "('blk.1.ffn_up_exps.weight.in_sum') belong to no tensor"
     )
     at = tensor_info_offset(p, 0, "blk.1.attn_q.weight.in_sum2")
     p.write_bytes(data[: at + 5])
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 12 name length at offset {at} needs 8 bytes, but the file ends at "
-        f"offset {at + 5} (truncated?)",
+        f"offset {at + 5} (truncated?)"
     )
     p.write_bytes(data[:30])
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: 24 tensors (count at offset 8) and 4 key-values (count at offset 16) "
-        "cannot fit in 30 bytes",
+        "cannot fit in 30 bytes"
     )
 
 
@@ -512,19 +510,17 @@ def test_gguf_duplicates_are_refused(tmp_path: Path) -> None:
     p = gguf_case(tmp_path, extra=[("imatrix.chunk_sizX", 1, gguf.GGUFValueType.UINT32)])
     p = patched(p, b"imatrix.chunk_sizX", b"imatrix.chunk_size")
     first, again = (tensor_info_offset(p, i, "imatrix.chunk_size") for i in (0, 1))
-    refused(
-        p,
-        f"{p}: key 'imatrix.chunk_size' at offset {again} appears twice (first at offset {first})",
+    assert refused(partial(ImportanceMatrix.open, p)) == (
+        f"{p}: key 'imatrix.chunk_size' at offset {again} appears twice (first at offset {first})"
     )
     entries = moe_entries()
     entries["blk.0.ffn_gate_exps.weigh2"] = entries["blk.0.ffn_gate_exps.weight"]
     p = write_gguf(tmp_path / "dup.gguf", entries, in_sum=False)
     p = patched(p, b"blk.0.ffn_gate_exps.weigh2.in_sum2", b"blk.0.ffn_gate_exps.weight.in_sum2")
     first, again = (tensor_info_offset(p, i, "blk.0.ffn_gate_exps.weight.in_sum2") for i in (0, 1))
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 'blk.0.ffn_gate_exps.weight.in_sum2' at offset {again} appears "
-        f"twice (first at offset {first})",
+        f"twice (first at offset {first})"
     )
 
 
@@ -542,11 +538,10 @@ def test_gguf_entry_refusals(tmp_path: Path) -> None:
     entries = moe_entries()
     p = write_gguf(tmp_path / "a.gguf", entries, in_sum=False)
     p = patched(p, b"blk.1.ffn_up_exps.weight.counts", b"blk.1.ffn_up_exps.weight.countz")
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 'blk.1.ffn_up_exps.weight.in_sum2' has no "
         "'blk.1.ffn_up_exps.weight.counts' beside it (llama-imatrix writes in_sum2 and "
-        "counts per weight)",
+        "counts per weight)"
     )
 
     bad = {
@@ -567,8 +562,9 @@ def test_gguf_entry_refusals(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     at = tensor_info_offset(p, 0, "blk.0.ffn_down_exps.weight.counts")
-    refused(
-        p, f"{p}: tensor 'blk.0.ffn_down_exps.weight.counts' at offset {at} is F16, expected F32"
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: tensor 'blk.0.ffn_down_exps.weight.counts' at offset {at} is F16, expected F32"
     )
 
     entries = moe_entries()
@@ -577,11 +573,10 @@ def test_gguf_entry_refusals(tmp_path: Path) -> None:
         np.ones(3, np.float32),
     )
     p = write_gguf(tmp_path / "c.gguf", entries)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 'blk.0.ffn_down_exps.weight.in_sum2' has ne [32, 4] but "
         "'blk.0.ffn_down_exps.weight.counts' holds 3 counts (in_sum2 is [values per "
-        "matrix, matrices], one count per matrix)",
+        "matrix, matrices], one count per matrix)"
     )
 
 
@@ -593,10 +588,9 @@ def test_gguf_counts_must_be_whole_and_not_negative(
     entries["blk.1.ffn_gate_exps.weight"][1][2] = count
     p = write_gguf(tmp_path / "imatrix.gguf", entries)
     at = tensor_offset(p, "blk.1.ffn_gate_exps.weight.counts") + 8
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 'blk.1.ffn_gate_exps.weight.counts' holds {shown} at offset {at} "
-        "(matrix 2): counts are whole numbers >= 0",
+        "(matrix 2): counts are whole numbers >= 0"
     )
 
 
@@ -608,10 +602,9 @@ def test_gguf_sums_must_be_finite_and_not_negative(tmp_path: Path, value: float,
     entries["blk.1.ffn_up_exps.weight"][0][3, 5] = value
     p = write_gguf(tmp_path / "imatrix.gguf", entries)
     at = tensor_offset(p, "blk.1.ffn_up_exps.weight.in_sum2") + 4 * (3 * D + 5)
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: tensor 'blk.1.ffn_up_exps.weight.in_sum2' holds {value!r} at offset {at} "
-        f"(expert 3, channel 5): a sum of squares is finite and >= 0, this one is {why}",
+        f"(expert 3, channel 5): a sum of squares is finite and >= 0, this one is {why}"
     )
 
 
@@ -678,7 +671,7 @@ def test_legacy_refusals(tmp_path: Path) -> None:
     ]
     for data, message in cases:
         p.write_bytes(data)
-        refused(p, message)
+        assert refused(partial(ImportanceMatrix.open, p)) == message
 
 
 # ---- robustness: every cut and every flipped header byte gives one clean line -----------------
@@ -768,21 +761,26 @@ def test_gguf_tensor_info_refusals(tmp_path: Path) -> None:
         mutated = bytearray(data)
         mutated[where : where + len(new)] = new
         p.write_bytes(mutated)
-        refused(p, f"{p}: {message}")
+        assert refused(partial(ImportanceMatrix.open, p)) == f"{p}: {message}"
 
 
 def test_gguf_alignment_and_empty_file_refusals(tmp_path: Path) -> None:
     vt = gguf.GGUFValueType
     p = gguf_case(tmp_path, extra=[("general.alignment", 48, vt.UINT32)])
     at = tensor_info_offset(p, 0, "general.alignment")
-    refused(p, f"{p}: key general.alignment at offset {at} is 48, not a power of two")
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: key general.alignment at offset {at} is 48, not a power of two"
+    )
     p = gguf_case(tmp_path, extra=[("general.alignment", 64, vt.UINT64)])
-    refused(p, f"{p}: key general.alignment at offset {at} is UINT64, expected UINT32")
+    assert (
+        refused(partial(ImportanceMatrix.open, p))
+        == f"{p}: key general.alignment at offset {at} is UINT64, expected UINT32"
+    )
     p = write_gguf(tmp_path / "empty.gguf", {})
-    refused(
-        p,
+    assert refused(partial(ImportanceMatrix.open, p)) == (
         f"{p}: holds no tensors (an importance matrix has an in_sum2 and a counts tensor "
-        "per weight)",
+        "per weight)"
     )
     with ImportanceMatrix.open(gguf_case(tmp_path, alignment=64)) as m:
         assert m.entries["blk.1.ffn_up_exps.weight"].offset % 64 == 0

@@ -5,10 +5,8 @@ errors, FP8 refused, and what a shard that shrinks does to each (SIGBUS with the
 from __future__ import annotations
 
 import json
-import os
 import signal
 import struct
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -24,10 +22,8 @@ from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe_testkit.library_reader import LibraryReader
 from smoe_testkit.synth import write_checkpoint
 
-CKPTS = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoints"
-MANIFEST = json.loads((CKPTS / "MANIFEST.json").read_text())["checkpoints"]
-CONVERT = sorted(k for k, v in MANIFEST.items() if v["expect"] == "convert")
-ROOT = Path(__file__).resolve().parents[2]
+from fixtures_data import CKPTS, CONVERT, ROOT
+from helpers import plain_env, python
 
 
 def same_as_ours(ck: Checkpoint, chunk: int = 1 << 20, mapped: int = 4 << 20) -> int:
@@ -70,13 +66,13 @@ def test_synthetic_checkpoints_read_byte_identical(tmp_path: Path, kw: dict) -> 
 
 def test_drop_in_for_the_sculptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sculptor run on LibraryReader writes the same files as on ExpertReader."""
-    from smoe import sculpt as sculpt_module
     from smoe.sculpt import SculptOptions, sculpt
+    from smoe.sculpt import workers as workers_module
 
     model = tmp_path / "m"
     write_checkpoint(model, layers=1, experts=4, d_model=64, ffn=32, seed=5)
     ours = sculpt(model, tmp_path / "ours", SculptOptions(jobs=1))
-    monkeypatch.setattr(sculpt_module, "ExpertReader", LibraryReader)
+    monkeypatch.setattr(workers_module, "ExpertReader", LibraryReader)
     lib = sculpt(model, tmp_path / "lib", SculptOptions(jobs=1))
     for a, b in ((ours.vault, lib.vault), (ours.scout, lib.scout)):
         assert a.read_bytes() == b.read_bytes()
@@ -280,15 +276,7 @@ def test_shard_that_shrinks(tmp_path: Path, which: str, outcome: str | int) -> N
     opened, but one that shrinks while it is mapped kills the process with SIGBUS, which is
     why LibraryReader is not the default."""
     root = write_checkpoint(tmp_path / "ck", layers=1, experts=8, d_model=128, ffn=64)
-    env = {**os.environ, "PYTHONFAULTHANDLER": ""}
-    proc = subprocess.run(
-        [sys.executable, "-c", SHRINK, str(root), which],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=120,
-    )
+    proc = python(SHRINK, root, which, cwd=ROOT, env=plain_env(PYTHONFAULTHANDLER=""))
     if isinstance(outcome, int):
         assert proc.returncode == outcome, proc.stderr
     else:

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +18,7 @@ from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe_gen.smoe_kaitai import Smoe
 from smoe_testkit.synth import write_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
-SMOE = [sys.executable, "-m", "smoe"]
+from helpers import python, run
 
 
 @pytest.fixture(scope="module")
@@ -254,9 +249,7 @@ def test_refusals_name_the_reason_and_write_nothing(ckpts: Path, tmp_path: Path)
             sculpt(root, out, SculptOptions())
         assert str(info.value) == message
         assert not out.exists()
-        proc = subprocess.run(
-            [*SMOE, "sculpt", str(root), str(out)], capture_output=True, text=True
-        )
+        proc = run("sculpt", root, out)
         assert proc.returncode == 1
         assert " ".join(proc.stderr.split()) == f"error: {message}"
         assert not out.exists()
@@ -276,31 +269,32 @@ def test_inconsistent_shapes_refused(ckpts: Path, tmp_path: Path) -> None:
     )
 
 
+# A resumed sculpt killed (SIGKILL, no clean-up) once more than ARGV[3] experts are journaled:
+# progress() is called right after each expert's journal line, so the moment is exact.
+KILL_AFTER_EXPERTS = """
+import os, signal, sys
+from smoe.sculpt import SculptOptions, sculpt
+
+def progress(done, total, nbytes):
+    if done > int(sys.argv[3]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sculpt(sys.argv[1], sys.argv[2], SculptOptions(resume=True), progress=progress)
+"""
+
+
 def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
     ck = write_checkpoint(tmp_path / "big", layers=2, experts=48, d_model=256, ffn=128, seed=5)
     ref = sculpt(ck, tmp_path / "ref", SculptOptions())
     out = tmp_path / "out"
     journal = out / ".big.smoe.journal"
     for kill_after in (3, 40, 70):
-        proc = subprocess.Popen(
-            [*SMOE, "sculpt", str(ck), str(out), "--resume"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            if journal.exists() and journal.read_text().count("\n") > kill_after:
-                break
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        killed = python(KILL_AFTER_EXPERTS, ck, out, kill_after)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert not (out / "big.smoe").exists()
-    done = subprocess.run(
-        [*SMOE, "sculpt", str(ck), str(out), "--resume", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        assert journal.read_text().count("\n") > kill_after
+    done = run("sculpt", ck, out, "--resume", "--json")
+    assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["experts_resumed"] > 0
     assert summary["experts_resumed"] + summary["experts_written"] == 96

@@ -7,9 +7,6 @@ The importance matrices are written with ``gguf``'s own writer in llama-imatrix'
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +24,9 @@ from smoe.sculpt.source.imatrix import ImportanceMatrix
 from smoe_gen.smoe_kaitai import Smoe
 from smoe_testkit.synth import write_checkpoint
 
+from helpers import run
+
 L, E, D, F = 2, 4, 64, 32
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
 TENSORS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -182,12 +179,7 @@ def test_another_models_imatrix_is_refused_before_any_work(model: Path, tmp_path
             sculpt(model, out, SculptOptions(imatrix=path, dry_run=dry_run))
         assert str(e.value) == message
     assert not out.exists()
-    proc = subprocess.run(
-        [*SMOE, "sculpt", str(model), str(out), "--imatrix", str(path)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("sculpt", model, out, "--imatrix", path)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: {message}"]
     assert not out.exists()
@@ -258,28 +250,16 @@ def test_resume_is_byte_identical_and_keyed_to_the_imatrix(
 # ---- the command line ------------------------------------------------------------------------
 def test_command_line(model: Path, imatrix: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [*SMOE, "sculpt", str(model), str(out), "--imatrix", str(imatrix), "--json"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("sculpt", model, out, "--imatrix", imatrix, "--json")
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     assert s["imatrix"]["path"] == str(imatrix)
     assert set(s["weighted_snr_db"]) == set(TENSORS)
-    proc = subprocess.run(
-        [*SMOE, "sculpt", str(model), str(tmp_path / "b"), "--imatrix", str(imatrix)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
+    proc = run("sculpt", model, tmp_path / "b", "--imatrix", imatrix)
     assert proc.returncode == 0, proc.stderr
     assert "imatrix-weighted min" in proc.stdout
     assert "10 chunks of calibration.txt" in proc.stdout
-    verify = subprocess.run(
-        [*SMOE, "verify", "--deep", str(out / "qwen.smoe")], capture_output=True, text=True, env=ENV
-    )
+    verify = run("verify", "--deep", out / "qwen.smoe")
     assert verify.returncode == 0, verify.stdout
 
 

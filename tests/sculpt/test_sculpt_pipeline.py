@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from smoe import sculpt as sculpt_mod
 from smoe.errors import SmoeError
 from smoe.format.manifest import checksum
 from smoe.format.plan import make_plan
 from smoe.interop.safetensors_io import read_array
 from smoe.sculpt import Job, SculptOptions, file_order, sculpt
+from smoe.sculpt import workers as workers_mod
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe_testkit.synth import write_checkpoint
@@ -147,14 +147,14 @@ def test_a_worker_that_dies_stops_the_run_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ck = write_checkpoint(tmp_path / "ck" / "m", layers=2, experts=8, d_model=64, ffn=32, seed=6)
-    real = sculpt_mod.encode_blob
+    real = workers_mod.encode_blob
 
     def dies_on_one(slot, *args, **kwargs):
         if (slot.layer_id, slot.expert_id) == (1, 5):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(slot, *args, **kwargs)
 
-    monkeypatch.setattr(sculpt_mod, "encode_blob", dies_on_one)  # forked workers inherit it
+    monkeypatch.setattr(workers_mod, "encode_blob", dies_on_one)  # forked workers inherit it
     out = tmp_path / "out"
     with pytest.raises(SmoeError) as info:
         sculpt(ck, out, SculptOptions(jobs=2))
@@ -164,7 +164,7 @@ def test_a_worker_that_dies_stops_the_run_and_leaves_nothing(
         str(info.value),
     ), str(info.value)
     assert sorted(p.name for p in out.iterdir()) == []  # no partial, journal or lock left
-    monkeypatch.setattr(sculpt_mod, "encode_blob", real)
+    monkeypatch.setattr(workers_mod, "encode_blob", real)
     res = sculpt(ck, out, SculptOptions(jobs=2))  # the lock was released
     assert res.experts_written == 16
 
@@ -184,7 +184,7 @@ def test_a_worker_error_that_does_not_pickle_arrives_as_its_text(
     def fails(slot, *args, **kwargs):
         raise Unpicklable("odd failure", slot.expert_id)
 
-    monkeypatch.setattr(sculpt_mod, "encode_blob", fails)
+    monkeypatch.setattr(workers_mod, "encode_blob", fails)
     out = tmp_path / "out"
     with pytest.raises(SmoeError) as info:
         sculpt(ck, out, SculptOptions(jobs=2))

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
@@ -21,23 +21,19 @@ import numpy as np
 import pytest
 
 from smoe import __version__
-from smoe import sculpt as sculpt_mod
 from smoe.errors import SmoeError
 from smoe.format import manifest
 from smoe.plumbing import fileio
 from smoe.plumbing.cpus import usable_cores
 from smoe.sculpt import SculptOptions, sculpt
+from smoe.sculpt import workers as workers_mod
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe_gen import layout
 from smoe_testkit.synth import write_checkpoint
 
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+from helpers import HANG_GUARD, plain_env, python, refused, run
+
 REFUSED = "not a file smoe made; refused, not followed and not deleted"
-
-
-def run_smoe(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([*SMOE, *map(str, args)], capture_output=True, text=True, env=ENV)
 
 
 def finals(out: Path, stem: str) -> list[Path]:
@@ -107,32 +103,6 @@ def test_short_writes_give_identical_output(
     assert len(calls) > 10_000
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Mount a tmpfs of a given size (root only); unmounted in teardown."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        mnt = tmp_path / "mnt"
-        mnt.mkdir()
-        try:
-            proc = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                capture_output=True,
-                text=True,
-            )
-        except FileNotFoundError:
-            pytest.skip("mount -t tmpfs is not permitted here: no mount command")
-        if proc.returncode != 0:
-            pytest.skip(f"mount -t tmpfs is not permitted here: {proc.stderr.strip()}")
-        mounted.append(mnt)
-        return mnt
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", str(mnt)], check=True)
-
-
 @pytest.mark.parametrize(
     ("name", "size", "culprit"),
     [
@@ -141,10 +111,10 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     ],
 )
 def test_disk_full_is_one_line_and_leaves_no_output(
-    ckpts: Path, small_fs, name: str, size: str, culprit: str
+    ckpts: Path, tmpfs, name: str, size: str, culprit: str
 ) -> None:
-    out = small_fs(size) / "out"
-    proc = run_smoe("sculpt", ckpts / name, out, "--jobs", "2")
+    out = tmpfs("mnt", f"size={size}") / "out"
+    proc = run("sculpt", ckpts / name, out, "--jobs", "2")
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
@@ -180,15 +150,13 @@ def test_kill_between_renames_then_resume_completes(
     ckpts: Path, clean: dict, tmp_path: Path, after: str
 ) -> None:
     out = tmp_path / "out"
-    killed = subprocess.run(
-        [sys.executable, "-c", KILL_AFTER_RENAME, str(ckpts / "qwen"), str(out), after], env=ENV
-    )
+    killed = python(KILL_AFTER_RENAME, ckpts / "qwen", out, after)
     assert killed.returncode == 9
     names = listing(out)
     assert "qwen.smoe" not in names  # the vault is the commit point: it comes last
     assert f"qwen{after}" in names
     assert {".qwen.smoe.journal", ".qwen.smoe.partial"} <= set(names)
-    done = run_smoe("sculpt", ckpts / "qwen", out, "--resume", "--json")
+    done = run("sculpt", ckpts / "qwen", out, "--resume", "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert (summary["experts_resumed"], summary["experts_written"]) == (8, 0)
@@ -272,19 +240,19 @@ def test_second_sculpt_into_the_same_target_stops_at_once(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=ENV,
+        env=plain_env(),
     )
     try:
         assert first.stdout.readline() == "holding\n"  # it holds the lock and is mid-run
         assert (out / ".qwen.smoe.lock").read_text() == f"{first.pid}\n"
-        second = run_smoe("sculpt", ckpts / "qwen", out, "--bits", "2")
+        second = run("sculpt", ckpts / "qwen", out, "--bits", "2")
         assert second.returncode == 1
         assert second.stderr.splitlines() == [
             f"error: {out / 'qwen.smoe'}: another smoe process (pid {first.pid}) is writing "
             "it; wait for it to finish (lock .qwen.smoe.lock)"
         ]
         assert not (out / "qwen.smoe").exists()
-        rest, _ = first.communicate("\n", timeout=120)
+        rest, _ = first.communicate("\n", timeout=HANG_GUARD)
         assert rest == "done\n"
     finally:
         if first.poll() is None:
@@ -312,7 +280,7 @@ def test_planted_symlink_is_refused_not_followed(
     victim.write_bytes(b"precious\n" * 100)
     link = out / f".qwen.smoe.{which}"
     link.symlink_to(victim)
-    proc = run_smoe("sculpt", ckpts / "qwen", out, *(["--resume"] if resume else []))
+    proc = run("sculpt", ckpts / "qwen", out, *(["--resume"] if resume else []))
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: {link}: is a symlink, {REFUSED}"]
     assert victim.read_bytes() == b"precious\n" * 100
@@ -328,7 +296,7 @@ def test_hard_linked_journal_is_refused_not_deleted(ckpts: Path, tmp_path: Path)
     other.write_text("keep me\n")
     journal = out / ".qwen.smoe.journal"
     os.link(other, journal)
-    proc = run_smoe("sculpt", ckpts / "qwen", out, "--resume")
+    proc = run("sculpt", ckpts / "qwen", out, "--resume")
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f"error: {journal}: has 2 hard links, {REFUSED}"]
     assert other.read_text() == journal.read_text() == "keep me\n"
@@ -358,7 +326,7 @@ def test_output_that_is_an_input_is_refused_before_writing(tmp_path: Path) -> No
         with pytest.raises(SmoeError) as info:
             sculpt(ck, out, SculptOptions())
         assert str(info.value) == message
-        proc = run_smoe("sculpt", ck, out)
+        proc = run("sculpt", ck, out)
         assert proc.returncode == 1
         assert proc.stderr.splitlines() == [f"error: {message}"]
         assert listing(out) == [planted.name]  # not even a lock or a partial
@@ -438,8 +406,11 @@ def test_jobs_below_one_refused(ckpts: Path, tmp_path: Path, jobs: int) -> None:
     with pytest.raises(SmoeError) as info:
         sculpt(ckpts / "qwen", out, SculptOptions(jobs=jobs))
     assert str(info.value) == f"--jobs: must be at least 1, got {jobs}"
-    proc = run_smoe("sculpt", ckpts / "qwen", out, "--jobs", jobs)
-    assert proc.returncode != 0 and "--jobs" in proc.stderr
+    proc = run("sculpt", ckpts / "qwen", out, "--jobs", jobs)
+    assert refused(proc, 2) == (
+        f"error: argument --jobs: expected a whole number >= 1, got '{jobs}' "
+        "(see smoe sculpt --help)"
+    )
     assert not out.exists()
 
 
@@ -447,13 +418,13 @@ def test_never_more_workers_than_batches(
     ckpts: Path, clean: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[int] = []
-    real = sculpt_mod._make_pool
+    real = workers_mod._make_pool
 
     def counting(processes: int):
         asked.append(processes)
         return real(processes)
 
-    monkeypatch.setattr(sculpt_mod, "_make_pool", counting)
+    monkeypatch.setattr(workers_mod, "_make_pool", counting)
     sculpt(ckpts / "qwen", tmp_path / "a", SculptOptions(jobs=48))  # 8 experts: 2 batches of 4
     assert asked == [2]
     assert contents(tmp_path / "a", "qwen") == clean["qwen"]
@@ -477,13 +448,13 @@ def test_worker_error_aborts_cleanly_and_releases_the_lock(tmp_path: Path) -> No
     bad[info.offset + 40 : info.offset + 44] = np.float32("nan").tobytes()
     shard.write_bytes(bytes(bad))
     out = tmp_path / "out"
-    proc = run_smoe("sculpt", ck, out, "--jobs", "2")
+    proc = run("sculpt", ck, out, "--jobs", "2")
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: layer 1 expert 6 down_proj: "), lines
     assert listing(out) == []  # no partial, journal, temporary file, lock or output
     shard.write_bytes(good)
-    done = run_smoe("sculpt", ck, out, "--jobs", "2")  # the lock was released
+    done = run("sculpt", ck, out, "--jobs", "2")  # the lock was released
     assert done.returncode == 0, done.stderr
 
 

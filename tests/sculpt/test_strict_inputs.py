@@ -11,8 +11,6 @@ import hashlib
 import json
 import os
 import struct
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,44 +21,10 @@ from smoe.errors import SmoeError
 from smoe.interop.safetensors_io import read_header
 from smoe_testkit.synth import write_checkpoint
 
-SMOE = [sys.executable, "-m", "smoe"]
-ENV = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+from helpers import refused, run, snapshot
 
 
 # ---- helpers ---------------------------------------------------------------------------
-def snapshot(*roots: Path) -> dict[str, object]:
-    """Every file under ``roots``: bytes, symlink target, or its kind (FIFOs are not read)."""
-    out: dict[str, object] = {}
-    for root in roots:
-        for p in [root, *sorted(root.rglob("*"))] if root.is_dir() else [root]:
-            if p.is_symlink():
-                out[str(p)] = ("link", os.readlink(p))
-            elif p.is_dir():
-                out[str(p)] = "dir"
-            elif p.is_file():
-                out[str(p)] = p.read_bytes()
-            else:
-                out[str(p)] = "special"
-    return out
-
-
-def smoe(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*SMOE, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300
-    )
-
-
-def refused(args: list[object], out: Path, message: str, inputs: list[Path], code: int = 1) -> None:
-    """The command exits ``code`` with exactly ``error: message`` on stderr, creates
-    nothing at ``out`` and leaves every input byte-identical."""
-    before = snapshot(*inputs)
-    proc = smoe(*args)
-    assert proc.returncode == code, proc.stderr
-    assert proc.stderr.splitlines() == [f"error: {message}"]
-    assert not out.exists()
-    assert snapshot(*inputs) == before
-
-
 def checkpoint(root: Path, **kw: object) -> Path:
     return write_checkpoint(root, **{"layers": 2, "experts": 2, "d_model": 64, "ffn": 32, **kw})
 
@@ -87,7 +51,7 @@ def rewrite_header(path: Path, edit: Callable[[str], str]) -> str:
 
 
 def dry_run(model: Path, tmp_path: Path) -> dict:
-    proc = smoe("sculpt", model, tmp_path / "dry", "--dry-run", "--json")
+    proc = run("sculpt", model, tmp_path / "dry", "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -119,12 +83,9 @@ def test_index_naming_a_shard_outside_the_folder_is_refused(
     }
     index.write_text(json.dumps(doc))
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{index}: tensor 'model.embed_tokens.weight' maps to shard {shard!r}, which {reason}; "
-        "refused: shards must be relative paths inside the checkpoint folder",
-        [ck, elsewhere],
+    assert refused(["sculpt", ck, out], unchanged=[ck, elsewhere], absent=out) == (
+        f"error: {index}: tensor 'model.embed_tokens.weight' maps to shard {shard!r}, "
+        f"which {reason}; refused: shards must be relative paths inside the checkpoint folder"
     )
 
 
@@ -148,7 +109,7 @@ def test_weight_map_must_map_names_to_strings(
     index = ck / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     out = tmp_path / "out"
-    refused(["sculpt", ck, out], out, f"{index}: {message}", [ck])
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == f"error: {index}: {message}"
 
 
 def hf_snapshot(src: Path, cache: Path, rev: str = "0123abcd") -> Path:
@@ -170,9 +131,9 @@ def test_huggingface_cache_snapshot_of_symlinks_sculpts(tmp_path: Path) -> None:
     snap = hf_snapshot(plain, cache)
     assert all(p.is_symlink() for p in snap.iterdir())
     before = snapshot(cache)
-    proc = smoe("sculpt", snap, tmp_path / "out-cache")
+    proc = run("sculpt", snap, tmp_path / "out-cache")
     assert proc.returncode == 0, proc.stderr
-    assert smoe("sculpt", plain, tmp_path / "out-plain").returncode == 0
+    assert run("sculpt", plain, tmp_path / "out-plain").returncode == 0
     for suffix in (".smoe", ".scout.safetensors"):  # stem: the model's name, not the commit
         got = (tmp_path / "out-cache" / f"tiny-moe{suffix}").read_bytes()
         assert got == (tmp_path / "out-plain" / f"0123abcd{suffix}").read_bytes()
@@ -187,12 +148,9 @@ def test_shard_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> Non
     shard.unlink()
     shard.symlink_to("../../blobs/fifo")
     out = tmp_path / "out"
-    refused(
-        ["sculpt", snap, out],
-        out,
-        f"{shard}: not a regular file (a FIFO)",
-        [tmp_path / "cache"],
-        code=2,
+    assert (
+        refused(["sculpt", snap, out], 2, unchanged=[tmp_path / "cache"], absent=out)
+        == f"error: {shard}: not a regular file (a FIFO)"
     )
 
 
@@ -465,12 +423,9 @@ def test_lying_shard_header_stops_the_sculpt(tmp_path: Path) -> None:
     )
     at = 8 + header.index('"model.norm\\ud800.weight"')
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{shard}: tensor 'model.norm\\ud800.weight' (entry at offset {at}) has a name "
-        "that is not valid Unicode (lone surrogate)",
-        [ck],
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (
+        f"error: {shard}: tensor 'model.norm\\ud800.weight' (entry at offset {at}) has a name "
+        "that is not valid Unicode (lone surrogate)"
     )
 
 
@@ -482,11 +437,10 @@ def test_bytes_after_the_last_tensor_stop_the_sculpt(tmp_path: Path) -> None:
     with shard.open("ab") as f:
         f.write(b"\0" * 16)
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{shard}: 16 bytes at offset {size} after tensor {last.name!r} belong to no tensor",
-        [ck],
+    assert (
+        refused(["sculpt", ck, out], unchanged=[ck], absent=out)
+        == f"error: {shard}: 16 bytes at offset {size} after tensor {last.name!r} "
+        "belong to no tensor"
     )
 
 
@@ -523,7 +477,10 @@ def test_config_value_of_the_wrong_type_is_refused(
     ck = checkpoint(tmp_path / "ck")
     edit_config(ck, **changes)
     out = tmp_path / "out"
-    refused(["sculpt", ck, out], out, f"{ck}/config.json: {message}", [ck])
+    assert (
+        refused(["sculpt", ck, out], unchanged=[ck], absent=out)
+        == f"error: {ck}/config.json: {message}"
+    )
 
 
 def test_config_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
@@ -532,7 +489,10 @@ def test_config_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     cfg.write_bytes(cfg.read_bytes().replace(b'"silu"', b'"sil\xfc"'))
     at = cfg.read_bytes().index(b"\xfc")
     out = tmp_path / "out"
-    refused(["sculpt", ck, out], out, f"{cfg}: not valid UTF-8 at offset {at} (byte 0xfc)", [ck])
+    assert (
+        refused(["sculpt", ck, out], unchanged=[ck], absent=out)
+        == f"error: {cfg}: not valid UTF-8 at offset {at} (byte 0xfc)"
+    )
 
 
 @pytest.mark.parametrize("kind", ["folder", "FIFO"])
@@ -542,12 +502,9 @@ def test_config_that_is_not_a_file_is_refused_without_blocking(tmp_path: Path, k
     cfg.unlink()
     cfg.mkdir() if kind == "folder" else os.mkfifo(cfg)
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{cfg}: not a regular file ({'a folder' if kind == 'folder' else 'a FIFO'})",
-        [ck],
-        code=2,
+    assert (
+        refused(["sculpt", ck, out], 2, unchanged=[ck], absent=out)
+        == f"error: {cfg}: not a regular file ({'a folder' if kind == 'folder' else 'a FIFO'})"
     )
 
 
@@ -555,13 +512,10 @@ def test_attention_config_the_tensors_contradict_ambiguously_is_refused(tmp_path
     ck = checkpoint(tmp_path / "ck", model_type="olmoe")  # no per-head q_norm to tell
     edit_config(ck, head_dim=8)  # q_proj [64, 64]: 4 heads of 16, or 8 heads of 8?
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{ck}: model.layers.0.self_attn.q_proj.weight has 64 rows, k_proj.weight 64, but "
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (
+        f"error: {ck}: model.layers.0.self_attn.q_proj.weight has 64 rows, k_proj.weight 64, but "
         "config.json says num_attention_heads 4 × head_dim 8 = 32 and num_key_value_heads "
-        "4 × head_dim 8 = 32; refused: either head_dim or the head counts could be wrong",
-        [ck],
+        "4 × head_dim 8 = 32; refused: either head_dim or the head counts could be wrong"
     )
 
 
@@ -611,12 +565,9 @@ def test_layer_count_from_the_tensors(tmp_path: Path) -> None:
     ]
     edit_config(ck, num_hidden_layers=3, num_nextn_predict_layers=None)
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{ck}: num_hidden_layers: config.json says 3, but the tensors have layers 0..1 "
-        "only (no model.layers.2); refused",
-        [ck],
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (
+        f"error: {ck}: num_hidden_layers: config.json says 3, but the tensors have layers 0..1 "
+        "only (no model.layers.2); refused"
     )
 
 
@@ -630,13 +581,10 @@ def test_hidden_size_from_the_embedding(tmp_path: Path) -> None:
     ]
     edit_config(ck, head_dim=None)  # now head_dim = hidden_size / heads: 32 or 16?
     out = tmp_path / "out"
-    refused(
-        ["sculpt", ck, out],
-        out,
-        f"{ck}: hidden_size: config.json says 128, model.embed_tokens.weight has 64 columns; "
-        "refused: config.json has no head_dim, and hidden_size / num_attention_heads would "
-        "be 32 by the config, 16 by the tensors",
-        [ck],
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (
+        f"error: {ck}: hidden_size: config.json says 128, model.embed_tokens.weight has 64 "
+        "columns; refused: config.json has no head_dim, and hidden_size / "
+        "num_attention_heads would be 32 by the config, 16 by the tensors"
     )
 
 
@@ -655,13 +603,13 @@ def test_config_floats_beyond_float32_are_one_line(
     ck = checkpoint(tmp_path / "ck")
     edit_config(ck, **changes)
     out = tmp_path / "out"
-    refused(["sculpt", ck, out], out, message, [ck])
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == f"error: {message}"
 
 
 def test_upgrade_refuses_a_family_the_format_cannot_hold(tmp_path: Path) -> None:
     """Found by `make fuzz`: `upgrade --config` stamped SiLU into a GELU model's vault."""
     ck = checkpoint(tmp_path / "ck")
-    proc = smoe("sculpt", ck, tmp_path / "v1", "--format-version", "1")
+    proc = run("sculpt", ck, tmp_path / "v1", "--format-version", "1")
     assert proc.returncode == 0, proc.stderr
     vault = tmp_path / "v1" / "ck.smoe"
     cfg = tmp_path / "config.json"
@@ -682,14 +630,19 @@ def test_upgrade_refuses_a_family_the_format_cannot_hold(tmp_path: Path) -> None
         text[key] = value
         cfg.write_text(json.dumps(text))
         out = tmp_path / "v2.smoe"
-        refused(
-            ["upgrade", vault, "--config", cfg, "--out", out], out, f"{cfg}: {reason}", [vault, cfg]
+        assert (
+            refused(
+                ["upgrade", vault, "--config", cfg, "--out", out],
+                unchanged=[vault, cfg],
+                absent=out,
+            )
+            == f"error: {cfg}: {reason}"
         )
 
 
 def test_upgrade_checks_the_config_it_is_given(tmp_path: Path) -> None:
     ck = checkpoint(tmp_path / "ck")
-    proc = smoe("sculpt", ck, tmp_path / "v1", "--format-version", "1")
+    proc = run("sculpt", ck, tmp_path / "v1", "--format-version", "1")
     assert proc.returncode == 0, proc.stderr
     vault = tmp_path / "v1" / "ck.smoe"
     cfg = tmp_path / "config.json"
@@ -699,16 +652,20 @@ def test_upgrade_checks_the_config_it_is_given(tmp_path: Path) -> None:
         .replace('"num_experts_per_tok": 2', '"num_experts_per_tok": "2"')
     )
     out = tmp_path / "v2.smoe"
-    refused(
-        ["upgrade", vault, "--config", cfg, "--out", out],
-        out,
-        f'{cfg}: num_experts_per_tok is "2", expected a positive integer',
-        [vault, cfg],
+    assert (
+        refused(
+            ["upgrade", vault, "--config", cfg, "--out", out],
+            unchanged=[vault, cfg],
+            absent=out,
+        )
+        == f'error: {cfg}: num_experts_per_tok is "2", expected a positive integer'
     )
     cfg.write_bytes(b'{"model_type": "qwen3\xff"}')
-    refused(
-        ["upgrade", vault, "--config", cfg, "--out", out],
-        out,
-        f"{cfg}: not valid UTF-8 at offset 21 (byte 0xff)",
-        [vault, cfg],
+    assert (
+        refused(
+            ["upgrade", vault, "--config", cfg, "--out", out],
+            unchanged=[vault, cfg],
+            absent=out,
+        )
+        == f"error: {cfg}: not valid UTF-8 at offset 21 (byte 0xff)"
     )

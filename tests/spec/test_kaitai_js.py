@@ -10,10 +10,8 @@ exactly as its Kaitai expectation in fixtures/corrupt/EXPECTED.json says.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,9 @@ import yaml
 from smoe import Vault
 from smoe_gen.smoe_kaitai import Smoe
 
-from fixtures_data import CORRUPT, EXPECTED, FIXTURES, GOOD
+from fixtures_data import CORRUPT, EXPECTED, FIXTURES, GOOD, ROOT
+from helpers import plain_env, run
 
-ROOT = Path(__file__).resolve().parents[2]
 CODEGEN = ROOT / "codegen"
 KSY = ROOT / "spec" / "smoe.ksy"
 PARSE_JS = Path(__file__).resolve().parent / "kaitai_js" / "parse.js"
@@ -42,12 +40,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def js_parser(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Smoe.js, compiled from the .ksy by the pinned compiler into a temporary directory."""
-    proc = subprocess.run(
-        [NODE, str(CODEGEN / "ksc.js"), str(KSY), "javascript"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run(CODEGEN / "ksc.js", KSY, "javascript", command=[NODE])
     assert proc.returncode == 0, proc.stderr or proc.stdout
     out = tmp_path_factory.mktemp("kaitai_js") / "Smoe.js"
     out.write_text(json.loads(proc.stdout)["files"]["javascript"]["Smoe.js"], encoding="utf-8")
@@ -55,14 +48,8 @@ def js_parser(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def parse_js(parser: Path, vault: Path) -> dict[str, Any]:
-    env = {**os.environ, "NODE_PATH": str(CODEGEN / "node_modules")}
-    proc = subprocess.run(
-        [NODE, str(PARSE_JS), str(parser), str(KSY), str(vault)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
+    env = plain_env(NODE_PATH=str(CODEGEN / "node_modules"))
+    proc = run(PARSE_JS, parser, KSY, vault, command=[NODE], env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

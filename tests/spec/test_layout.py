@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +13,9 @@ from smoe_gen import layout
 from smoe_gen.smoe_kaitai import Smoe
 
 import golden as g
+from fixtures_data import ROOT
+from helpers import run
 from kaitai_names import kaitai_field
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _same(dtype: np.dtype, raw: np.ndarray, ks: object) -> None:
@@ -77,18 +77,17 @@ def test_constants_agree_with_kaitai_instances() -> None:
 
 
 @pytest.fixture(scope="module")
-def layout_test_binary() -> Path:
-    subprocess.run(["make", "-s", "build/layout_test"], cwd=ROOT, check=True)
+def layout_test_binary(make: Callable[..., None]) -> Path:
+    make("build/layout_test")
     return ROOT / "build" / "layout_test"
 
 
 def test_cpp_reads_what_python_wrote(layout_test_binary: Path, tmp_path: Path) -> None:
     path = tmp_path / "golden.smoe"
     path.write_bytes(g.vault())
-    out = subprocess.run(
-        [str(layout_test_binary), str(path)], capture_output=True, text=True, check=True
-    ).stdout
-    got = json.loads(out)
+    proc = run(path, command=[layout_test_binary])
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
     s = Smoe.from_bytes(path.read_bytes())
     for name, value in got["header"].items():
         assert kaitai_field(s.header, name) == value, name
@@ -109,6 +108,6 @@ def test_cpp_reads_what_python_wrote(layout_test_binary: Path, tmp_path: Path) -
 def test_cpp_refuses_bad_magic(layout_test_binary: Path, tmp_path: Path) -> None:
     path = tmp_path / "bad.smoe"
     path.write_bytes(g.patch(g.vault(), 0, "B", 0))
-    proc = subprocess.run([str(layout_test_binary), str(path)], capture_output=True, text=True)
+    proc = run(path, command=[layout_test_binary])
     assert proc.returncode == 1
     assert proc.stderr == f"{path}: short file or bad magic at offset 0\n"

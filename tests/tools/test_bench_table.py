@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is not installed
+from fixtures_data import ROOT
+
+sys.path.insert(0, str(ROOT))  # bench/ is not installed
 from bench.__main__ import SECTIONS, figure_table, in_summary, summary_table
 from bench.figures import figure
 

@@ -16,7 +16,9 @@ from safetensors import safe_open
 
 from smoe.errors import SmoeError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # fuzz/ is not installed
+from fixtures_data import ROOT
+
+sys.path.insert(0, str(ROOT))  # fuzz/ is not installed
 from fuzz import config_mutators as cm
 from fuzz import st_mutators as sm
 from fuzz.inputs_target import run

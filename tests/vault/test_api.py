@@ -3,9 +3,9 @@ arrays (the docstring examples run in tests/package/test_docstrings.py)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -19,6 +19,7 @@ from smoe.vault import reader
 from smoe.vault.reader import ExpertView, TensorView, Vault
 
 from fixtures_data import FIXTURES
+from helpers import python
 
 Q4 = FIXTURES / "q4_v2.smoe"
 MODULES = (reader, view)
@@ -188,6 +189,8 @@ def test_float_dtypes_are_cast_from_float32(tensors: list[TensorView]) -> None:
     "dtype", [np.int8, "int32", np.uint8, bool, np.complex64, object, "U4", "V2", "datetime64[s]"]
 )
 def test_non_float_dtypes_are_refused(tensors: list[TensorView], dtype: DTypeLike) -> None:
+    if importlib.util.find_spec("ml_dtypes") is not None:  # loaded, whatever ran before:
+        importlib.import_module("ml_dtypes")  # it registers float types of its own
     t = tensors[0]
     with pytest.raises(
         TypeError,
@@ -244,14 +247,9 @@ def test_bfloat16_without_ml_dtypes_names_the_package() -> None:
         except TypeError as e:
             print(e)
     """)
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(Q4)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    assert out == (
+    proc = python(code, Q4)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
         "cannot dequantize to 'bfloat16': bfloat16 needs the ml_dtypes package "
         "(pip install ml-dtypes)\n"
     )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +19,10 @@ from smoe_gen.layout import Rule
 from smoe_gen.smoe_kaitai import Smoe
 
 from fixtures_data import BAD, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST, boundary_values
+from helpers import run
 from kaitai_names import kaitai_field
 from rule_cases import RULE_CASES, apply
 
-SMOE = [sys.executable, "-m", "smoe"]
 # Error rules the .ksy cannot express (Kaitai accepts files that break only these): the
 # registry's error rules with `ksy` false.
 NOT_IN_KSY = {r.code for r in Rule if r.severity == "error" and not r.ksy}
@@ -96,9 +94,7 @@ def test_corrupt_fixture_raises_recorded_code(name: str) -> None:
     report = verify(np.fromfile(CORRUPT / name, np.uint8), deep=True)
     hits = [(f.code, f.path, f.offset) for f in report.errors]
     assert (exp["code"], exp["field"], exp["offset"]) in hits
-    proc = subprocess.run(
-        [*SMOE, "verify", "--deep", "--json", str(CORRUPT / name)], capture_output=True, text=True
-    )
+    proc = run("verify", "--deep", "--json", CORRUPT / name)
     assert proc.returncode == 1
     out = json.loads(proc.stdout)
     assert out["valid"] is False and out["errors"] == len(report.errors)
@@ -144,22 +140,18 @@ def test_finding_carries_expected_and_actual_in_hex_and_decimal() -> None:
 
 
 def test_verify_exit_codes(tmp_path: Path) -> None:
-    ok = subprocess.run(
-        [*SMOE, "verify", str(FIXTURES / "q4_v1.smoe")], capture_output=True, text=True
-    )
+    ok = run("verify", FIXTURES / "q4_v1.smoe")
     assert ok.returncode == 0
     assert ok.stdout.strip().endswith("valid (0 errors, 0 warnings)")
-    missing = subprocess.run(
-        [*SMOE, "verify", str(tmp_path / "nope.smoe")], capture_output=True, text=True
-    )
+    missing = run("verify", tmp_path / "nope.smoe")
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         f"error: {tmp_path / 'nope.smoe'}: cannot open: No such file or directory"
     )
     short = tmp_path / "short.smoe"
     short.write_bytes(b"SMOE")
-    assert subprocess.run([*SMOE, "verify", str(short)], capture_output=True).returncode == 2
-    usage = subprocess.run([*SMOE, "verify"], capture_output=True, text=True)
+    assert run("verify", short).returncode == 2
+    usage = run("verify")
     assert usage.returncode == 2
     assert usage.stderr == (
         "error: the following arguments are required: vault (see smoe verify --help)\n"

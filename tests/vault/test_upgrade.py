@@ -19,11 +19,10 @@ from smoe.format.verify import verify
 from smoe.vault.reader import Vault
 from smoe.vault.upgrade import OsOps, has_room, upgrade
 
-from fixtures_data import FIXTURES
+from fixtures_data import CKPTS, FIXTURES
 from fixtures_data import OLMOE_ARCH as ARCH
 from fixtures_data import OLMOE_CONFIG as CONFIG
-
-SMOE = [sys.executable, "-m", "smoe"]
+from helpers import run
 
 
 def blobs(path: Path) -> bytes:
@@ -222,44 +221,32 @@ def test_cli_upgrade_with_config_and_model(tmp_path: Path) -> None:
     p = copy_of("q4_v1.smoe", tmp_path)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CONFIG))
-    proc = subprocess.run(
-        [*SMOE, "upgrade", str(p), "--config", str(cfg), "--json"], capture_output=True, text=True
-    )
+    proc = run("upgrade", p, "--config", cfg, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mode"] == "in-place"
     assert state(p) == 2
-    again = subprocess.run(
-        [*SMOE, "upgrade", str(p), "--config", str(cfg)], capture_output=True, text=True
-    )
+    again = run("upgrade", p, "--config", cfg)
     assert again.returncode == 1
     assert "already version 2; --force re-stamps its arch block" in again.stderr
     noroom = copy_of("noroom_v1.smoe", tmp_path)
     cfg2 = tmp_path / "c2.json"
     cfg2.write_text(json.dumps({**CONFIG, "moe_intermediate_size": 8, "hidden_size": 8}))
-    refused = subprocess.run(
-        [*SMOE, "upgrade", str(noroom), "--config", str(cfg2)], capture_output=True, text=True
-    )
-    assert refused.returncode == 1 and "use --out NEW" in refused.stderr
+    no_room = run("upgrade", noroom, "--config", cfg2)
+    assert no_room.returncode == 1 and "use --out NEW" in no_room.stderr
     out = tmp_path / "converted.smoe"
-    done = subprocess.run(
-        [*SMOE, "upgrade", str(noroom), "--config", str(cfg2), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
+    done = run("upgrade", noroom, "--config", cfg2, "--out", out)
     assert done.returncode == 0, done.stderr
     assert state(out) == 2
 
 
 def test_upgrade_flags_from_model_tensors(tmp_path: Path) -> None:
-    ck = FIXTURES / "checkpoints" / "qwen3_moe"
+    ck = CKPTS / "qwen3_moe"
     v1 = tmp_path / "q.smoe"
     from smoe.sculpt import SculptOptions, sculpt
 
     res = sculpt(ck, tmp_path / "v1", SculptOptions(version=1))
     v1.write_bytes(res.vault.read_bytes())
-    proc = subprocess.run(
-        [*SMOE, "upgrade", str(v1), "--model", str(ck)], capture_output=True, text=True
-    )
+    proc = run("upgrade", v1, "--model", ck)
     assert proc.returncode == 0, proc.stderr
     v2 = sculpt(ck, tmp_path / "v2", SculptOptions(version=2)).vault
     assert v1.read_bytes() == v2.read_bytes()  # upgraded v1 == sculpted v2, byte for byte
