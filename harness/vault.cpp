@@ -26,7 +26,7 @@ namespace {
 
 using ull = unsigned long long;  // for printf
 
-/// Findings of one code listed one by one (as smoe.verify.MAX_PER_CODE); the rest are
+/// Findings of one code listed one by one (as smoe.format.verify.MAX_PER_CODE); the rest are
 /// summarised in one more.
 constexpr size_t MAX_PER_CODE = 20;
 

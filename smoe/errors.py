@@ -5,7 +5,7 @@ CLI maps kind -> exit status in one table (:data:`smoe.cli.failures.EXIT_STATUS`
 prints the message as one ``error:`` line, word for word:
 
 * :class:`UnreadableInput` (2): an input cannot be read at all: not a regular file, it
-  cannot be opened, a read of it fails, it is too short to hold a header;
+  cannot be opened, stat'ed or listed;
 * :class:`UsageError` (2): a command line or API call refused as such;
 * :class:`RefusedInput` (1): an input was read but is refused: a family the format cannot
   hold, a lying config, a file of another model;
