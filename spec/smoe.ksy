@@ -688,7 +688,9 @@ types:
           HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name
           has no NUL (ruling R2, checked byte by byte, so that every target
           rejects invalid UTF-8 alike; `model_type.text` is the name). Ruling D6:
-          writers truncate to 24 bytes without splitting a UTF-8 character.
+          a name is never stored split inside a UTF-8 character; smoe's writer
+          refuses a name longer than 24 bytes (or not printable ASCII) rather
+          than cut it.
         doc-ref: docs/FORMAT.md R2
       - id: reserved
         size: 44

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smoe.errors import RefusedInput
-from smoe.format.records import ArchInfo
+from smoe.format.records import ArchInfo, model_type_problem
 from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
 
@@ -356,6 +356,16 @@ experts can be represented
         )
 
 
+def _arch_model_type(cfg: dict, where: str) -> str:
+    """``model_type`` for the arch block ("unknown" when absent), refused here, naming the
+    file, when the block cannot hold it as it is (:func:`model_type_problem`)."""
+    model_type = get_str(cfg, where, "model_type", default="unknown")
+    problem = model_type_problem(model_type)
+    if problem is not None:
+        raise RefusedInput(f"{where}: model_type {json_excerpt(model_type)} {problem}")
+    return model_type
+
+
 def arch_from_config(
     cfg: dict, where: str, moe_ffn_dim: int, shapes: Structure | None = None
 ) -> tuple[ArchInfo, list[str]]:
@@ -378,7 +388,7 @@ def arch_from_config(
     top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
     if top_k is None:
         raise RefusedInput(f"{where}: no num_experts_per_tok")
-    model_type = get_str(cfg, where, "model_type", default="unknown")
+    model_type = _arch_model_type(cfg, where)
     moe_cfg = get_int(cfg, where, "moe_intermediate_size")
     if moe_cfg is None and model_type == "mixtral":
         moe_cfg = get_int(cfg, where, "intermediate_size")

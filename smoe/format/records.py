@@ -13,6 +13,7 @@ import numpy as np
 
 from smoe.errors import FormatError
 from smoe.format.plan import Plan
+from smoe.interop.safetensors_io import json_excerpt
 from smoe_gen import layout
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "arch_record",
     "header_record",
     "metadata_bytes",
+    "model_type_problem",
     "model_type_str",
     "plain",
     "plain_rows",
@@ -30,6 +32,40 @@ __all__ = [
 
 U32_MAX = 0xFFFFFFFF
 """The largest value of a uint32 field."""
+
+_PRINTABLE = range(0x20, 0x7F)  # printable ASCII: space to tilde
+
+
+def model_type_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an arch block's ``model_type``, or None when it can.
+
+    A writer holds it to 1..24 printable ASCII characters: every such name passes ruling R2
+    (UTF-8, NUL-padded) and prints as it is; anything else is refused, never cut (a cut or
+    a NUL inside would change the name, a control character would reach a terminal).
+
+    >>> model_type_problem("qwen3_moe") is None
+    True
+    >>> model_type_problem("a\\0b")
+    'has U+0000 at character 1; it must be 1 to 24 printable ASCII characters'
+    """
+    bad = next((i for i, ch in enumerate(name) if ord(ch) not in _PRINTABLE), None)
+    if bad is not None:
+        why = f"has U+{ord(name[bad]):04X} at character {bad}"
+    elif not name:
+        why = "is empty"
+    elif len(name) > layout.MODEL_TYPE_SIZE:
+        why = f"is {len(name)} characters long"
+    else:
+        return None
+    return f"{why}; it must be 1 to {layout.MODEL_TYPE_SIZE} printable ASCII characters"
+
+
+def _as_float(value: float) -> float:
+    """``value`` as a float; an integer too large for one (10**400) as infinity."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -143,28 +179,36 @@ class ArchInfo:
                 f"num_kv_heads {self.num_kv_heads}"
             )
         for name in ("rope_theta", "rms_norm_eps"):
-            value = float(getattr(self, name))
+            raw = getattr(self, name)
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise FormatError(f"arch.{name}: {raw!r} is not a number")
+            value = _as_float(raw)
             if not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
                 raise FormatError(f"arch.{name}: {value!r} is not a finite float32")
             if value != 0 and float(np.float32(value)) == 0:
                 raise FormatError(f"arch.{name}: {value!r} underflows to 0 as a float32")
+        self._check_model_type()
+
+    def _check_model_type(self) -> None:
+        if not isinstance(self.model_type, str):
+            raise FormatError(f"arch.model_type: {self.model_type!r} is not a string")
+        problem = model_type_problem(self.model_type)
+        if problem is not None:
+            raise FormatError(f"arch.model_type: {json_excerpt(self.model_type)} {problem}")
 
     def model_type_bytes(self) -> bytes:
-        """``model_type`` as UTF-8, cut to 24 bytes without splitting a character (D6).
+        """``model_type`` as the field's bytes (before the NUL padding); a name the field
+        cannot hold as it is is refused, never cut.
 
         >>> ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe").model_type_bytes()
         b'qwen3_moe'
-        >>> len(ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "é" * 20).model_type_bytes())
-        24
+        >>> ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "y" * 25).model_type_bytes()
+        Traceback (most recent call last):
+        smoe.errors.FormatError: arch.model_type: "yyyyyyyyyyyyyyyyyyyyyyyyy" is 25 characters \
+long; it must be 1 to 24 printable ASCII characters
         """
-        raw = self.model_type.encode("utf-8")
-        cut = raw[: layout.MODEL_TYPE_SIZE]
-        while True:
-            try:
-                cut.decode("utf-8")
-                return cut
-            except UnicodeDecodeError:
-                cut = cut[:-1]
+        self._check_model_type()
+        return self.model_type.encode("ascii")
 
 
 def header_record(plan: Plan, model: ModelInfo) -> np.ndarray:
@@ -195,12 +239,15 @@ def header_record(plan: Plan, model: ModelInfo) -> np.ndarray:
 
 
 def arch_record(arch: ArchInfo) -> np.ndarray:
-    """The 128-byte arch block of ``arch`` (a 0-d array of ``layout.ARCH_BLOCK_DTYPE``).
+    """The 128-byte arch block of ``arch`` (a 0-d array of ``layout.ARCH_BLOCK_DTYPE``);
+    every value checked first (:meth:`ArchInfo.check`), so no block is made that the
+    verifier rejects.
 
     >>> block = arch_record(ArchInfo(1e6, 4, 2, 16, 2, 32, 2, 1e-6, "qwen3_moe"))
     >>> len(block.tobytes()), bytes(block["magic"]), int(block["num_kv_heads"])
     (128, b'SARC', 2)
     """
+    arch.check()
     a = np.zeros((), layout.ARCH_BLOCK_DTYPE)
     a["magic"] = np.frombuffer(layout.ARCH_MAGIC, np.uint8)
     a["block_version"] = layout.ARCH_BLOCK_VERSION

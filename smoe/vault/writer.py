@@ -227,6 +227,7 @@ class VaultWriter:
                 else tool_info("VaultWriter", {"bits": bits, "version": version, "scale": scale}),
                 source,
             )
+            _check_provenance(self._manifest)
 
     # ---- state handling ---------------------------------------------------------------
     def _require(self, *states: State, action: str) -> None:
@@ -668,6 +669,17 @@ of gate_proj shape (32, 64)
         if self._out is not None:
             self._out.abort()
         self.state = State.ABORTED
+
+
+def _check_provenance(builder: ManifestBuilder) -> None:
+    """Refuse, before anything is written, a tool/source the manifest cannot encode (NaN,
+    sets, objects): found at commit, it would fail after every blob was written."""
+    try:
+        encode({"tool": builder.tool, "source": builder.source})
+    except (TypeError, ValueError) as e:
+        raise FormatError(
+            f"manifest: the tool and source provenance is not strict JSON ({e})"
+        ) from None
 
 
 def _commit_together(files: Sequence[AtomicFile]) -> None:

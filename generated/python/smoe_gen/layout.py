@@ -185,7 +185,7 @@ FIELD_DOCS: dict[str, dict[str, str]] = {
         "activation": 'Expert activation; only SiLU/SwiGLU (0) is implemented by the kernels.',
         "num_hidden_layers": 'Total transformer layers, dense and MoE.',
         "rms_norm_eps": 'RMS-norm epsilon; the kernels compile 1e-6 and a value more than 10% away warns.',
-        "model_type": 'HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL (ruling R2, checked byte by byte, so that every target rejects invalid UTF-8 alike; `model_type.text` is the name). Ruling D6: writers truncate to 24 bytes without splitting a UTF-8 character.',
+        "model_type": "HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL (ruling R2, checked byte by byte, so that every target rejects invalid UTF-8 alike; `model_type.text` is the name). Ruling D6: a name is never stored split inside a UTF-8 character; smoe's writer refuses a name longer than 24 bytes (or not printable ASCII) rather than cut it.",
         "reserved": 'Must be zero.',
     },
 }
