@@ -19,7 +19,9 @@ import numpy as np
 
 from smoe.errors import FormatError, SmoeError
 from smoe.format.findings import Finding
+from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
+from smoe_gen import layout
 from smoe_gen.layout import Rule
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "encode",
     "load",
     "path_for",
+    "source_fault",
     "tool_info",
 ]
 
@@ -272,7 +275,9 @@ def check(
 ) -> list[Finding]:
     """Findings of a vault (its ``size``, its table, a blob reader) against a loaded manifest.
 
-    ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank).
+    ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank);
+    the header and descriptors are read through it too, to bound each expert's recorded
+    sources (``tensors[].index`` and ``rows``, :func:`source_fault`).
 
     >>> from smoe.vault.reader import Vault
     >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
@@ -300,12 +305,92 @@ def check(
                 len(table),
             )
         ]
+    experts, heights = _shapes(table, read)
     for i, row in enumerate(rows):
         moved = _row_finding(i, row, table[i])
         if moved is not None:
             return [moved]
+        sources = _sources_finding(i, row, table[i], heights[i], experts)
+        out += [sources] if sources is not None else []
         out += _blob_findings(i, row, table[i], read)
     return out
+
+
+def source_fault(
+    entry: dict[str, Any], rows: int, expert_rows: int, experts: int
+) -> tuple[str, str] | None:
+    """The first of an ``experts[].tensors[]`` entry's ``index`` and ``rows`` that its vault
+    cannot hold, as (key, why); None if both fit. A vault tensor of ``rows`` rows, in an
+    expert of ``expert_rows`` rows (its three tensors'), is one slab (``index`` below the
+    header's ``max_experts_per_layer`` = ``experts``) or ``rows`` rows of one within the
+    expert's: what is read back is bounded by the vault before anything is sized by it.
+
+    >>> source_fault({"index": 3, "rows": [32, 64]}, 32, 128, 4) is None
+    True
+    >>> source_fault({"index": 10**12}, 32, 128, 4)
+    ('index', 'is 1000000000000, expected an expert index below max_experts_per_layer 4')
+    >>> source_fault({"rows": [96, 160]}, 64, 128, 4)
+    ('rows', "is [96, 160], expected [start, start + 64] within the expert's 128 rows")
+    """
+    index, span = entry.get("index"), entry.get("rows")
+    if index is not None and not _uint_below(index, experts):
+        why = f"expected an expert index below max_experts_per_layer {experts}"
+        return "index", f"is {json_excerpt(index)}, {why}"
+    if span is None or (
+        isinstance(span, list)
+        and len(span) == 2
+        and _uint_below(span[0], expert_rows)
+        and _uint_below(span[1], expert_rows + 1)
+        and span[1] - span[0] == rows
+    ):
+        return None
+    why = f"expected [start, start + {rows}] within the expert's {expert_rows} rows"
+    return "rows", f"is {json_excerpt(span)}, {why}"
+
+
+def _uint_below(v: object, top: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < top
+
+
+def _shapes(
+    table: np.ndarray, read: Callable[[int, int], bytes | np.ndarray]
+) -> tuple[int, list[list[int]]]:
+    """The header's ``max_experts_per_layer`` and each table entry's tensor rows [n, 3],
+    read through ``read`` (the table lies inside the file, so its descriptors do too)."""
+    n = len(table)
+    header = np.frombuffer(bytes(read(0, layout.HEADER_SIZE)), layout.HEADER_DTYPE)[0]
+    size = n * layout.TENSORS_PER_EXPERT * layout.TENSOR_DESCRIPTOR_DTYPE.itemsize
+    raw = bytes(read(layout.descriptors_offset(n), size)) if n else b""
+    descs = np.frombuffer(raw, layout.TENSOR_DESCRIPTOR_DTYPE)
+    heights = descs["rows"].astype(np.int64).reshape(n, layout.TENSORS_PER_EXPERT).tolist()
+    return int(header["max_experts_per_layer"]), heights
+
+
+def _sources_finding(
+    i: int, row: dict[str, Any], entry: np.void, heights: list[int], experts: int
+) -> Finding | None:
+    """Manifest row ``i``'s ``tensors`` (absent: recorded by an older tool) against the
+    shapes of table entry ``i``: three objects, each ``index`` and ``rows`` in bounds."""
+    tensors = row.get("tensors")
+    if tensors is None:
+        return None
+    who = f"layer {int(entry['layer_id'])} expert {int(entry['expert_id'])}"
+    at, where = int(entry["byte_offset"]), f"manifest/experts/{i}/tensors"
+    if (
+        not isinstance(tensors, list)
+        or len(tensors) != layout.TENSORS_PER_EXPERT
+        or not all(isinstance(t, dict) for t in tensors)
+    ):
+        why = f"{who}: tensors is {json_excerpt(tensors)}, expected 3 objects (gate, up, down)"
+        return Finding.of(Rule.MANIFEST_EXPERT, at, where, why)
+    for t, source in enumerate(tensors):
+        fault = source_fault(source, heights[t], sum(heights), experts)
+        if fault is not None:
+            key, why = fault
+            name = layout.TENSOR_NAMES[t]
+            message = f"{who}: {name}'s {key} {why}"
+            return Finding.of(Rule.MANIFEST_EXPERT, at, f"{where}/{t}/{key}", message)
+    return None
 
 
 def _vault_findings(vault: dict[str, Any], size: int, experts: int) -> list[Finding]:

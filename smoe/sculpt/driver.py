@@ -311,7 +311,8 @@ class _Locked:
         those kept."""
         run, writer = self.run, self.writer
         journal = self.journal = Journal(self.paths.journal)
-        done = journal.read(fp) if run.opts.resume and os.path.lexists(self.paths.partial) else {}
+        resuming = run.opts.resume and os.path.lexists(self.paths.partial)
+        done = journal.read(fp, len(run.refs)) if resuming else {}
         plan = writer.begin(keep=bool(done))
         kept = keep_verified(writer, run.refs, done, run.jobs, run.weighted) if done else {}
         journal.start(fp, kept)

@@ -26,11 +26,16 @@ __all__ = [
     "Entry",
     "Journal",
     "fingerprint",
+    "journal_limit",
     "keep_verified",
     "read_journal",
 ]
 
 JOURNAL_MAGIC = "smoe-journal/2"
+# The longest line: 6 integers below 2**32 (layer, expert, 4 CRC-32C) of at most 10 digits,
+# 6 SNRs of at most 24 characters (repr of a float: "-1.2345678901234567e-308"), 11 spaces
+# and the newline.
+_MAX_LINE = 6 * 10 + 6 * 24 + 12
 
 
 @dataclass(frozen=True)
@@ -106,14 +111,29 @@ def _parse_line(line: str) -> tuple[tuple[int, int], Entry] | None:
     return (nums[0], nums[1]), Entry(nums[2], tuple(nums[3:6]), tuple(snrs[:3]), weighted)
 
 
-def read_journal(fd: int, path: Path, fp: str) -> dict[tuple[int, int], Entry]:
+def journal_limit(experts: int) -> int:
+    """The most bytes the journal of a run of ``experts`` experts can hold: its header (the
+    magic and a 64-digit fingerprint) and one longest line per expert, each journaled once.
+
+    >>> journal_limit(0), journal_limit(128 * 48)
+    (80, 1327184)
+    """
+    return len(JOURNAL_MAGIC) + 1 + 64 + 1 + experts * _MAX_LINE
+
+
+def read_journal(fd: int, path: Path, fp: str, experts: int) -> dict[tuple[int, int], Entry]:
     """Finished experts, if the journal belongs to this very run (else nothing).
+
+    Read only up to :func:`journal_limit` of the run's ``experts``: what lies past it was
+    not written by this run (a crash's NUL tail, a torn write) and is ignored as torn, not
+    refused: a journal only saves work (every blob it names is verified before it is
+    adopted, and the journal is rewritten), and memory stays bounded.
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / ".m.smoe.journal"
     >>> _ = path.write_bytes(b"smoe-journal/2 ab12\\n0 1 7 1 2 3 12.5 - 9.0\\n0 2 8 4")
     >>> fd = os.open(path, os.O_RDONLY)
-    >>> read_journal(fd, path, "ab12"), read_journal(fd, path, "cd34")  # a torn last line
+    >>> read_journal(fd, path, "ab12", 2), read_journal(fd, path, "cd34", 2)  # a torn line
     ({(0, 1): Entry(blob=7, sources=(1, 2, 3), snrs=(12.5, None, 9.0), weighted=None)}, {})
     >>> os.close(fd)
     """
@@ -121,7 +141,8 @@ def read_journal(fd: int, path: Path, fp: str) -> dict[tuple[int, int], Entry]:
         size = os.fstat(fd).st_size
     except OSError as e:
         raise SmoeError(f"{path}: cannot read: {e.strerror or e}") from None
-    text = fileio.pread_exact(fd, size, 0, path).decode("ascii", "replace")
+    limit = min(size, journal_limit(experts))
+    text = fileio.pread_exact(fd, limit, 0, path).decode("ascii", "replace")
     lines = text.split("\n")
     if not lines or lines[0] != f"{JOURNAL_MAGIC} {fp}":
         return {}
@@ -140,7 +161,7 @@ class Journal:
     >>> journal = Journal(Path(tempfile.mkdtemp()) / ".m.smoe.journal")
     >>> journal.start("ab12", {(0, 1): Entry(7, (1, 2, 3), (12.5, None, 9.0))})
     >>> journal.append(Entry(8, (4, 5, 6), (1.0, 2.0, 3.0)).line((0, 2)))
-    >>> sorted(journal.read("ab12"))
+    >>> sorted(journal.read("ab12", experts=2))
     [(0, 1), (0, 2)]
     >>> journal.close(remove=True); journal.path.exists()
     False
@@ -151,17 +172,18 @@ class Journal:
         self.fd: int | None = fileio.open_owned(path)
         self.end = 0
 
-    def read(self, fp: str) -> dict[tuple[int, int], Entry]:
-        """The finished experts of run ``fp`` (:func:`read_journal`); none for another run.
+    def read(self, fp: str, experts: int) -> dict[tuple[int, int], Entry]:
+        """The finished experts of run ``fp`` of ``experts`` experts (:func:`read_journal`,
+        which that bounds); none for another run.
 
         >>> import tempfile
         >>> journal = Journal(Path(tempfile.mkdtemp()) / ".m.smoe.journal")
-        >>> journal.read("ab12")  # a new, empty journal
+        >>> journal.read("ab12", experts=8)  # a new, empty journal
         {}
         >>> journal.close(remove=True)
         """
         assert self.fd is not None
-        return read_journal(self.fd, self.path, fp)
+        return read_journal(self.fd, self.path, fp, experts)
 
     def start(self, fp: str, kept: dict[tuple[int, int], Entry]) -> None:
         """Rewrite as this run's header plus the experts kept.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from smoe.errors import FormatError
+from smoe.format.manifest import source_fault
 from smoe.interop.safetensors_io import FLOAT_DTYPES
 from smoe.vault.reader import Vault
 from smoe_gen.layout import TENSOR_NAMES
@@ -103,12 +104,6 @@ def _where(path: Path, i: int, j: int | None = None) -> str:
     return f"{path}: experts[{i}]" + ("" if j is None else f".tensors[{j}]")
 
 
-def _uint(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FormatError(f"{what} is {value!r}, expected a non-negative integer")
-    return value
-
-
 def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, OutTensor] | None:
     """The source's names and layout from a manifest that matches ``vault`` (checked by the
     caller); None when it records no ``tensors`` (e.g. written by ``upgrade --out`` from an
@@ -161,13 +156,17 @@ def _place(
     where: str,
 ) -> None:
     """Add vault tensor ``t`` of expert ``key`` to the output tensor its manifest ``entry``
-    (at ``where``) names; refused if that tensor was given another index kind, width or
-    dtype before."""
+    (at ``where``) names; refused if its ``index`` or ``rows`` do not fit the vault
+    (:func:`smoe.format.manifest.source_fault`) or that tensor was given another index
+    kind, width or dtype before."""
     source, index, rows, dtype = _entry_fields(entry, where)
     n_rows, cols = _shape(vault, key, t)
-    if index is not None:
-        index = _uint(index, f"{where}.index")
-    span = _span(rows, where, n_rows)
+    assert isinstance(entry, dict)  # checked by _entry_fields
+    expert_rows = sum(_shape(vault, key, u)[0] for u in range(len(TENSOR_NAMES)))
+    fault = source_fault(entry, n_rows, expert_rows, int(vault.header["max_experts_per_layer"]))
+    if fault is not None:
+        raise FormatError(f"{where}.{fault[0]} {fault[1]}")
+    span = (0, n_rows) if rows is None else (rows[0], rows[1])
     o = out.setdefault(source, OutTensor(source, ()))
     if o.pieces and (
         (o.pieces[0].index is None) != (index is None) or o.shape[-1] != cols or o.dtype != dtype
@@ -193,23 +192,6 @@ def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None]
     return source, index, rows, dtype
 
 
-def _span(rows: object, where: str, n_rows: int) -> tuple[int, int]:
-    """The ``rows`` of an entry (absent: all of them) as ``(start, stop)``, which must hold
-    exactly the vault tensor's ``n_rows`` rows."""
-    if rows is None:
-        return (0, n_rows)
-    if (
-        isinstance(rows, list)
-        and len(rows) == 2
-        and _uint(rows[1], f"{where}.rows[1]") - _uint(rows[0], f"{where}.rows[0]") == n_rows
-    ):
-        return (rows[0], rows[1])
-    raise FormatError(
-        f"{where}.rows is {rows!r}, expected [start, start + {n_rows}] "
-        f"for the vault's {n_rows} rows"
-    )
-
-
 def _tile(o: OutTensor, path: Path) -> None:
     """Set ``o.shape`` from its pieces; refuse gaps, overlaps and missing slabs."""
     cols = o.shape[-1]
@@ -233,11 +215,11 @@ def _tile(o: OutTensor, path: Path) -> None:
     if None in slabs:
         o.shape = (height, cols)
         return
-    indices = [i for i in slabs if i is not None]  # all of them: the pieces are 3-D slabs
-    count = max(indices) + 1
-    missing = sorted(set(range(count)) - set(indices))
-    if missing:
+    indices = sorted(i for i in slabs if i is not None)  # all: the pieces are 3-D slabs
+    count = indices[-1] + 1
+    missing = next((at for at, i in enumerate(indices) if at != i), None)  # no range built
+    if missing is not None:
         raise FormatError(
-            f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing[0]}"
+            f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing}"
         )
     o.shape = (count, height, cols)

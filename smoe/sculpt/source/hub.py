@@ -24,10 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from smoe.errors import RefusedInput, SmoeError
+from smoe.errors import RefusedInput, SmoeError, UnreadableInput
 from smoe.families.config import read_json
+from smoe.plumbing import fileio
 
-__all__ = ["check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
+__all__ = ["check_cache", "check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
 
 _CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
@@ -36,6 +37,8 @@ _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"({_PART})/({_PART})")
 _CACHE_REPO = re.compile(rf"models--(?:{_PART}--)?({_PART})")
 _OFF = ("1", "ON", "YES", "TRUE")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_TREE_BYTES = 64 << 20  # a cached tree listing (trees/<commit>.json) of a repository
 
 
 def is_repo_id(text: str) -> bool:
@@ -141,6 +144,7 @@ def _offline(hf: ModuleType) -> bool:
 def _from_hub(repo_id: str, revision: str | None) -> Path:
     hf = _hub()
     what = repo_id if revision is None else f"{repo_id} (revision {revision})"
+    check_cache(Path(hf.constants.HF_HUB_CACHE), repo_id, revision, what)
     cached, missing = _cached(hf, repo_id, revision)
     if cached is not None and not missing:
         return cached
@@ -156,6 +160,70 @@ def _from_hub(repo_id: str, revision: str | None) -> Path:
             "is off (HF_HUB_OFFLINE)"
         )
     return _download(hf, repo_id, revision, what)
+
+
+def check_cache(cache: Path, repo_id: str, revision: str | None, what: str) -> None:
+    """Refuse, in one line, a cache whose files huggingface_hub would read for ``revision``
+    of ``repo_id`` (``refs/<revision>``, ``trees/<commit>.json``) or smoe would read first
+    (the snapshot's ``config.json`` and index) but that are not regular files of bounded
+    size: huggingface_hub reads them unguarded, so a FIFO blocks forever and /dev/zero
+    never ends. A ref must hold a commit hash, as huggingface_hub writes it. Absent files
+    are left to the look-up (the model is then not, or only partly, cached).
+
+    >>> import tempfile
+    >>> cache = Path(tempfile.mkdtemp())
+    >>> check_cache(cache, "org/name", None, "org/name")  # nothing cached: nothing to check
+    >>> (cache / "models--org--name" / "refs").mkdir(parents=True)
+    >>> os.mkfifo(cache / "models--org--name" / "refs" / "main")
+    >>> check_cache(cache, "org/name", None, "org/name")
+    Traceback (most recent call last):
+    smoe.errors.UnreadableInput: org/name: /.../refs/main: not a regular file (a FIFO)
+    """
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    rev = "main" if revision is None else revision
+    commit = rev if _COMMIT.fullmatch(rev) else _ref_commit(repo / "refs" / rev, what)
+    if commit is None:
+        return
+    tree = repo / "trees" / f"{commit}.json"
+    size = _regular_size(tree, what)
+    if size is not None and size > _TREE_BYTES:
+        raise RefusedInput(
+            f"{what}: {tree} is {size} bytes, more than the {_TREE_BYTES} bytes allowed "
+            "for a cached tree listing"
+        )
+    for name in (_CONFIG, _INDEX):  # their size is bounded where they are read (read_json)
+        _regular_size(repo / "snapshots" / commit / name, what)
+
+
+def _ref_commit(ref: Path, what: str) -> str | None:
+    """The commit hash ``ref`` holds (None if there is no such ref), read bounded by it."""
+    if not os.path.exists(ref):  # a dangling link too: huggingface_hub sees no ref
+        return None
+    bound = 40
+
+    def too_large(size: int) -> SmoeError:
+        return RefusedInput(
+            f"{what}: {ref} is {size} bytes, more than the {bound} bytes of the commit hash "
+            "a ref holds"
+        )
+
+    try:
+        text = fileio.read_whole(ref, bound, too_large).decode("ascii", "replace")
+    except fileio.NotRegular as e:
+        raise UnreadableInput(f"{what}: {e}") from None
+    if not _COMMIT.fullmatch(text):
+        raise RefusedInput(f"{what}: {ref} holds {text!r}, not a commit hash (40 hex digits)")
+    return text
+
+
+def _regular_size(path: Path, what: str) -> int | None:
+    """The size of ``path`` if it exists (through links; None if not): a regular file."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return fileio.require_regular(path).st_size
+    except fileio.NotRegular as e:
+        raise UnreadableInput(f"{what}: {e}") from None
 
 
 def _cached(hf: ModuleType, repo_id: str, revision: str | None) -> tuple[Path | None, list[str]]:
