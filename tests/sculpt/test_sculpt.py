@@ -52,7 +52,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def experts_of(vault: Path) -> dict[tuple[int, int], list[np.ndarray]]:
-    s = Smoe.from_file(str(vault))
+    s = Smoe.from_bytes(Path(vault).read_bytes())
     out = {}
     for e in s.experts:
         out[(e.layer_id, e.expert_id)] = [
@@ -101,7 +101,7 @@ def test_families_convert_and_decode_close_to_source(
 
 def test_arch_block_from_config(ckpts: Path, tmp_path: Path) -> None:
     res = sculpt(ckpts / "qwen", tmp_path, SculptOptions())
-    s = Smoe.from_file(str(res.vault))
+    s = Smoe.from_bytes(Path(res.vault).read_bytes())
     cfg = json.loads((ckpts / "qwen" / "config.json").read_text())
     a = s.arch
     assert a.rope_theta == cfg["rope_parameters"]["rope_theta"]
@@ -112,7 +112,7 @@ def test_arch_block_from_config(ckpts: Path, tmp_path: Path) -> None:
     h = s.header
     assert (h.num_moe_layers, h.max_experts_per_layer, h.d_model, h.vocab_size) == (2, 4, 64, 128)
     assert h.ffn_dim == cfg["intermediate_size"]  # no dense layer, no shared expert (D5)
-    mix = Smoe.from_file(str(sculpt(ckpts / "mixtral", tmp_path, SculptOptions()).vault))
+    mix = Smoe.from_bytes(sculpt(ckpts / "mixtral", tmp_path, SculptOptions()).vault.read_bytes())
     assert mix.arch.norm_topk_prob  # Mixtral renormalises without a config key (D8)
     assert not mix.arch.has_qk_norm
 
@@ -144,7 +144,7 @@ def test_jobs_give_identical_bytes(ckpts: Path, tmp_path: Path) -> None:
 
 def test_partial_vault_keeps_model_counts(ckpts: Path, tmp_path: Path) -> None:
     res = sculpt(ckpts / "qwen", tmp_path, SculptOptions(max_layers=1, max_experts=2))
-    s = Smoe.from_file(str(res.vault))
+    s = Smoe.from_bytes(Path(res.vault).read_bytes())
     assert [(e.layer_id, e.expert_id) for e in s.experts] == [(0, 0), (0, 1)]
     assert (s.header.num_moe_layers, s.header.max_experts_per_layer) == (2, 4)  # D5
     # The scout still holds no routed expert weight at all.
@@ -153,7 +153,7 @@ def test_partial_vault_keeps_model_counts(ckpts: Path, tmp_path: Path) -> None:
 
 def test_v1_output(ckpts: Path, tmp_path: Path) -> None:
     res = sculpt(ckpts / "qwen", tmp_path, SculptOptions(version=1))
-    s = Smoe.from_file(str(res.vault))
+    s = Smoe.from_bytes(Path(res.vault).read_bytes())
     assert s.header.version == 1 and s.arch is None
 
 

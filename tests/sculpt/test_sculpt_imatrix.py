@@ -44,7 +44,7 @@ def imatrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def blobs(vault: Path) -> dict[tuple[int, int], list[tuple[bytes, bytes]]]:
     """Per expert, (packed, scales) bytes of gate, up, down."""
-    s = Smoe.from_file(str(vault))
+    s = Smoe.from_bytes(Path(vault).read_bytes())
     return {
         (e.layer_id, e.expert_id): [(bytes(t.packed), bytes(t.scales)) for t in e.tensors]
         for e in s.experts

@@ -102,7 +102,7 @@ def test_blobs_back_to_back_and_v1_layout(tmp_path: Path) -> None:
     # descriptors end at 64 + 3 * 48 + 9 * 44 = 604; the arch block goes at round_up(604, 64)
     assert (plan2.descriptors_end, plan2.reserved_ext, plan2.data_offset) == (604, 640, 16384)
     assert (plan1.reserved_ext, plan1.data_offset) == (0, 16384)
-    v1 = Smoe.from_file(str(tmp_path / "b.smoe"))
+    v1 = Smoe.from_bytes((tmp_path / "b.smoe").read_bytes())
     assert v1.header.version == 1 and v1.arch is None
 
 
@@ -283,12 +283,12 @@ def test_sigkill_midway_leaves_no_final_file(tmp_path: Path) -> None:
                 sys.stdin.readline()
         w.commit()
     """)
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout.readline() == "midway\n"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    ) as proc:  # closes its pipes: no descriptor left for a later test to trip on
+        assert proc.stdout.readline() == "midway\n"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not path.exists()
     leftovers = list(tmp_path.iterdir())
@@ -311,7 +311,7 @@ def test_round_trip_through_kaitai(tmp_path: Path) -> None:
     for bits in (2, 4):
         path = tmp_path / f"q{bits}.smoe"
         write_vault(path, MODEL, experts, bits=bits, arch=ARCH)
-        s = Smoe.from_file(str(path))
+        s = Smoe.from_bytes(Path(path).read_bytes())
         for e in s.experts:
             for d, w in zip(e.tensors, experts[(e.layer_id, e.expert_id)]):
                 got = quant.decode(
