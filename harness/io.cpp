@@ -137,6 +137,25 @@ std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_len) {
 
 // ---- writing ----------------------------------------------------------------------------
 
+std::optional<Replaced> existing_output(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || S_ISLNK(st.st_mode))
+        return std::nullopt;  // absent or out of reach (creating it says why), or a link
+    if (!S_ISREG(st.st_mode))
+        throw IoError(path + ": exists and is not a regular file (" + kind(st.st_mode) +
+                      "); refusing to replace it");
+    return Replaced{st.st_uid, st.st_gid, static_cast<mode_t>(st.st_mode & 07777)};
+}
+
+void take_over(int fd, const std::optional<Replaced>& replaced) {
+    if (!replaced)
+        return;
+    // chown before chmod (chown clears set-id bits); the group alone where the owner is not ours
+    if (::fchown(fd, replaced->uid, replaced->gid) != 0)
+        (void)::fchown(fd, static_cast<uid_t>(-1), replaced->gid);
+    (void)::fchmod(fd, replaced->mode);  // a filesystem without modes: the file is still ours
+}
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     const size_t slash = path_.rfind('/');
     const std::string base = slash == std::string::npos ? path_ : path_.substr(slash + 1);
@@ -144,11 +163,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     if (base.empty() || base == "." || base == "..")
         throw IoError(path_ + ": cannot create: not a file name");
     const std::string prefix = (slash == std::string::npos ? "" : path_.substr(0, slash + 1));
+    const std::optional<Replaced> replaced = existing_output(path_);
     for (int attempt = 0;; ++attempt) {
         tmp_ = prefix + "." + base + "." + random_suffix() + ".tmp";
         fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
-        if (fd_.get() >= 0)
+        if (fd_.get() >= 0) {
+            take_over(fd_.get(), replaced);  // never wider than the file it replaces
             return;
+        }
         const int err = errno;
         if (err != EEXIST || attempt == 100) {
             tmp_.clear();
@@ -190,6 +212,11 @@ void AtomicFile::finish() {
 
 void AtomicFile::rename_into_place() {
     finish();
+    if (const std::optional<Replaced> replaced = existing_output(path_)) {  // checked again
+        Fd fd(::open(tmp_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+        if (fd.get() >= 0)
+            take_over(fd.get(), replaced);
+    }
     if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
         const std::string name = tmp_.substr(tmp_.rfind('/') + 1);
         throw IoError(path_ + ": cannot rename " + name + " onto it: " + why(errno));

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -67,10 +68,29 @@ Input open_input(const std::string& path);
 void refuse_same_file(const std::string& out,
                       const std::vector<std::pair<std::string, FileId>>& inputs);
 
+/// The owner, group and mode of an output a new file replaces.
+struct Replaced {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    mode_t mode = 0;
+};
+
+/// lstat of an output about to be replaced: a regular file there gives its owner, group and
+/// mode; nothing there (or a symlink, replaced, never followed) gives nullopt; anything else
+/// (a FIFO, a device, a folder) is refused (IoError): "OUT: exists and is not a regular
+/// file (a FIFO); refusing to replace it", so a rename never lands on it.
+std::optional<Replaced> existing_output(const std::string& path);
+
+/// Gives the new file `fd` the owner, group and mode of the one it replaces (nothing for
+/// nullopt: the umask's mode stays). An owner or group this process may not give is left.
+void take_over(int fd, const std::optional<Replaced>& replaced);
+
 /// A file written under a temporary name beside `path` (created O_CREAT|O_EXCL|
 /// O_NOFOLLOW|O_CLOEXEC) and renamed onto `path` when complete, so a symlink planted under
 /// the final name is replaced, never followed. Until rename nothing appears under `path`;
-/// the destructor removes an uncommitted temporary file.
+/// the destructor removes an uncommitted temporary file. What is at `path` is checked
+/// (existing_output) before the temporary file is created and again just before the
+/// rename; the new file takes over the owner, group and mode of the one it replaces.
 class AtomicFile {
 public:
     explicit AtomicFile(std::string path);

@@ -18,8 +18,9 @@
 //
 // Inputs must be regular files (a FIFO or a device is refused at once). Outputs (OUT.f32,
 // OUT_DIR/{gate,up,down}.f32) are written to a new temporary file beside them, fsync'ed and
-// renamed onto the final name (a symlink there is replaced, never followed); an output
-// that is the same file as an input is refused before anything is written.
+// renamed onto the final name (a symlink there is replaced, never followed; a file there
+// passes on its owner, group and mode); an output that is the same file as an input, or
+// that is not a regular file (a FIFO, a device), is refused before anything is written.
 //
 // Exit status: 0 valid / done, 1 the vault breaks a rule (one line on stderr naming the
 // rule's code, offset and field; a bad magic too), 2 a file that cannot be read at all
@@ -384,6 +385,7 @@ int cmd_forward(const std::vector<std::string>& args) {
     open_expert(le, args[0], args[1], args[2]);
     const Input in = open_input(args[3]);
     refuse_same_file(args[4], {{args[0], le.vault.id}, {args[3], in.id}});
+    existing_output(args[4]);  // a FIFO or a device there: refused before any work
     read_expert(le);
     const uint32_t d_model = le.tensors[0].cols;
     if (in.size != uint64_t{d_model} * sizeof(float))
@@ -408,6 +410,7 @@ int cmd_dequant(const std::vector<std::string>& args) {
     for (const char* n : names) {
         outs.push_back(args[3] + "/" + n);
         refuse_same_file(outs.back(), {{args[0], le.vault.id}});
+        existing_output(outs.back());  // all three checked before any is written
     }
     read_expert(le);
     if (::mkdir(args[3].c_str(), 0777) != 0 && errno != EEXIST)

@@ -4,6 +4,9 @@ Until :meth:`AtomicFile.commit` nothing exists under the final name; :meth:`abor
 (or leaving a ``with`` block by an exception) removes the temporary file. The temporary
 file is created exclusively and never through a symlink (:mod:`smoe.plumbing.fileio`); a fixed
 temporary name (a resumable partial file) is reused only if it is a regular file of ours.
+An existing target that is not a regular file (a FIFO, a device, a folder) is refused before
+anything is created, and again at the rename; a file that is replaced passes its owner, group
+and mode on to the new one (a new file takes the umask's mode).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class AtomicFile:
 
     def __init__(self, path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
+        replaced = fileio.existing_output(self.path)  # a FIFO or a device: refused here
         fileio.ensure_dir(self.path.parent)
         if tmp is None:
             while True:
@@ -82,8 +86,9 @@ class AtomicFile:
                 except WriteFailed:
                     if not os.path.lexists(self.tmp):
                         raise
-        else:  # a fixed name, e.g. a resumable partial file
-            self.tmp = Path(tmp)
+            fileio.take_over(fd, replaced)  # never wider than the file it replaces
+        else:  # a fixed name, e.g. a resumable partial file: takes over at the rename, so
+            self.tmp = Path(tmp)  # that a read-only target cannot lock a resume out
             fd = fileio.open_owned(self.tmp)
         self.fd: int | None = fd
 

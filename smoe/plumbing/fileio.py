@@ -6,6 +6,9 @@
   exclusively with ``O_NOFOLLOW``; a fixed-name file (a resumable partial, a journal, a
   lock) is reused only if it is a regular file of ours with a single link.
 * Inputs are untouchable: :func:`refuse_same_file` compares device and inode.
+* An output is renamed only onto nothing, a symlink or a regular file (a folder onto a
+  folder), never onto a FIFO or a device (:func:`existing_output`); the new file takes over
+  the owner, group and mode of the one it replaces (:func:`take_over`).
 * Inputs that are not regular files (FIFOs, devices, directories) are refused at once
   (:class:`NotRegular`), and a file that shrinks under a reader gives a clean error, never a
   hang or a signal; :func:`reading` turns any other failed open or stat of an input into
@@ -39,6 +42,7 @@ __all__ = [
     "create_new",
     "direct_io",
     "ensure_dir",
+    "existing_output",
     "fsync",
     "fsync_dir",
     "open_input",
@@ -52,6 +56,7 @@ __all__ = [
     "rename",
     "require_regular",
     "same_file",
+    "take_over",
     "truncate",
     "unlink_owned",
 ]
@@ -168,7 +173,11 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """``os.replace`` with a one-line error.
+    """``os.replace`` of a file (or folder) of ours onto an output, with a one-line error.
+
+    What ``dst`` is now is checked at the last moment (:func:`existing_output`: a FIFO or a
+    device there is refused, never replaced), and ``src`` takes over the owner, group and
+    mode of the file it replaces (:func:`take_over`).
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -176,7 +185,16 @@ def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     >>> rename(f"{d}/.a.tmp", f"{d}/a")
     >>> os.listdir(d)
     ['a']
+    >>> os.mkfifo(f"{d}/p"); os.close(create_new(f"{d}/.p.tmp"))
+    >>> rename(f"{d}/.p.tmp", f"{d}/p")
+    Traceback (most recent call last):
+    smoe.errors.WriteFailed: /.../p: exists and is not a regular file (a FIFO); refusing ...
     """
+    try:
+        folder = stat.S_ISDIR(os.lstat(src).st_mode)
+    except OSError:
+        folder = False  # os.replace says why
+    take_over(src, existing_output(dst, folder))
     try:
         os.replace(src, dst)
     except OSError as e:
@@ -203,6 +221,73 @@ def ensure_dir(path: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise WriteFailed(f"{path}: exists and is not a folder")
     return path
+
+
+# ---- outputs that replace what is there ---------------------------------------------------
+def existing_output(path: str | os.PathLike, folder: bool = False) -> os.stat_result | None:
+    """``lstat`` an output about to be replaced: None where nothing is there (or a symlink,
+    which is replaced, never followed); anything but a regular file (a folder, with
+    ``folder``) is refused, so a rename never lands on a FIFO or a device.
+
+    >>> existing_output("no/such/out.html") is None, existing_output("LICENSE").st_size > 0
+    (True, True)
+    >>> existing_output("/dev/null")
+    Traceback (most recent call last):
+    smoe.errors.WriteFailed: /dev/null: exists and is not a regular file (a character ...
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # absent, or out of reach: creating it says why
+    if stat.S_ISLNK(st.st_mode):
+        return None
+    if folder and not stat.S_ISDIR(st.st_mode):
+        kind = "" if stat.S_ISREG(st.st_mode) else f" ({_kind(st.st_mode)})"
+        raise WriteFailed(f"{path}: exists and is not a folder{kind}")
+    if not folder and not stat.S_ISREG(st.st_mode):
+        raise WriteFailed(
+            f"{path}: exists and is not a regular file ({_kind(st.st_mode)}); "
+            "refusing to replace it"
+        )
+    return st
+
+
+def take_over(target: int | str | os.PathLike, st: os.stat_result | None) -> None:
+    """Give a new file or folder of ours (an fd, or a path, never followed) the owner,
+    group and mode of ``st``, the one it replaces (None: keep the umask's mode). An owner or
+    group this process may not give is left as it is (the mode is still kept, less what the
+    kernel drops).
+
+    >>> import os, stat, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> old, new = f"{d}/old", f"{d}/new"
+    >>> os.close(create_new(old, 0o600))
+    >>> fd = create_new(new)
+    >>> take_over(fd, os.stat(old)); os.close(fd)
+    >>> oct(stat.S_IMODE(os.stat(new).st_mode))
+    '0o600'
+    """
+    if st is None:
+        return
+    if not isinstance(target, int):
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC)
+        except OSError:
+            return  # gone or out of reach: what comes next says why
+        try:
+            take_over(fd, st)
+        finally:
+            os.close(fd)
+        return
+    fd = target
+    for uid, gid in ((st.st_uid, st.st_gid), (-1, st.st_gid)):
+        try:
+            os.fchown(fd, uid, gid)  # before the mode: chown clears set-id bits
+            break
+        except OSError:
+            continue
+    with contextlib.suppress(OSError):  # e.g. a filesystem without modes
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
 
 
 # ---- creating files without following links ------------------------------------------------

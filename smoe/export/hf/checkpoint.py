@@ -27,7 +27,6 @@ import math
 import os
 import re
 import secrets
-import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -428,8 +427,7 @@ def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
             )
     if st is None:
         return
-    if not stat.S_ISDIR(st.st_mode):
-        raise WriteFailed(f"{out_dir}: exists and is not a folder")
+    fileio.existing_output(out_dir, folder=True)  # a file, a FIFO, a device: refused
     if os.listdir(out_dir):
         raise WriteFailed(
             f"{out_dir}: exists and is not empty; remove it or name a new folder "
@@ -465,10 +463,14 @@ def _sweep_stale_dirs(out_dir: Path) -> None:
 
 
 def _make_tmp_dir(out_dir: Path) -> Path:
+    """A new folder beside ``out_dir``, with the owner, group and mode of the (empty)
+    folder there it is to replace, from the start."""
+    replaced = fileio.existing_output(out_dir, folder=True)
     while True:
         tmp = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(4)}.tmp"
         try:
             os.mkdir(tmp, 0o777)
+            fileio.take_over(tmp, replaced)
             return tmp
         except FileExistsError:
             continue
