@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smoe.errors import RefusedInput
+from smoe.families.registry import Family, Renorm, family_of, generic
 from smoe.format.records import ArchInfo, model_type_problem
 from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
@@ -32,16 +33,6 @@ __all__ = [
     "refuse_unsupported",
 ]
 
-# transformers' default of norm_topk_prob per model type when config.json has no key (D8)
-_NORM_TOPK_DEFAULT = {
-    "mixtral": True,
-    "deepseek_v3": True,
-    "qwen3_moe": False,
-    "qwen2_moe": False,
-    "olmoe": False,
-    "deepseek_v2": False,
-}
-_QK_NORM_FAMILIES = {"qwen3_moe", "olmoe"}  # attention with q/k RMS norms by construction
 _MAX_JSON = 64 << 20  # config.json and index files are kilobytes to a few megabytes
 
 
@@ -225,7 +216,9 @@ def config_object(doc: object, path: Path) -> dict:
     """
     if not isinstance(doc, dict):
         raise RefusedInput(f"{path}: not a JSON object")
-    inner = doc.get("text_config")
+    thinker = doc.get("thinker_config")  # Qwen3-Omni: the text model is the thinker's
+    outer = thinker if isinstance(thinker, dict) else doc
+    inner = outer.get("text_config")
     return inner if isinstance(inner, dict) else doc
 
 
@@ -253,7 +246,7 @@ class Structure:
     shared_expert_ffn_dim: int
 
 
-def _structure_from_config(cfg: dict, where: str) -> Structure:
+def _structure_from_config(cfg: dict, where: str, family: Family) -> Structure:
     qk = _get_bool(cfg, where, "use_qk_norm")
     dense = 0
     if get_int(cfg, where, "first_k_dense_replace", minimum=0):
@@ -262,7 +255,7 @@ def _structure_from_config(cfg: dict, where: str) -> Structure:
     if shared is None:
         n_shared = get_int(cfg, where, "n_shared_experts", minimum=0) or 0
         shared = n_shared * (get_int(cfg, where, "moe_intermediate_size") or 0)
-    qk_default = get_str(cfg, where, "model_type") in _QK_NORM_FAMILIES
+    qk_default = bool(family.qk_norm)
     return Structure(qk if qk is not None else qk_default, dense, shared)
 
 
@@ -279,16 +272,45 @@ def is_mla(cfg: dict, where: str) -> bool:
     return nope is not None and rope is not None
 
 
-def _rope_theta(cfg: dict, where: str) -> float:
-    """``rope_theta``: top-level (old spelling) or in ``rope_parameters``/``rope_scaling``."""
+_FULL_ATTENTION = ("full_attention", "attention", "global_attention", "default")
+
+
+def _rope_theta(cfg: dict, where: str) -> tuple[float, list[str]]:
+    """``rope_theta``: top-level (old spelling), in ``rope_parameters``/``rope_scaling``,
+    or in ``rope_parameters`` keyed by layer type (then the full-attention layers' value,
+    with a warning when other layer types use another); and the warnings."""
     theta = _get_float(cfg, where, "rope_theta")
     for nested in ("rope_parameters", "rope_scaling"):
         sub = _get_object(cfg, where, nested)
         if theta is None and sub is not None:
             theta = _get_float(sub, where, "rope_theta", prefix=f"{nested}.")
+            if theta is None:
+                return _rope_theta_by_layer_type(sub, where, nested)
     if theta is None:
         raise RefusedInput(f"{where}: no rope_theta (top-level or in rope_parameters)")
-    return theta
+    return theta, []
+
+
+def _rope_theta_by_layer_type(sub: dict, where: str, nested: str) -> tuple[float, list[str]]:
+    """``rope_parameters`` as ``{layer_type: {rope_theta: ...}}``."""
+    thetas: dict[str, float] = {}
+    for kind, params in sub.items():
+        if isinstance(params, dict):
+            value = _get_float(params, where, "rope_theta", prefix=f"{nested}.{kind}.")
+            if value is not None:
+                thetas[kind] = value
+    if not thetas:
+        raise RefusedInput(f"{where}: no rope_theta (top-level or in rope_parameters)")
+    kind = next((k for k in _FULL_ATTENTION if k in thetas), next(iter(thetas)))
+    others = {k: v for k, v in thetas.items() if v != thetas[kind]}
+    warnings = []
+    if others:
+        rest = ", ".join(f"{k} {v:g}" for k, v in others.items())
+        warnings.append(
+            f"rope_theta: {nested}.{kind}.rope_theta {thetas[kind]:g} is written; other layer "
+            f"types use another ({rest}): an engine must read {nested} from the config copy"
+        )
+    return thetas[kind], warnings
 
 
 def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
@@ -324,10 +346,6 @@ def _attention_from_config(cfg: dict, where: str) -> tuple[int, int, int]:
 
 
 _SILU_ACTS = {"silu", "swish", "swiglu"}
-_REFUSED_FAMILIES = {
-    "gpt_oss": "gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
-    "only bias-free SiLU-gated (SwiGLU) experts can be represented",
-}
 
 
 def refuse_unsupported(cfg: dict, where: str, subject: str | None = None) -> None:
@@ -344,10 +362,9 @@ experts can be represented
     """
     subject = subject or where
     model_type = get_str(cfg, where, "model_type")
-    if model_type in _REFUSED_FAMILIES:
-        raise RefusedInput(
-            f"{subject}: model_type {model_type!r} refused: {_REFUSED_FAMILIES[model_type]}"
-        )
+    family = family_of(model_type)
+    if family is not None and family.refused:
+        raise RefusedInput(f"{subject}: model_type {model_type!r} refused: {family.refused}")
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
     if act not in _SILU_ACTS:
         raise RefusedInput(
@@ -366,10 +383,57 @@ def _arch_model_type(cfg: dict, where: str) -> str:
     return model_type
 
 
+def _renorm(cfg: dict, where: str, family: Family) -> tuple[bool, list[str]]:
+    """The norm_topk_prob flag: what the family's router does (fixed by its modeling
+    code, or a config key with the family's default); a config key the router ignores
+    but that says otherwise is a warning."""
+    rule = family.renorm
+    if isinstance(rule, Renorm):
+        value = _get_bool(cfg, where, rule.key)
+        return (rule.default if value is None else value), []
+    said = _get_bool(cfg, where, "norm_topk_prob")
+    warnings = []
+    if said is not None and said != rule:
+        does = "always renormalises" if rule else "never renormalises"
+        warnings.append(
+            f"norm_topk_prob: config.json says {str(said).lower()}, but the "
+            f"{family.model_type} router {does} its top-k weights (it ignores the key); "
+            f"the flag says {str(rule).lower()}"
+        )
+    return rule, warnings
+
+
+def _top_k(cfg: dict, where: str, family: Family) -> int:
+    """The routed experts per token, under the family's spelling (or any known one)."""
+    keys = family.top_k + tuple(k for k in generic("").top_k if k not in family.top_k)
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, list) and value and all(v == value[0] for v in value):
+            value = value[0]  # one value per layer, all the same (hunyuan's moe_topk)
+            if type(value) is int and value >= 1:
+                return value
+        elif isinstance(value, list):
+            raise RefusedInput(
+                f"{where}: {key} is {json_excerpt(value)}: a different top-k per layer "
+                "cannot be represented"
+            )
+    top_k = get_int(cfg, where, *keys)
+    if top_k is None:
+        raise RefusedInput(f"{where}: no num_experts_per_tok (nor {', '.join(keys[1:])})")
+    return top_k
+
+
 def arch_from_config(
-    cfg: dict, where: str, moe_ffn_dim: int, shapes: Structure | None = None
+    cfg: dict,
+    where: str,
+    moe_ffn_dim: int,
+    shapes: Structure | None = None,
+    family: Family | None = None,
+    model_type: str | None = None,
 ) -> tuple[ArchInfo, list[str]]:
     """The arch block from config values; ``shapes`` (from tensors) override structure.
+    ``family``: the registry's entry (default: the config's model_type's, else generic);
+    ``model_type``: the name the block records (a multimodal wrapper's outer type).
 
     Returns the block and the warnings for every disagreement between config and shapes.
 
@@ -381,38 +445,38 @@ def arch_from_config(
     >>> arch_from_config(cfg, "config.json", moe_ffn_dim=32)[1]
     ['moe_ffn_dim: config.json says 48, the tensors say 32; using the tensors']
     """
-    warnings = []
     refuse_unsupported(cfg, where)
-    theta = _rope_theta(cfg, where)
+    name = _arch_model_type(cfg, where) if model_type is None else model_type
+    if model_type is not None:
+        problem = model_type_problem(model_type)
+        if problem is not None:
+            raise RefusedInput(f"{where}: model_type {json_excerpt(model_type)} {problem}")
+    family = family or family_of(name) or generic(name)
+    theta, warnings = (0.0, []) if family.nope else _rope_theta(cfg, where)
     heads, kv, head_dim = _attention_from_config(cfg, where)
-    top_k = get_int(cfg, where, "num_experts_per_tok", "moe_top_k", "top_k")
-    if top_k is None:
-        raise RefusedInput(f"{where}: no num_experts_per_tok")
-    model_type = _arch_model_type(cfg, where)
-    moe_cfg = get_int(cfg, where, "moe_intermediate_size")
-    if moe_cfg is None and model_type == "mixtral":
-        moe_cfg = get_int(cfg, where, "intermediate_size")
+    top_k = _top_k(cfg, where, family)
+    moe_cfg = get_int(cfg, where, *family.moe_ffn)
     if moe_cfg is not None and moe_cfg != moe_ffn_dim:
         warnings.append(
             f"moe_ffn_dim: config.json says {moe_cfg}, the tensors say "
             f"{moe_ffn_dim}; using the tensors"
         )
-    from_cfg = _structure_from_config(cfg, where)
+    from_cfg = _structure_from_config(cfg, where, family)
     facts = shapes or from_cfg
     if shapes is not None:
-        for name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
-            c, s = getattr(from_cfg, name), getattr(shapes, name)
+        for field_name in ("has_qk_norm", "dense_ffn_dim", "shared_expert_ffn_dim"):
+            c, s = getattr(from_cfg, field_name), getattr(shapes, field_name)
             cfg_has = (
-                name != "has_qk_norm" or "use_qk_norm" in cfg or model_type in _QK_NORM_FAMILIES
+                field_name != "has_qk_norm" or "use_qk_norm" in cfg or family.qk_norm is not None
             )
             if cfg_has and c != s:
                 warnings.append(
-                    f"{name}: config.json says {c!r}, the tensors say {s!r}; using the tensors"
+                    f"{field_name}: config.json says {c!r}, the tensors say {s!r}; "
+                    "using the tensors"
                 )
-    norm_topk = _get_bool(cfg, where, "norm_topk_prob")
-    if norm_topk is None:
-        norm_topk = _NORM_TOPK_DEFAULT.get(model_type, False)
-    eps = _get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", positive=False)
+    norm_topk, notes = _renorm(cfg, where, family)
+    warnings += notes
+    eps = _get_float(cfg, where, "rms_norm_eps", "layer_norm_eps", "norm_eps", positive=False)
     arch = ArchInfo(
         rope_theta=theta,
         num_heads=heads,
@@ -420,9 +484,9 @@ def arch_from_config(
         head_dim=head_dim,
         moe_top_k=top_k,
         moe_ffn_dim=int(moe_ffn_dim),
-        num_hidden_layers=get_int(cfg, where, "num_hidden_layers") or 0,
+        num_hidden_layers=get_int(cfg, where, "num_hidden_layers", "num_layers") or 0,
         rms_norm_eps=1e-6 if eps is None else eps,
-        model_type=model_type,
+        model_type=name,
         norm_topk_prob=norm_topk,
         has_qk_norm=facts.has_qk_norm,
         has_dense_layer_0=facts.dense_ffn_dim > 0,

@@ -239,10 +239,15 @@ class ExpertReader:
                 crcs[i] = self._fill(part.path, part.offset, buf[at : at + part.nbytes])
         mats = [
             (
-                buf[at + lead : at + lead + p.nbytes].view(FLOAT_DTYPES[p.dtype]).reshape(p.shape),
+                ref.finish(
+                    k,
+                    buf[at + lead : at + lead + p.nbytes]
+                    .view(FLOAT_DTYPES.get(p.dtype, np.uint8))
+                    .reshape(p.shape),
+                ),
                 src_dtype(p),
             )
-            for p, at, lead in zip(parts, places, leads)
+            for k, (p, at, lead) in enumerate(zip(parts, places, leads))
         ]
         return mats, tuple(crcs)
 

@@ -87,6 +87,8 @@ def fingerprint(
         shaping["imatrix"] = imatrix_sha256
     h.update(json.dumps(shaping).encode())
     for ref in refs:
+        if ref.transposed:
+            h.update(b"transposed\n")
         for info, idx, rows in ref.sources:
             shard = info.path.relative_to(ckpt.root).as_posix()
             h.update(

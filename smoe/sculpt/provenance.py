@@ -45,6 +45,9 @@ def provenance(
             raise SmoeError(f"{shard}: cannot read: {e.strerror or e}") from None
         files.append({"name": shard.relative_to(ckpt.root).as_posix(), "size": size})
     source: dict[str, Any] = {"model_type": ckpt.model_type, "files": files}
+    family = ckpt.family_record()
+    if family is not None:
+        source["family"] = family
     if imatrix is not None:
         record = dict(imatrix)
         record["name"] = Path(record.pop("path")).name
@@ -77,6 +80,9 @@ def tensor_entries(
         }
         for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs, snrs)
     ]
+    if ref.transposed:  # the source slab holds the transposes: [E, H, 2I], [E, I, H]
+        for entry in out:
+            entry["transposed"] = True
     if weighted is not None:
         for entry, value in zip(out, weighted):
             entry["weighted_snr_db"] = None if not finite(value) else round(float(value), 4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from smoe import quant
 from smoe.errors import SmoeError
+from smoe.families.registry import FAMILIES
 from smoe.interop.safetensors_io import read_header
 from smoe.sculpt import SculptOptions, sculpt
 from smoe.sculpt.source.checkpoint import Checkpoint
@@ -64,7 +66,13 @@ def test_header_and_arch_match_the_config(sculpted, name: str) -> None:
     assert bool(flags & 4) == cfg["dense_layer_0"]
     assert int(a["shared_expert_ffn_dim"]) == shared
     assert int(a["dense_ffn_dim"]) == (dense or 0)
-    assert sculpted[name].warnings == []
+    beyond = FAMILIES[cfg_model_type(name)].beyond
+    carry = [
+        f"the arch block cannot carry {cfg_model_type(name)}'s {', '.join(beyond)}: an engine "
+        "must read them from the config copy (the manifest's source.family.config_keys lists "
+        "them)"
+    ]
+    assert sculpted[name].warnings == (carry if beyond else [])
 
 
 @pytest.mark.parametrize("name", CONVERT)
@@ -136,3 +144,8 @@ def test_partial_vault_from_a_real_checkpoint(tmp_path: Path) -> None:
     assert (int(v.header["num_moe_layers"]), int(v.header["max_experts_per_layer"])) == (2, 8)
     assert [f.code for f in v.report.findings] == ["header.partial"]
     assert v.report.findings[0].message == "partial: 3 of 16 experts"
+
+
+def cfg_model_type(name: str) -> str:
+    """The model_type of fixture checkpoint ``name``."""
+    return json.loads((CKPTS / name / "config.json").read_text())["model_type"]

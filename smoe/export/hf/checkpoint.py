@@ -356,11 +356,36 @@ def write_expert(
     fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: _Decoder
 ) -> None:
     """Write output tensor ``o`` at ``offset``: each piece where its slab and rows lie."""
+    if o.transposed:
+        _write_transposed(fd, path, o, dtype, offset, decoder)
+        return
     row = o.cols * DTYPE_SIZES[dtype]
     slab = o.shape[-2] * row
     for p in _pieces_in_order(o):
         with decoder.take(o, p) as data:
             fileio.pwrite_all(fd, data, offset + (p.index or 0) * slab + p.rows[0] * row, path)
+
+
+def _write_transposed(
+    fd: int, path: Path, o: OutTensor, dtype: str, offset: int, decoder: _Decoder
+) -> None:
+    """A transposed layout (``[E, H, 2I]``): each slab assembled in memory from its pieces'
+    transposes, side by side, then written whole."""
+    cols, height = o.shape[-2], o.shape[-1]
+    item = np.dtype(np.float32 if dtype == "F32" else np.uint16)
+    slab_bytes = cols * height * item.itemsize
+    pieces = _pieces_in_order(o)
+    at = 0
+    while at < len(pieces):
+        index = pieces[at].index
+        slab = np.empty((cols, height), item)
+        while at < len(pieces) and pieces[at].index == index:
+            p = pieces[at]
+            with decoder.take(o, p) as data:
+                rows = p.rows[1] - p.rows[0]
+                slab[:, p.rows[0] : p.rows[1]] = data.view(item).reshape(rows, cols).T
+            at += 1
+        fileio.pwrite_all(fd, slab, offset + (index or 0) * slab_bytes, path)
 
 
 # ---- the output folder ----------------------------------------------------------------------

@@ -61,15 +61,17 @@ class OutTensor:
     shape: tuple[int, ...]
     pieces: list[Piece] = field(default_factory=list)
     dtype: str | None = None  # the source's safetensors dtype, when the manifest records it
+    transposed: bool = False  # a slab holds the pieces' transposes side by side ([E, H, 2I])
 
     @property
     def cols(self) -> int:
-        """The width of the tensor's rows (its last dimension).
+        """The width of the vault tensors' rows (the tensor's last dimension, or the one
+        before it when transposed).
 
         >>> OutTensor("model.layers.0.mlp.experts.down_proj", (4, 64, 32)).cols
         32
         """
-        return self.shape[-1]
+        return self.shape[-2] if self.transposed else self.shape[-1]
 
 
 def _shape(vault: Vault, key: tuple[int, int], t: int) -> tuple[int, int]:
@@ -159,7 +161,7 @@ def _place(
     (at ``where``) names; refused if its ``index`` or ``rows`` do not fit the vault
     (:func:`smoe.format.manifest.source_fault`) or that tensor was given another index
     kind, width or dtype before."""
-    source, index, rows, dtype = _entry_fields(entry, where)
+    source, index, rows, dtype, transposed = _entry_fields(entry, where)
     n_rows, cols = _shape(vault, key, t)
     assert isinstance(entry, dict)  # checked by _entry_fields
     expert_rows = sum(_shape(vault, key, u)[0] for u in range(len(TENSOR_NAMES)))
@@ -169,27 +171,34 @@ def _place(
     span = (0, n_rows) if rows is None else (rows[0], rows[1])
     o = out.setdefault(source, OutTensor(source, ()))
     if o.pieces and (
-        (o.pieces[0].index is None) != (index is None) or o.shape[-1] != cols or o.dtype != dtype
+        (o.pieces[0].index is None) != (index is None)
+        or o.shape[-1] != cols
+        or o.dtype != dtype
+        or o.transposed != transposed
     ):
         raise FormatError(
-            f"{where}: {source!r} is given another index kind, width or "
-            "dtype than by an earlier entry"
+            f"{where}: {source!r} is given another index kind, width, "
+            "dtype or orientation than by an earlier entry"
         )
-    o.shape, o.dtype = (cols,), dtype
+    o.shape, o.dtype, o.transposed = (cols,), dtype, transposed
     o.pieces.append(Piece(key, t, index, span))
 
 
-def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None]:
+def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None, bool]:
     """An ``experts[].tensors[]`` entry of the manifest: its source tensor's name and dtype
-    (None: not recorded), checked, and its ``index`` and ``rows`` as given."""
+    (None: not recorded) and whether the source holds its transpose, checked, and its
+    ``index`` and ``rows`` as given."""
     if not isinstance(entry, dict):
         raise FormatError(f"{where}: not an object")
     source, index, rows, dtype = (entry.get(k) for k in ("source", "index", "rows", "dtype"))
+    transposed = entry.get("transposed", False)
+    if type(transposed) is not bool:
+        raise FormatError(f"{where}.transposed is {transposed!r}, expected true or false")
     if not isinstance(source, str) or not source:
         raise FormatError(f"{where}.source is {source!r}, expected a tensor name")
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise FormatError(f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}")
-    return source, index, rows, dtype
+    return source, index, rows, dtype, transposed
 
 
 def _tile(o: OutTensor, path: Path) -> None:
@@ -213,7 +222,7 @@ def _tile(o: OutTensor, path: Path) -> None:
                 f"{sorted(spans)} of {height}"
             )
     if None in slabs:
-        o.shape = (height, cols)
+        o.shape = (cols, height) if o.transposed else (height, cols)
         return
     indices = sorted(i for i in slabs if i is not None)  # all: the pieces are 3-D slabs
     count = indices[-1] + 1
@@ -222,4 +231,4 @@ def _tile(o: OutTensor, path: Path) -> None:
         raise FormatError(
             f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing}"
         )
-    o.shape = (count, height, cols)
+    o.shape = (count, cols, height) if o.transposed else (count, height, cols)

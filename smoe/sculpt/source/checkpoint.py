@@ -35,12 +35,25 @@ from smoe.errors import RefusedInput
 from smoe.families.config import (
     Structure,
     arch_from_config,
+    config_object,
     get_int,
     get_str,
     is_mla,
-    load_config,
     read_json,
     refuse_unsupported,
+)
+from smoe.families.registry import (
+    CONTAINERS,
+    EMBEDDINGS,
+    FUSED_NAMES,
+    PER_EXPERT_ROLES,
+    PREFIXES,
+    Family,
+    Layout,
+    assumptions,
+    family_of,
+    generic,
+    split_layer,
 )
 from smoe.format.records import ArchInfo, ModelInfo
 from smoe.interop.safetensors_io import (
@@ -50,37 +63,33 @@ from smoe.interop.safetensors_io import (
     read_array,
     read_header,
 )
+from smoe.sculpt.source.fp8 import Fp8Scale, read_raw, scale_of
 
 __all__ = ["Checkpoint", "ExpertRef", "src_dtype"]
 
+_CONTAINER = "(?:(?:" + "|".join(CONTAINERS) + r")\.)?"
 _PER_EXPERT = re.compile(
-    r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
+    "^" + _CONTAINER + r"experts\.(\d+)\.(" + "|".join(PER_EXPERT_ROLES) + r")\.weight$"
 )
-_MIXTRAL = re.compile(
-    r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w3|w2)\.weight$"
+_FUSED = [(re.compile("^" + _CONTAINER + re.escape(gu) + "$"), dn) for gu, dn in FUSED_NAMES]
+_BIAS = re.compile(  # the experts' own biases; not a router's e_score_correction_bias
+    "^" + _CONTAINER + r"experts\.(?:\d+\.\w+\.bias|(?:gate_up|down|gate|up)_proj_bias|\w+\.bias)$"
 )
-_FUSED = re.compile(
-    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
-    r"(gate_up_proj|down_proj)$"
+_ATTENTION = re.compile(
+    r"^(?:self_attn|attention|attn|self_attention)\.(q_proj|k_proj|q_norm|k_norm)\.weight$"
 )
-_FUSED_BIAS = re.compile(
-    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\."
-    r"(gate_up_proj_bias|down_proj_bias)$"
-)
-_EXPERT_BIAS = re.compile(
-    r"^model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
-    r"\w+\.bias$"
-)
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-_ATTENTION = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(q_proj|k_proj|q_norm|k_norm)\.weight$")
-_MIXTRAL_ROLES = {"w1": 0, "w3": 1, "w2": 2}
-_ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+_DENSE_GATE = re.compile(r"^(?:mlp|feed_forward|ffn)\.(?:gate_proj|w1)\.weight$")
+_Q_NORMS = ("attn.q_norm.weight", "attention.q_norm.weight")
+_ROLE_NAMES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
+_SHARED_GATE = re.compile(r"^(?:\w+\.)*shared_\w+\.(?:gate_proj|w1)\.weight$")
 
 
 @dataclass(frozen=True)
 class ExpertRef:
     """Where one expert's three matrices come from: a 2-D tensor, or a slice of a 3-D one
-    (an expert's index, and for gate and up a half of ``gate_up_proj``'s rows).
+    (an expert's index, and for gate and up a half of ``gate_up_proj``'s rows). In a
+    transposed layout (``[E, H, 2I]``) each slab is read whole and a matrix is the
+    transpose of its columns ``rows``.
 
     >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
     >>> for info, idx, rows in ref.sources:
@@ -93,36 +102,47 @@ class ExpertRef:
     layer: int
     expert: int
     sources: tuple[tuple[TensorInfo, int | None, slice | None], ...]  # (tensor, index, rows)
+    transposed: bool = False
+    scales: tuple[Fp8Scale | None, ...] = (None, None, None)
+    """Per matrix, the scales of an FP8 source (None: a float tensor)."""
+
+    def _slab(self, info: TensorInfo, idx: int | None) -> tuple[int, ...]:
+        return info.shape if idx is None else info.shape[1:]
 
     @property
     def shapes(self) -> tuple[tuple[int, int], ...]:
-        """The 2-D shape of gate, up and down.
+        """The 2-D shape of gate, up and down (as the vault holds them).
 
         >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].shapes
         ((48, 64), (48, 64), (64, 48))
         """
         out = []
         for info, idx, rows in self.sources:
-            shape = info.shape if idx is None else info.shape[1:]
-            r = shape[0] if rows is None else rows.stop - rows.start
-            out.append((r, shape[1]))
+            shape = self._slab(info, idx)
+            if self.transposed:
+                c = shape[1] if rows is None else rows.stop - rows.start
+                out.append((c, shape[0]))
+            else:
+                r = shape[0] if rows is None else rows.stop - rows.start
+                out.append((r, shape[1]))
         return tuple(out)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the three matrices as stored.
+        """Bytes of the three matrices as the encoder reads them (FP8 dequantised: BF16).
 
         >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].nbytes
         18432
         """
         total = 0
         for (r, c), (info, _, _) in zip(self.shapes, self.sources):
-            total += r * c * np.dtype(FLOAT_DTYPES[info.dtype]).itemsize
+            total += r * c * np.dtype(FLOAT_DTYPES.get(info.dtype, np.uint16)).itemsize
         return total
 
     def ranges(self) -> tuple[tuple[Path, int, int], ...]:
-        """(shard, absolute offset, size) of each matrix's bytes, gate, up, down: a row
-        slice of a fused tensor is the contiguous run of just its rows.
+        """(shard, absolute offset, size) of the bytes read for each matrix, gate, up, down:
+        a row slice of a fused tensor is the contiguous run of just its rows; a matrix of a
+        transposed layout is read as its whole slab.
 
         >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
         >>> [(offset, n) for path, offset, n in ref.ranges()]
@@ -130,27 +150,49 @@ class ExpertRef:
         """
         out = []
         for info, idx, rows in self.sources:
-            shape = info.shape if idx is None else info.shape[1:]
+            shape = self._slab(info, idx)
             row = math.prod(shape[1:]) * DTYPE_SIZES[info.dtype]
             start = info.offset + (0 if idx is None else idx * shape[0] * row)
-            r0, r1 = (0, shape[0]) if rows is None else (rows.start, rows.stop)
+            r0, r1 = (0, shape[0]) if rows is None or self.transposed else (rows.start, rows.stop)
             out.append((info.path, start + r0 * row, (r1 - r0) * row))
         return tuple(out)
 
     def parts(self) -> tuple[TensorInfo, ...]:
-        """Each matrix as a tensor of its own: its shard, offset, size, dtype and 2-D shape.
+        """What is read for each matrix, as a tensor of its own: its shard, offset, size,
+        dtype and 2-D shape (a transposed layout's whole slab).
 
         >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
         >>> gate = ref.parts()[0]
         >>> gate.dtype, gate.shape, gate.offset, gate.nbytes
         ('BF16', (48, 64), 96912, 6144)
         """
-        return tuple(
-            TensorInfo(info.name, path, info.dtype, shape, offset, n)
-            for (info, _, _), (path, offset, n), shape in zip(
-                self.sources, self.ranges(), self.shapes
-            )
-        )
+        out = []
+        for (info, idx, rows), (path, offset, n) in zip(self.sources, self.ranges()):
+            slab = self._slab(info, idx)
+            if self.transposed or rows is None:
+                shape = (slab[0], slab[1])
+            else:
+                shape = (rows.stop - rows.start, slab[1])
+            out.append(TensorInfo(info.name, path, info.dtype, shape, offset, n))
+        return tuple(out)
+
+    def finish(self, k: int, read: np.ndarray) -> np.ndarray:
+        """Matrix ``k`` from the array of what :meth:`parts` reads for it: FP8 dequantised
+        to BF16 patterns, a transposed layout's columns transposed (fresh, contiguous).
+
+        >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)]
+        >>> raw = read_array(ref.parts()[0])
+        >>> ref.finish(0, raw) is raw  # a float matrix in the vault's orientation: as read
+        True
+        """
+        info, idx, rows = self.sources[k]
+        scale = self.scales[k]
+        if scale is not None:
+            read = scale.dequantize(read, idx, f"{info.path}: {info.name}")
+        if not self.transposed:
+            return read
+        cols = read if rows is None else read[:, rows.start : rows.stop]
+        return np.ascontiguousarray(cols.T)
 
     def load(self) -> list[tuple[np.ndarray, str | None]]:
         """The three matrices as (array, src_dtype): fresh arrays, each filled by positioned
@@ -160,40 +202,22 @@ class ExpertRef:
         >>> [(str(a.dtype), a.shape, src) for a, src in ref.load()]
         [('uint16', (32, 64), 'bf16'), ('float16', (32, 64), None), ('float32', (64, 32), None)]
         """
-        return [(read_array(part), src_dtype(part)) for part in self.parts()]
+        out = []
+        for k, part in enumerate(self.parts()):
+            raw = read_array(part) if part.dtype in FLOAT_DTYPES else read_raw(part)
+            out.append((self.finish(k, raw), src_dtype(part)))
+        return out
 
 
 def src_dtype(info: TensorInfo) -> str | None:
     """What the raw 16-bit patterns of a matrix are, for :func:`smoe.quant.encode_into`
-    (``"bf16"``; None: the array's own dtype says it).
+    (``"bf16"``, also for FP8 dequantised to BF16; None: the array's own dtype says it).
 
     >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe_mixed_dtype").experts[(0, 0)]
     >>> [src_dtype(p) for p in ref.parts()]
     ['bf16', None, None]
     """
-    return "bf16" if info.dtype == "BF16" else None
-
-
-_SCALE_SUFFIXES = ("_scale_inv", "_scale")  # weight_scale_inv (DeepSeek-V3), weight_scale
-
-
-def _refuse_unreadable(info: TensorInfo, tensors: dict[str, TensorInfo]) -> None:
-    """Expert weights must be BF16, F16 or F32 and carry no scales: FP8 is refused (neither
-    reader dequantises it), and so is any weight with a block-scale companion such as
-    DeepSeek-V3's ``weight_scale_inv``, which must never be read as if unscaled."""
-    scale = next((info.name + s for s in _SCALE_SUFFIXES if info.name + s in tensors), None)
-    if scale is not None:
-        raise RefusedInput(
-            f"{info.path}: tensor {info.name!r} is {info.dtype} with block scales in "
-            f"{scale!r} (block-scaled FP8, as DeepSeek-V3 ships); refused: its values are "
-            "not the weights without the scales; convert the checkpoint to BF16 first"
-        )
-    if info.dtype not in FLOAT_DTYPES:
-        fp8 = " (FP8: convert the checkpoint to BF16 first)" if info.dtype.startswith("F8") else ""
-        raise RefusedInput(
-            f"{info.path}: tensor {info.name!r} is {info.dtype}; refused: expert weights "
-            f"must be BF16, F16 or F32{fp8}"
-        )
+    return "bf16" if info.dtype == "BF16" or info.dtype.startswith("F8") else None
 
 
 def _weight_map(index_path: Path) -> dict[str, str]:
@@ -248,31 +272,59 @@ def _shard_name(index_path: Path, tensor: str, shard: str) -> PurePosixPath:
 Roles = dict[int, TensorInfo]  # gate (0), up (1), down (2) -> tensor
 
 
-def _expert_tensors(
-    root: Path, tensors: dict[str, TensorInfo]
-) -> tuple[dict[tuple[int, int], Roles], dict[int, dict[str, TensorInfo]], set[str]]:
-    """The expert weights by naming scheme: per (layer, expert) its roles' 2-D tensors,
-    per layer its fused tensors, and every such name; an expert bias is refused."""
-    parts: dict[tuple[int, int], Roles] = {}
-    fused: dict[int, dict[str, TensorInfo]] = {}
-    names: set[str] = set()
+@dataclass
+class _Found:
+    """The expert tensors of a checkpoint, by layout: per (layer, expert) its roles' 2-D
+    tensors, per layer its fused pair; every such name, and the language model's prefix."""
+
+    parts: dict[tuple[int, int], Roles] = field(default_factory=dict)
+    fused: dict[int, tuple[TensorInfo, TensorInfo]] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    prefixes: set[str] = field(default_factory=set)
+    stems: set[str] = field(default_factory=set)  # the prefix and layers./blocks.
+
+
+def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
+    """Every routed-expert tensor under a known prefix and layout; an expert bias is refused."""
+    found = _Found()
     for name, info in tensors.items():
-        if _EXPERT_BIAS.match(name) or _FUSED_BIAS.match(name):
+        split = split_layer(name)
+        if split is None or split[0] not in PREFIXES:
+            continue
+        prefix, layer, rest = split
+        stem = name[: len(name) - len(rest) - len(str(layer)) - 1]
+        if _BIAS.match(rest):
             raise RefusedInput(
                 f"{root}: expert bias {name!r} refused: only bias-free "
                 "SiLU-gated (SwiGLU) experts can be represented"
             )
-        m = _PER_EXPERT.match(name) or _MIXTRAL.match(name)
+        m = _PER_EXPERT.match(rest)
         if m:
-            role = {**_ROLES, **_MIXTRAL_ROLES}[m.group(3)]  # the regexes allow no other
-            parts.setdefault((int(m.group(1)), int(m.group(2))), {})[role] = info
-            names.add(name)
+            found.parts.setdefault((layer, int(m.group(1))), {})[PER_EXPERT_ROLES[m.group(2)]] = (
+                info
+            )
+            found.names.add(name)
+            found.prefixes.add(prefix)
+            found.stems.add(stem)
             continue
-        m = _FUSED.match(name)
-        if m:
-            fused.setdefault(int(m.group(1)), {})[m.group(2)] = info
-            names.add(name)
-    return parts, fused, names
+        for (pattern, down), (gu_name, _) in zip(_FUSED, FUSED_NAMES):
+            if pattern.match(rest):
+                down_name = name[: len(name) - len(gu_name)] + down
+                if down_name not in tensors:
+                    raise RefusedInput(
+                        f"{root}: layer {layer} has fused experts {name!r} but no {down_name!r}"
+                    )
+                found.fused[layer] = (info, tensors[down_name])
+                found.names.update((name, down_name))
+                found.prefixes.add(prefix)
+                found.stems.add(stem)
+    if len(found.stems) > 1:
+        raise RefusedInput(
+            f"{root}: routed experts under more than one prefix "
+            f"({', '.join(repr(p) for p in sorted(found.stems))}); refused: one language "
+            "model per checkpoint"
+        )
+    return found
 
 
 def _per_expert_refs(
@@ -281,7 +333,7 @@ def _per_expert_refs(
     """The experts stored one 2-D tensor per matrix: all three roles, each 2-D."""
     experts: dict[tuple[int, int], ExpertRef] = {}
     for key, roles in parts.items():
-        missing = [n for n, r in _ROLES.items() if r not in roles]
+        missing = [n for n, r in _ROLE_NAMES.items() if r not in roles]
         if missing:
             raise RefusedInput(
                 f"{root}: layer {key[0]} expert {key[1]} has no {' or '.join(missing)} tensor"
@@ -295,34 +347,44 @@ def _per_expert_refs(
     return experts
 
 
+def _orientation(root: Path, layer: int, gu: TensorInfo, down: TensorInfo, family: Family) -> bool:
+    """Whether a layer's fused pair is transposed (``[E, H, 2I]``, ``[E, I, H]``): the one
+    of the family's layouts the pair's shapes fit (never both: that would need I = 2I)."""
+    fits = set()
+    if len(gu.shape) == 3 and len(down.shape) == 3 and gu.shape[0] == down.shape[0]:
+        _, a, b = gu.shape
+        _, c, d = down.shape
+        if a % 2 == 0 and a // 2 == d and b == c:
+            fits.add(Layout.FUSED)
+        if b % 2 == 0 and b // 2 == c and a == d:
+            fits.add(Layout.FUSED_T)
+    allowed = fits & set(family.layouts)
+    if not allowed:
+        expect = " or ".join(
+            {Layout.FUSED: "[E, 2I, H] and [E, H, I]", Layout.FUSED_T: "[E, H, 2I] and [E, I, H]"}[
+                x
+            ]
+            for x in family.layouts
+            if x is not Layout.PER_EXPERT
+        )
+        raise RefusedInput(
+            f"{root}: layer {layer} fused experts {gu.name} {list(gu.shape)}, "
+            f"{down.name} {list(down.shape)}: expected {expect or 'per-expert tensors'}"
+        )
+    return allowed == {Layout.FUSED_T}
+
+
 def _add_fused_refs(
     root: Path,
-    fused: dict[int, dict[str, TensorInfo]],
+    fused: dict[int, tuple[TensorInfo, TensorInfo]],
     experts: dict[tuple[int, int], ExpertRef],
+    family: Family,
 ) -> None:
-    """Add the experts of each layer's fused ``gate_up_proj`` ``[E, 2I, H]`` and
-    ``down_proj`` ``[E, H, I]`` (both there, shapes that fit, no expert stored twice)."""
-    for layer, pair in fused.items():
-        if set(pair) != {"gate_up_proj", "down_proj"}:
-            absent = {"gate_up_proj", "down_proj"} - set(pair)
-            raise RefusedInput(
-                f"{root}: layer {layer} has no fused experts {' or '.join(sorted(absent))} tensor"
-            )
-        gu, down = pair["gate_up_proj"], pair["down_proj"]
-        if (
-            len(gu.shape) != 3
-            or len(down.shape) != 3
-            or gu.shape[0] != down.shape[0]
-            or gu.shape[1] % 2
-            or gu.shape[1] // 2 != down.shape[2]
-            or gu.shape[2] != down.shape[1]
-        ):
-            raise RefusedInput(
-                f"{root}: layer {layer} fused experts have inconsistent shapes "
-                f"gate_up_proj {list(gu.shape)}, down_proj {list(down.shape)} "
-                "(expected [E, 2I, H] and [E, H, I])"
-            )
-        inter = gu.shape[1] // 2
+    """Add the experts of each layer's fused gate_up and down tensors (shapes that fit the
+    family's orientation, no expert stored twice); gate is the first half."""
+    for layer, (gu, down) in fused.items():
+        transposed = _orientation(root, layer, gu, down, family)
+        inter = (gu.shape[2] if transposed else gu.shape[1]) // 2
         for e in range(gu.shape[0]):
             if (layer, e) in experts:
                 raise RefusedInput(
@@ -332,21 +394,23 @@ def _add_fused_refs(
                 layer,
                 e,
                 ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
+                transposed,
             )
 
 
 def _check_expert(
     root: Path, key: tuple[int, int], ref: ExpertRef, tensors: dict[str, TensorInfo]
-) -> None:
-    """gate and up of one shape, down its transpose, every matrix readable unscaled."""
+) -> ExpertRef:
+    """gate and up of one shape, down its transpose; every matrix readable: a float tensor,
+    or FP8 with the scales it needs (:func:`smoe.sculpt.source.fp8.scale_of`)."""
     g, u, d = ref.shapes
     if u != g or d != (g[1], g[0]):
         raise RefusedInput(
             f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
             f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
         )
-    for info, _, _ in ref.sources:
-        _refuse_unreadable(info, tensors)
+    scales = tuple(scale_of(info, tensors) for info, _, _ in ref.sources)
+    return replace(ref, scales=scales) if any(s is not None for s in scales) else ref
 
 
 @dataclass
@@ -363,6 +427,12 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
     experts: dict[tuple[int, int], ExpertRef]
     expert_tensor_names: set[str]
+    family: Family = field(default_factory=lambda: generic("unknown"))
+    stem: str = "model.layers."
+    """The language model's layers' name stem before ``{L}.`` (``model.layers.``,
+    ``model.language_model.layers.``, ``backbone.layers.``, ...)."""
+    declared_type: str = ""
+    """config.json's ``model_type`` (a multimodal wrapper's outer one)."""
     warnings: list[str] = field(default_factory=list)
 
     # ---- opening -----------------------------------------------------------------------
@@ -389,12 +459,23 @@ class Checkpoint:
                 f"{root}: no config.json (a HuggingFace checkpoint directory needs "
                 "config.json and *.safetensors)"
             )
-        config = load_config(cfg_path)
-        tensors = cls._index(root)
+        doc = read_json(cfg_path)
+        config = config_object(doc, cfg_path)
         where = str(cfg_path)
+        outer = get_str(doc, where, "model_type") if isinstance(doc, dict) else ""
+        inner = get_str(config, where, "model_type")
+        family = family_of(outer) or family_of(inner)
+        warnings = []
+        if family is None:
+            family = generic(outer or inner or "unknown")
+            warnings.append(assumptions(outer or inner or "unknown"))
+        if family.refused:
+            raise RefusedInput(f"{root}: model_type {(outer or inner)!r} refused: {family.refused}")
+        tensors = cls._index(root)
         refuse_unsupported(config, where, str(root))
-        experts, names = cls._experts(root, tensors)
-        return cls(root, config, tensors, experts, names)
+        experts, names, stem = cls._experts(root, tensors, family)
+        declared = outer or inner or "unknown"
+        return cls(root, config, tensors, experts, names, family, stem, declared, warnings)
 
     @staticmethod
     def _index(root: Path) -> dict[str, TensorInfo]:
@@ -444,31 +525,35 @@ class Checkpoint:
 
     @staticmethod
     def _experts(
-        root: Path, tensors: dict[str, TensorInfo]
-    ) -> tuple[dict[tuple[int, int], ExpertRef], set[str]]:
-        """The routed experts (per expert and fused, sorted) and the names of their tensors."""
-        parts, fused, names = _expert_tensors(root, tensors)
-        experts = _per_expert_refs(root, parts)
-        _add_fused_refs(root, fused, experts)
+        root: Path, tensors: dict[str, TensorInfo], family: Family
+    ) -> tuple[dict[tuple[int, int], ExpertRef], set[str], str]:
+        """The routed experts (per expert and fused, sorted), the names of their tensors
+        and the language model's prefix."""
+        found = _find_experts(root, tensors)
+        experts = _per_expert_refs(root, found.parts)
+        _add_fused_refs(root, found.fused, experts, family)
         if not experts:
             raise RefusedInput(
                 f"{root}: no routed expert tensors found (looked for "
-                "mlp.experts.{E}.*_proj.weight, block_sparse_moe.experts.{E}.w1/w2/w3"
-                ".weight and fused mlp.experts.gate_up_proj/down_proj)"
+                "[prefix.]layers.{L}.<mlp|block_sparse_moe|feed_forward|...>.experts.{E}."
+                "<gate_proj|up_proj|down_proj|w1|w3|w2>.weight and the fused gate_up/down "
+                "pairs smoe families lists)"
             )
-        for key, ref in experts.items():
-            _check_expert(root, key, ref, tensors)
-        return dict(sorted(experts.items())), names
+        checked = {key: _check_expert(root, key, ref, tensors) for key, ref in experts.items()}
+        return dict(sorted(checked.items())), found.names, next(iter(found.stems))
 
     # ---- facts -----------------------------------------------------------------------------
     @property
     def model_type(self) -> str:
-        """config.json's ``model_type`` ("unknown" when absent).
+        """config.json's ``model_type`` ("unknown" when absent; a multimodal wrapper's
+        outer type, not its text model's).
 
         >>> Checkpoint.open("fixtures/checkpoints/deepseek_v3").model_type
         'deepseek_v3'
         """
-        return get_str(self.config, self.where, "model_type", default="unknown")
+        return self.declared_type or get_str(
+            self.config, self.where, "model_type", default="unknown"
+        )
 
     @property
     def where(self) -> str:
@@ -511,13 +596,40 @@ class Checkpoint:
                 f"{shape_value!r}{why}; using the tensors"
             )
 
+    @property
+    def prefix(self) -> str:
+        """The language model's prefix: the stem without ``layers.`` (``model.``, ...).
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").prefix
+        'model.'
+        """
+        return self.stem[: self.stem.rstrip(".").rfind(".") + 1]
+
+    def layer(self, n: int) -> str:
+        """The name prefix of layer ``n``'s tensors (``model.layers.3.``).
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").layer(3)
+        'model.layers.3.'
+        """
+        return f"{self.stem}{n}."
+
+    @property
+    def embedding_name(self) -> str:
+        """The token embedding's tensor name (the first of the known names present under
+        the prefix; the standard one when none is).
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").embedding_name
+        'model.embed_tokens.weight'
+        """
+        names = [self.prefix + e for e in EMBEDDINGS]
+        return next((n for n in names if n in self.tensors), names[0])
+
     def _embedding(self) -> tuple[int, int]:
         """(vocab_size, d_model): the embedding's shape."""
-        emb = self._shape("model.embed_tokens.weight")
+        emb = self._shape(self.embedding_name)
         if emb is None or len(emb) != 2:
             raise RefusedInput(
-                f"{self.root}: no 2-D model.embed_tokens.weight; d_model and "
-                "vocab_size come from it"
+                f"{self.root}: no 2-D {self.embedding_name}; d_model and vocab_size come from it"
             )
         return emb[0], emb[1]
 
@@ -537,7 +649,7 @@ class Checkpoint:
         ):
             raise RefusedInput(
                 f"{self.root}: hidden_size: config.json says {hidden}, "
-                f"model.embed_tokens.weight has {d_model} columns; refused: "
+                f"{self.embedding_name} has {d_model} columns; refused: "
                 "config.json has no head_dim, and hidden_size / num_attention_heads "
                 f"would be {hidden // heads} by the config, {d_model // heads} by the "
                 "tensors"
@@ -572,8 +684,12 @@ class Checkpoint:
         >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").dense_ffn_dim()
         96
         """
-        shape = self._shape("model.layers.0.mlp.gate_proj.weight")
-        return int(shape[0]) if shape else 0
+        if 0 in self.moe_layers:
+            return 0
+        for name, info in self.tensors.items():
+            if name.startswith(self.layer(0)) and _DENSE_GATE.match(name[len(self.layer(0)) :]):
+                return int(info.shape[0])
+        return 0
 
     def shared_expert_ffn_dim(self) -> int:
         """Rows of the first MoE layer's shared expert gate_proj (0 without one).
@@ -582,13 +698,10 @@ class Checkpoint:
         64
         """
         for lay in self.moe_layers:
-            for name in (
-                f"model.layers.{lay}.mlp.shared_expert.gate_proj.weight",
-                f"model.layers.{lay}.mlp.shared_experts.gate_proj.weight",
-            ):
-                shape = self._shape(name)
-                if shape:
-                    return int(shape[0])
+            head = self.layer(lay)
+            for name, info in sorted(self.tensors.items()):
+                if name.startswith(head) and _SHARED_GATE.match(name[len(head) :]):
+                    return int(info.shape[0])
         return 0
 
     def ffn_dim(self) -> int:
@@ -610,7 +723,9 @@ class Checkpoint:
         >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").has_qk_norm()
         True
         """
-        return any(n.endswith(".self_attn.q_norm.weight") for n in self.tensors)
+        if self.family.qk_norm is not None:
+            return self.family.qk_norm
+        return any(n.startswith(self.stem) and n.endswith(_Q_NORMS) for n in self.tensors)
 
     def structure(self) -> Structure:
         """Structural facts from the tensors present (shapes win over config.json).
@@ -629,12 +744,20 @@ class Checkpoint:
         (4, 2, 16, 2, 2)
         """
         gate_rows = next(iter(self.experts.values())).shapes[0][0]
-        emb = self._shape("model.embed_tokens.weight")
+        emb = self._shape(self.embedding_name)
         if emb is not None and len(emb) == 2:
             self._check_hidden_size(emb[1])
-        arch, warnings = arch_from_config(self.config, self.where, gate_rows, self.structure())
+        arch, warnings = arch_from_config(
+            self.config, self.where, gate_rows, self.structure(), self.family, self.model_type
+        )
         self.warnings.extend(w for w in warnings if w not in self.warnings)
         arch = self._attention(self._layers(arch))
+        if self.family.beyond:
+            self._warn(
+                f"the arch block cannot carry {self.model_type}'s "
+                f"{', '.join(self.family.beyond)}: an engine must read them from the config "
+                "copy (the manifest's source.family.config_keys lists them)"
+            )
         width = max(len(self.layer_experts(lay)) for lay in self.moe_layers)
         if arch.moe_top_k > width:
             raise RefusedInput(
@@ -646,27 +769,31 @@ class Checkpoint:
     def _layers(self, arch: ArchInfo) -> ArchInfo:
         """num_hidden_layers: the tensors' count (highest model.layers.{L} + 1) wins over a
         smaller config value; a larger one, or a layer missing in between, is refused."""
-        present = {int(m.group(1)) for n in self.tensors if (m := _LAYER.match(n))}
+        present = {
+            int(n[len(self.stem) :].split(".", 1)[0])
+            for n in self.tensors
+            if n.startswith(self.stem) and n[len(self.stem) :].split(".", 1)[0].isdigit()
+        }
         count = max(present) + 1
         said = get_int(self.config, self.where, "num_hidden_layers")
         if said is not None and said > count:
             raise RefusedInput(
                 f"{self.root}: num_hidden_layers: config.json says {said}, but the "
-                f"tensors have layers 0..{count - 1} only (no model.layers.{count}); "
+                f"tensors have layers 0..{count - 1} only (no {self.stem}{count}); "
                 "refused"
             )
         gaps = sorted(set(range(count)) - present)
         if gaps:
             raise RefusedInput(
-                f"{self.root}: the tensors have model.layers.{count - 1} but no "
-                f"tensor of model.layers.{gaps[0]}; refused"
+                f"{self.root}: the tensors have {self.stem}{count - 1} but no "
+                f"tensor of {self.stem}{gaps[0]}; refused"
             )
         mtp = get_int(self.config, self.where, "num_nextn_predict_layers", minimum=0) or 0
         if said is not None and mtp and said + mtp == count:
             extra = (
-                f"model.layers.{said} is a multi-token-prediction layer"
+                f"{self.stem}{said} is a multi-token-prediction layer"
                 if mtp == 1
-                else f"model.layers.{said}..{count - 1} are multi-token-prediction layers"
+                else f"{self.stem}{said}..{count - 1} are multi-token-prediction layers"
             )
             self._warn(
                 f"num_hidden_layers: config.json says {said}; the tensors' {extra} "
@@ -686,15 +813,18 @@ class Checkpoint:
         layers (else refused)."""
         seen: dict[str, tuple[int, tuple[int, ...]]] = {}
         for name, info in sorted(self.tensors.items()):
-            m = _ATTENTION.match(name)
+            split = split_layer(name)
+            if split is None or not name.startswith(self.stem):
+                continue
+            m = _ATTENTION.match(split[2])
             if not m:
                 continue
-            layer, role = int(m.group(1)), m.group(2)
+            layer, role = split[1], m.group(1)
             first = seen.setdefault(role, (layer, info.shape))
             if first[1] != info.shape:
                 raise RefusedInput(
                     f"{self.root}: {name} has shape {list(info.shape)}, but "
-                    f"model.layers.{first[0]}.self_attn.{role}.weight has "
+                    f"{self.layer(first[0])}self_attn.{role}.weight has "
                     f"{list(first[1])}; per-layer attention shapes are not "
                     "representable"
                 )
@@ -710,6 +840,14 @@ class Checkpoint:
             return arch
         heads, kv, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
         layer, (rows_q, _) = shapes["q_proj"]
+        if self.family.gated_q:  # half of q_proj's rows are the attention output's gate
+            if rows_q % 2:
+                raise RefusedInput(
+                    f"{self.root}: {self.layer(layer)}self_attn.q_proj.weight has {rows_q} "
+                    f"rows, but {self.model_type}'s q_proj also holds the output gate "
+                    "(2 x num_attention_heads x head_dim rows)"
+                )
+            rows_q //= 2
         k = shapes.get("k_proj")
         rows_k = k[1][0] if k and len(k[1]) == 2 else None
         if rows_q == heads * hd and rows_k in (None, kv * hd):
@@ -727,7 +865,7 @@ class Checkpoint:
             h, k_heads = rows_q // hd, kv if rows_k is None else rows_k // hd
             if k_heads and h % k_heads == 0:
                 fits.append(replace(arch, num_heads=h, num_kv_heads=k_heads))
-        seen = f"model.layers.{layer}.self_attn.q_proj.weight has {rows_q} rows" + (
+        seen = f"{self.layer(layer)}self_attn.q_proj.weight has {rows_q} rows" + (
             "" if rows_k is None else f", k_proj.weight {rows_k}"
         )
         if len(fits) != 1:
@@ -749,6 +887,38 @@ class Checkpoint:
         ):
             self._warn_if(key, getattr(arch, attr), getattr(new, attr), f" ({seen})")
         return new
+
+    def family_record(self) -> dict | None:
+        """What the manifest's ``source.family`` says (docs/MANIFEST.md): the config keys an
+        engine must read from the config copy (``config_keys``), whether the registry knows
+        the family, and the language model's layer stem when it is not ``model.layers.``;
+        None when there is nothing beyond the arch block to say.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").family_record() is None
+        True
+        >>> "routed_scaling_factor" in Checkpoint.open(
+        ...     "fixtures/checkpoints/deepseek_v3").family_record()["config_keys"]
+        True
+        """
+        registered = (
+            self.family.model_type != ""
+            and bool(family_of(self.family.model_type))
+            and not self.warnings_of_assumption()
+        )
+        if registered and not self.family.beyond and self.stem == "model.layers.":
+            return None
+        record: dict = {"registered": registered, "config_keys": list(self.family.beyond)}
+        if self.stem != "model.layers.":
+            record["layers"] = self.stem
+        return record
+
+    def warnings_of_assumption(self) -> bool:
+        """Whether the family was assumed (a model type the registry does not know).
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").warnings_of_assumption()
+        False
+        """
+        return any("is not in smoe's family registry" in w for w in self.warnings)
 
     def non_expert_tensors(self) -> list[TensorInfo]:
         """Every tensor that is not a routed-expert weight: the scout's contents (D8).

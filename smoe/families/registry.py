@@ -1,0 +1,1043 @@
+"""The family registry: per model type, what its checkpoints hold and what they mean.
+
+One entry per ``config.json`` ``model_type`` (multimodal wrappers are keyed by their outer
+type, their text model's type is an alias). An entry is data only: where the routed experts
+are and in which layout, which config keys spell the counts, how the arch block's fields are
+derived (heads from a gated q projection, whether the router divides its top-k weights by
+their sum), and what an engine must read from the config copy because the arch block cannot
+carry it. A family whose experts do not compute exactly ``down(silu(gate x) * up x)`` is
+refused with its reason, whatever its ``hidden_act`` says.
+
+A model type not in the registry whose tensors follow one of the known layouts is sculpted
+with a warning naming every assumption (:func:`assumptions`); never silently.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "CONTAINERS",
+    "EMBEDDINGS",
+    "FAMILIES",
+    "FUSED_NAMES",
+    "GROUP_ROUTING_KEYS",
+    "MLA_KEYS",
+    "PER_EXPERT_ROLES",
+    "PREFIXES",
+    "Family",
+    "Layout",
+    "Renorm",
+    "assumptions",
+    "family_of",
+    "generic",
+    "split_layer",
+]
+
+
+class Layout(Enum):
+    """How a checkpoint stores a layer's routed experts.
+
+    >>> [x.value for x in FAMILIES["qwen3_vl_moe"].layouts]
+    ['fused [E, 2I, H]', 'fused [E, H, 2I]', 'per expert']
+    """
+
+    PER_EXPERT = "per expert"  # one 2-D tensor per expert and role
+    FUSED = "fused [E, 2I, H]"  # gate_up [E, 2I, H] (gate rows first), down [E, H, I]
+    FUSED_T = "fused [E, H, 2I]"  # gate_up [E, H, 2I] (gate columns first), down [E, I, H]
+
+
+PER_EXPERT_ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2, "w1": 0, "w3": 1, "w2": 2}
+"""Per-expert tensor role names -> gate (0), up (1), down (2)."""
+
+CONTAINERS = ("mlp", "block_sparse_moe", "feed_forward", "mixer", "moe", "ffn")
+"""The module names a layer's MoE block has in transformers' checkpoints (or none)."""
+
+FUSED_NAMES = (
+    ("experts.gate_up_proj", "experts.down_proj"),
+    ("input_linear.weight", "output_linear.weight"),
+    ("experts.fc1.weight", "experts.fc2.weight"),
+    ("experts.w13_weight", "experts.w2_weight"),
+)
+"""(gate_up, down) names of fused 3-D expert tensors, after the layer's container."""
+
+PREFIXES = (
+    "model.",
+    "model.language_model.",
+    "language_model.model.",
+    "model.language_model.model.",
+    "backbone.",
+    "model.llm.",
+    "thinker.model.",
+    "transformer.",
+    "",
+)
+"""Where a language model's ``layers.{L}`` live: plain, inside multimodal wrappers."""
+
+EMBEDDINGS = (
+    "embed_tokens.weight",
+    "word_embeddings.weight",
+    "embeddings.weight",
+    "tok_embeddings.weight",
+    "wte.weight",
+)
+"""The token embedding's names after the language model's prefix (d_model, vocab)."""
+
+
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+"""Multi-head latent attention's widths (DeepSeek and its descendants): beyond the block."""
+GROUP_ROUTING_KEYS = ("routed_scaling_factor", "n_group", "topk_group")
+"""Group-limited routing and the routed experts' scale (DeepSeek-V3 style routers)."""
+
+
+@dataclass(frozen=True)
+class Renorm:
+    """Whether the router divides the chosen top-k weights by their sum: read ``key`` from
+    the config, ``default`` when absent (transformers' own default for the family).
+
+    >>> FAMILIES["deepseek_v3"].renorm
+    Renorm(key='norm_topk_prob', default=True)
+    """
+
+    key: str = "norm_topk_prob"
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model type's facts (see the module docstring).
+
+    >>> f = FAMILIES["qwen3_5_moe_text"]  # an alias finds its family
+    >>> f.model_type, f.gated_q, f.renorm
+    ('qwen3_5_moe', True, True)
+    """
+
+    model_type: str
+    refused: str = ""
+    """Why the format cannot hold this family ("" when it is converted)."""
+    aliases: tuple[str, ...] = ()
+    """Other ``model_type`` spellings meaning this family (a wrapper's text model type)."""
+    layouts: tuple[Layout, ...] = (Layout.PER_EXPERT, Layout.FUSED)
+    """The expert layouts its checkpoints are found in (the first is what transformers
+    saves); an orientation of a fused tensor is never guessed from its shape."""
+    renorm: bool | Renorm = Renorm()
+    """The router's top-k renormalisation: fixed by the modeling code, or a config key."""
+    gated_q: bool = False
+    """q_proj has 2 × heads × head_dim rows (an output gate rides along the queries)."""
+    nope: bool = False
+    """No rotary position embedding: the arch block's rope_theta is 0 (ruling)."""
+    qk_norm: bool | None = None
+    """q/k RMS norms by construction (None: from ``use_qk_norm`` or the tensors)."""
+    top_k: tuple[str, ...] = ("num_experts_per_tok",)
+    experts: tuple[str, ...] = ("num_experts", "num_local_experts", "n_routed_experts")
+    moe_ffn: tuple[str, ...] = ("moe_intermediate_size",)
+    beyond: tuple[str, ...] = ()
+    """Config keys an engine must read from the config copy: what the arch block cannot
+    carry for this family (routing, layer pattern, attention variants)."""
+    architecture: str = ""
+    """transformers' class for ``export --hf`` to write into a rebuilt config."""
+    rebuild: bool = False
+    """Whether ``export --hf`` can rebuild the config exactly from the vault alone."""
+    note: str = ""
+
+    @property
+    def converted(self) -> bool:
+        """Whether the sculptor converts this family.
+
+        >>> FAMILIES["qwen3_moe"].converted, FAMILIES["gpt_oss"].converted
+        (True, False)
+        """
+        return not self.refused
+
+
+_FAMILY_LIST: list[Family] = [
+    Family(
+        "qwen3_moe",
+        qk_norm=True,
+        architecture="Qwen3MoeForCausalLM",
+        rebuild=True,
+    ),
+    Family(
+        "qwen2_moe",
+        beyond=("shared_expert_intermediate_size",),
+        architecture="Qwen2MoeForCausalLM",
+        rebuild=True,
+        note="a sigmoid gate (shared_expert_gate) scales the shared expert",
+    ),
+    Family(
+        "olmoe",
+        qk_norm=True,
+        moe_ffn=("intermediate_size",),
+        architecture="OlmoeForCausalLM",
+        rebuild=True,
+    ),
+    Family(
+        "mixtral",
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        architecture="MixtralForCausalLM",
+        rebuild=True,
+    ),
+    Family(
+        "deepseek_v2",
+        renorm=False,
+        beyond=(
+            "topk_method",
+            "first_k_dense_replace",
+            "rope_scaling",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+        architecture="DeepseekV2ForCausalLM",
+        note="transformers' router never renormalises (it ignores norm_topk_prob)",
+    ),
+    Family(
+        "deepseek_v3",
+        renorm=Renorm(default=True),
+        beyond=(
+            "first_k_dense_replace",
+            "rope_scaling",
+            "rope_interleave",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+        architecture="DeepseekV3ForCausalLM",
+        note="sigmoid scores with e_score_correction_bias (in the scout) for selection",
+    ),
+    Family(
+        "gpt_oss",
+        refused="gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
+        "only bias-free SiLU-gated (SwiGLU) experts can be represented",
+    ),
+    # from the modeling code of transformers 5.24, family by family
+    Family(
+        "afmoe",
+        renorm=True,
+        beyond=(
+            "num_dense_layers",
+            "route_scale",
+            "num_shared_experts",
+            "layer_types",
+            "global_attn_every_n_layers",
+            "sliding_window",
+            "mup_enabled",
+            "head_dim",
+        ),
+    ),
+    Family(
+        "aria",
+        aliases=("aria_text",),
+        layouts=(Layout.FUSED_T,),
+        renorm=True,
+        top_k=("moe_topk",),
+        moe_ffn=("intermediate_size",),
+        beyond=("moe_num_shared_experts", "mlp_bias"),
+    ),
+    Family(
+        "axk1",
+        renorm=Renorm(default=True),
+        beyond=(
+            "mlp_layer_types",
+            "first_k_dense_replace",
+            "rope_interleave",
+            "n_shared_experts",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "axk2",
+        renorm=Renorm(default=True),
+        gated_q=True,
+        beyond=(
+            "mlp_layer_types",
+            "index_topk",
+            "index_head_dim",
+            "index_n_heads",
+            "gated_norm_rank",
+            "layer_types",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "bailing_hybrid",
+        renorm=Renorm("moe_renormalize", default=True),
+        top_k=("num_experts_per_token",),
+        beyond=(
+            "layer_types",
+            "layer_group_size",
+            "mlp_layer_types",
+            "first_k_dense_replace",
+            "num_shared_experts",
+            "num_expert_group",
+            "topk_group",
+            "routed_scaling_factor",
+            "moe_renormalize",
+            "linear_num_heads",
+            "linear_head_dim",
+            "short_conv_kernel_size",
+            "kda_safe_gate",
+            "kda_lower_bound",
+            "model_max_length",
+            *MLA_KEYS,
+        ),
+    ),
+    Family(
+        "beam",
+        renorm=Renorm(default=True),
+        beyond=(
+            "mlp_layer_types",
+            "layer_types",
+            "sliding_window",
+            "rope_parameters",
+            "final_logit_softcapping",
+            "head_dim",
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "cohere2_moe",
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "expert_selection_fn",
+            "shared_expert_combination_strategy",
+            "num_shared_experts",
+            "mlp_layer_types",
+            "prefix_dense_intermediate_size",
+            "prefix_dense_sliding_window_pattern",
+            "layer_types",
+            "sliding_window",
+            "sliding_window_pattern",
+            "layer_norm_eps",
+            "logit_scale",
+            "tie_word_embeddings",
+        ),
+    ),
+    Family(
+        "dbrx",
+        refused=(
+            "experts are stacked per layer as [E*I, H] w1/v1/w2 tensors (down stored transposed);"
+            " not a layout smoe reads yet"
+        ),
+    ),
+    Family(
+        "deepseek_ocr2",
+        aliases=("deepseek_ocr2_text",),
+        renorm=False,
+        beyond=("mlp_layer_types", "topk_method", "routed_scaling_factor", "n_shared_experts"),
+    ),
+    Family(
+        "deepseek_v32",
+        renorm=Renorm(default=True),
+        beyond=(
+            "mlp_layer_types",
+            "n_shared_experts",
+            "index_topk",
+            "index_head_dim",
+            "index_n_heads",
+            "layer_types",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "deepseek_v4",
+        refused=(
+            "SwiGLU with clamps: gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, "
+            "swiglu_limit) (default 10.0), also in the shared expert"
+        ),
+    ),
+    Family(
+        "diffusion_gemma",
+        aliases=("diffusion_gemma_text",),
+        refused=(
+            "a block-diffusion encoder/decoder, not a decoder language model; its experts are "
+            "GeGLU with a per-expert scale"
+        ),
+    ),
+    Family(
+        "doge",
+        refused=(
+            "its product-key experts are single neurons stored as embedding rows, not "
+            "gate/up/down matrices"
+        ),
+    ),
+    Family(
+        "dots1",
+        renorm=Renorm(default=False),
+        beyond=(
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "layer_types",
+            "max_window_layers",
+            "sliding_window",
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "dots3_note",
+        aliases=("dots3_note_text",),
+        renorm=Renorm(default=True),
+        beyond=(
+            "per_layer_config",
+            "layer_types",
+            "mlp_layer_types",
+            "shared_experts_intermediate_size",
+            "sliding_window",
+            *MLA_KEYS,
+        ),
+    ),
+    Family(
+        "ernie4_5_moe",
+        renorm=True,
+        top_k=("moe_k",),
+        beyond=(
+            "moe_layer_start_index",
+            "moe_layer_end_index",
+            "moe_layer_interval",
+            "moe_num_shared_experts",
+            "moe_norm_min",
+            "use_bias",
+            "tie_word_embeddings",
+        ),
+    ),
+    Family(
+        "ernie4_5_vl_moe",
+        aliases=("ernie4_5_vl_moe_text",),
+        refused=(
+            "modality-isolated experts: each layer holds text experts and vision experts of "
+            "another width (moe_intermediate_size is a list), routed by modality"
+        ),
+    ),
+    Family(
+        "exaone_moe",
+        renorm=Renorm(default=True),
+        beyond=(
+            "layer_types",
+            "sliding_window",
+            "sliding_window_pattern",
+            "mlp_layer_types",
+            "first_k_dense_replace",
+            "num_shared_experts",
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "flex_olmo",
+        renorm=Renorm(default=False),
+        moe_ffn=("intermediate_size",),
+        beyond=("norm", "num_key_value_heads"),
+    ),
+    Family(
+        "flint",
+        renorm=Renorm(default=True),
+        beyond=(
+            "layer_types",
+            "sliding_window",
+            "mlp_only_layers",
+            "decoder_sparse_step",
+            "shared_expert_intermediate_size",
+            "attention",
+        ),
+    ),
+    Family(
+        "gemma4",
+        aliases=("gemma4_text",),
+        refused=(
+            "GeGLU - act is config.hidden_activation = gelu_pytorch_tanh, not silu; router also "
+            "applies per_expert_scale"
+        ),
+    ),
+    Family(
+        "glm4_moe",
+        renorm=Renorm(default=True),
+        beyond=(
+            "partial_rotary_factor",
+            "attention_bias",
+            "use_qk_norm",
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "routed_scaling_factor",
+            "num_nextn_predict_layers",
+        ),
+    ),
+    Family(
+        "glm4_moe_lite",
+        renorm=Renorm(default=True),
+        beyond=(
+            "rope_interleave",
+            "mlp_layer_types",
+            "n_shared_experts",
+            "routed_scaling_factor",
+            *MLA_KEYS,
+        ),
+    ),
+    Family(
+        "glm4v_moe",
+        aliases=("glm4v_moe_text",),
+        renorm=Renorm(default=True),
+        beyond=(
+            "rope_parameters.mrope_section",
+            "partial_rotary_factor",
+            "attention_bias",
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "routed_scaling_factor",
+        ),
+    ),
+    Family(
+        "glm5_next",
+        aliases=("glm5_next_text",),
+        refused=(
+            "clamped SwiGLU - gate.clamp(max=swiglu_limit), up.clamp(+-swiglu_limit) (default "
+            "10.0) before silu(gate)*up (also in dense/shared MLPs)"
+        ),
+    ),
+    Family(
+        "glm_moe_dsa",
+        renorm=Renorm(default=True),
+        beyond=(
+            "index_topk",
+            "index_head_dim",
+            "index_n_heads",
+            "indexer_types",
+            "mlp_layer_types",
+            "first_k_dense_replace",
+            *MLA_KEYS,
+        ),
+    ),
+    Family(
+        "gpt_oss",
+        refused=(
+            "gpt-oss experts interleave gate/up, carry biases and clamp the activation; only "
+            "bias-free SiLU-gated (SwiGLU) experts can be represented"
+        ),
+    ),
+    Family(
+        "granitemoe",
+        layouts=(Layout.FUSED,),
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "embedding_multiplier",
+            "attention_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+        ),
+    ),
+    Family(
+        "granitemoe_swa",
+        layouts=(Layout.FUSED,),
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "embedding_multiplier",
+            "attention_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+            "layer_types",
+            "sliding_window",
+            "layer_rope_theta",
+            "shared_intermediate_size",
+        ),
+    ),
+    Family(
+        "granitemoehybrid",
+        layouts=(Layout.FUSED,),
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "embedding_multiplier",
+            "attention_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+            "position_embedding_type",
+            "shared_intermediate_size",
+        ),
+    ),
+    Family(
+        "granitemoeshared",
+        layouts=(Layout.FUSED,),
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "embedding_multiplier",
+            "attention_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+            "shared_intermediate_size",
+        ),
+    ),
+    Family(
+        "hunyuan_v1_moe",
+        renorm=True,
+        top_k=("moe_topk",),
+        moe_ffn=("intermediate_size",),
+        beyond=("head_dim", "rope_parameters.alpha", "moe_topk", "num_experts"),
+    ),
+    Family(
+        "hy_v3",
+        renorm=True,
+        beyond=(
+            "router_scaling_factor",
+            "mlp_layer_types",
+            "num_shared_experts",
+            "enable_moe_fp32_combine",
+        ),
+    ),
+    Family(
+        "hy_v4",
+        refused=(
+            "clamped SwiGLU - gate.clamp(max=swiglu_limit), up.clamp(+-swiglu_limit) (default "
+            "10.0) before silu(gate)*up"
+        ),
+    ),
+    Family(
+        "hy_v4_vl",
+        aliases=("hy_v4_vl_text",),
+        refused="clamped SwiGLU (swiglu_limit, default 10.0), same as hy_v4",
+    ),
+    Family(
+        "inkling2",
+        aliases=("inkling2_text",),
+        refused=(
+            "softcapped SwiGLU: out = "
+            "softcap(gate,mlp_gate_softcap=4)*sigmoid(gate)*softcap(up,mlp_up_softcap=25) (tanh "
+            "softcaps), fp32; w13 on disk interleaved (even rows gate, odd rows up - verified)"
+        ),
+    ),
+    Family(
+        "inkling2_loop",
+        aliases=("inkling2_loop_text",),
+        refused=(
+            "softcapped SwiGLU: down( softcap(gate,4.0)*sigmoid(gate) * softcap(up,25.0) ), "
+            "softcap=tanh(x/c)*c (mlp_gate_softcap, mlp_up_softcap)"
+        ),
+    ),
+    Family(
+        "inkling_mm_model",
+        refused=(
+            "the experts' gate and up rows are interleaved on disk (w13_weight) and the router "
+            "normalises routed and shared experts together with a learned global scale"
+        ),
+    ),
+    Family(
+        "jamba",
+        renorm=False,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "expert_layer_period",
+            "expert_layer_offset",
+            "attn_layer_period",
+            "attn_layer_offset",
+            "mamba_d_state",
+            "mamba_d_conv",
+            "mamba_expand",
+            "mamba_dt_rank",
+            "mamba_conv_bias",
+            "mamba_proj_bias",
+        ),
+        nope=True,
+    ),
+    Family(
+        "jetmoe",
+        refused=(
+            "the MoE block adds a learned output bias and the attention is itself a mixture of "
+            "experts (MoA); only bias-free SiLU-gated (SwiGLU) experts can be represented"
+        ),
+    ),
+    Family(
+        "kimi_k25",
+        renorm=Renorm(default=True),
+        beyond=(
+            "rope_interleave",
+            "rope_parameters",
+            "n_shared_experts",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+    ),
+    Family(
+        "kimi_linear",
+        renorm=Renorm("moe_renormalize", default=True),
+        top_k=("num_experts_per_token",),
+        beyond=(
+            "layer_types",
+            "mlp_layer_types",
+            "num_shared_experts",
+            "moe_renormalize",
+            "num_expert_group",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+            "linear_num_heads",
+            "linear_head_dim",
+            "linear_conv_kernel_dim",
+        ),
+        nope=True,
+    ),
+    Family(
+        "kolibri1",
+        renorm=Renorm(default=False),
+        beyond=("layer_types", "sliding_window", "shared_expert_intermediate_size"),
+    ),
+    Family(
+        "laguna",
+        renorm=True,
+        beyond=(
+            "mlp_layer_types",
+            "layer_types",
+            "num_attention_heads_per_layer",
+            "gating",
+            "moe_routed_scaling_factor",
+            "moe_router_logit_softcapping",
+            "rope_parameters",
+            "sliding_window",
+        ),
+    ),
+    Family(
+        "lara_mini",
+        layouts=(Layout.FUSED,),
+        renorm=Renorm(default=True),
+        beyond=(
+            "layer_types",
+            "sliding_window",
+            "linear_conv_kernel_dim",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "shared_expert_intermediate_size",
+        ),
+    ),
+    Family(
+        "lfm2_moe",
+        renorm=Renorm(default=True),
+        beyond=("layer_types", "num_dense_layers", "use_expert_bias", "norm_eps", "conv_bias"),
+    ),
+    Family(
+        "llama4",
+        aliases=("llama4_text",),
+        layouts=(Layout.FUSED_T,),
+        renorm=False,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "moe_layers",
+            "interleave_moe_layer_step",
+            "intermediate_size_mlp",
+            "no_rope_layers",
+            "use_qk_norm",
+            "attention_chunk_size",
+            "attn_temperature_tuning",
+            "floor_scale",
+            "attn_scale",
+        ),
+    ),
+    Family(
+        "longcat_flash",
+        refused=(
+            "zero-computation (identity) experts share the router's slots with the routed ones, "
+            "and each layer has two attention/MLP sublayers with a shortcut MoE"
+        ),
+    ),
+    Family(
+        "mellum",
+        renorm=Renorm(default=True),
+        beyond=("mlp_layer_types", "layer_types", "sliding_window", "rope_parameters"),
+    ),
+    Family(
+        "mimo_v2_flash",
+        refused=(
+            "its full and sliding-window attention layers have different key/value head counts; "
+            "one attention shape per model can be represented"
+        ),
+    ),
+    Family(
+        "minimax",
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "layer_types",
+            "block_size",
+            "full_attn_alpha_factor",
+            "full_attn_beta_factor",
+            "linear_attn_alpha_factor",
+            "linear_attn_beta_factor",
+            "mlp_alpha_factor",
+            "mlp_beta_factor",
+        ),
+    ),
+    Family(
+        "minimax_m2",
+        renorm=True,
+        moe_ffn=("intermediate_size",),
+        beyond=("rope_parameters.partial_rotary_factor",),
+    ),
+    Family(
+        "minimax_m3_vl",
+        aliases=("minimax_m3_vl_text",),
+        refused=(
+            "GPT-OSS-style clamped gate: gate=clamp(gate,max=swiglu_limit 7.0), "
+            "up=clamp(up,+-7.0), out=down((up+1) * gate*sigmoid(swiglu_alpha 1.702*gate)); same "
+            "for shared expert"
+        ),
+    ),
+    Family(
+        "mistral4",
+        layouts=(Layout.FUSED,),
+        renorm=Renorm(default=True),
+        beyond=(
+            "rope_interleave",
+            "rope_parameters",
+            "n_shared_experts",
+            "n_group",
+            "topk_group",
+            *MLA_KEYS,
+        ),
+    ),
+    Family(
+        "mistral_large4",
+        aliases=("mistral_large4_text",),
+        renorm=True,
+        beyond=(
+            "mlp_layer_types",
+            "first_k_dense_replace",
+            "no_rope_layers",
+            "kv_source_layers",
+            "indexer_types",
+            "layer_types",
+            "final_logit_softcapping",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "v_head_dim",
+        ),
+    ),
+    Family(
+        "muse_spark",
+        aliases=("muse_spark_text",),
+        refused=(
+            "each expert output goes through post_expert_norm (input-scaled RMSNorm: "
+            "rmsnorm(y*(1+w)), eps post_norm_eps) before weighting; experts live in a projected "
+            "space: x -> pre_expert_proj -> (1+w) RMSNorm -> experts -> post_expert_proj"
+        ),
+    ),
+    Family(
+        "nemotron_h",
+        refused=(
+            "non-gated expert down(relu2(up x)) (mlp_hidden_act='relu2' = ReLU squared), no gate "
+            "matrix; optional moe_latent_size wraps experts in fc1_latent_proj/fc2_latent_proj"
+        ),
+    ),
+    Family(
+        "nllb-moe",
+        refused=(
+            "an encoder-decoder translation model; its experts are ReLU MLPs with biases, not "
+            "SwiGLU"
+        ),
+    ),
+    Family("openai_privacy_filter", refused="not a decoder language model"),
+    Family(
+        "phimoe",
+        renorm=False,
+        moe_ffn=("intermediate_size",),
+        beyond=(
+            "router_jitter_noise",
+            "attention_bias",
+            "lm_head_bias",
+            "rope_parameters",
+            "sliding_window",
+        ),
+    ),
+    Family(
+        "qwen3_5_moe",
+        aliases=("qwen3_5_moe_text",),
+        renorm=True,
+        gated_q=True,
+        beyond=("layer_types", "shared_expert_gate", "head_dim"),
+    ),
+    Family(
+        "qwen3_next",
+        renorm=Renorm(default=True),
+        gated_q=True,
+        beyond=(
+            "layer_types",
+            "rope_parameters.partial_rotary_factor",
+            "shared_expert_gate",
+            "head_dim",
+        ),
+    ),
+    Family(
+        "qwen3_omni_moe",
+        aliases=("qwen3_omni_moe_text",),
+        renorm=Renorm("thinker_config.norm_topk_prob", default=True),
+        top_k=("thinker_config.num_experts_per_tok",),
+        moe_ffn=("thinker_config.moe_intermediate_size",),
+        beyond=("nested", "mrope_section"),
+    ),
+    Family(
+        "qwen3_vl_moe",
+        aliases=("qwen3_vl_moe_text",),
+        layouts=(Layout.FUSED, Layout.FUSED_T, Layout.PER_EXPERT),
+        renorm=True,
+        beyond=(
+            "mrope_section",
+            "mlp_only_layers",
+            "decoder_sparse_step",
+            "head_dim",
+            "tie_word_embeddings",
+        ),
+    ),
+    Family(
+        "qwen4_exp",
+        aliases=("qwen4_exp_text",),
+        renorm=Renorm(default=True),
+        gated_q=True,
+        beyond=("layer_types", "output_gate_type"),
+    ),
+    Family(
+        "solar_open",
+        renorm=Renorm(default=True),
+        beyond=(
+            "e_score_correction_bias",
+            "routed_scaling_factor",
+            "n_shared_experts",
+            "head_dim",
+            "attention_bias",
+        ),
+    ),
+    Family(
+        "step3p5",
+        refused=(
+            "same as step3p7 -- per-layer swiglu_limits clamp (silu(g).clamp(max=L) * "
+            "u.clamp(-L,L)); Hub hidden_act 'swigluoai' forced to silu"
+        ),
+    ),
+    Family(
+        "step3p7",
+        refused=(
+            "per-layer clamp: gate=silu(g).clamp(max=L), up=u.clamp(-L,L) with "
+            "L=text_config.swiglu_limits[layer] (shared: swiglu_limits_shared); Hub "
+            "Step-3.7-Flash clamps layers 43-44 (7 routed / 16 shared); layers with 0/None are "
+            "plain SwiGLU. hidden_act in Hub config is 'swigluoai' but forced to silu by the "
+            "config class"
+        ),
+    ),
+    Family(
+        "switch_transformers",
+        refused="an encoder-decoder T5 model; its experts are ReLU MLPs, not SwiGLU",
+    ),
+    Family(
+        "unlimited_ocr",
+        aliases=("unlimited_ocr_text",),
+        renorm=False,
+        beyond=(
+            "routed_scaling_factor",
+            "topk_method",
+            "n_shared_experts",
+            "mlp_layer_types",
+            "sliding_window",
+            "mlp_bias",
+            "attention_bias",
+        ),
+    ),
+    Family(
+        "zaya",
+        layouts=(Layout.FUSED,),
+        renorm=False,
+        beyond=(
+            "router_hidden_size",
+            "layer_types",
+            "residual",
+            "lm_head_bias",
+            "tie_word_embeddings",
+        ),
+    ),
+]
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILY_LIST}
+"""model_type -> its family; aliases (a wrapper's text model type) included."""
+for _f in _FAMILY_LIST:
+    for _alias in _f.aliases:
+        FAMILIES.setdefault(_alias, _f)
+
+_GENERIC = Family("", layouts=tuple(Layout))
+_GENERIC_KEYS = {
+    "top_k": (
+        "num_experts_per_tok",
+        "moe_top_k",
+        "top_k",
+        "moe_k",
+        "moe_topk",
+        "num_experts_per_token",
+    ),
+    "experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+    "moe_ffn": ("moe_intermediate_size", "expert_intermediate_size"),
+}
+
+
+def family_of(model_type: str) -> Family | None:
+    """The registry's entry for ``model_type`` (an alias finds its family), or None.
+
+    >>> family_of("qwen3_moe").architecture
+    'Qwen3MoeForCausalLM'
+    >>> family_of("no_such_model") is None
+    True
+    """
+    return FAMILIES.get(model_type)
+
+
+def generic(model_type: str) -> Family:
+    """The assumptions made for a model type the registry does not know: any known
+    layout, every known key spelling, ``norm_topk_prob`` read with default false.
+
+    >>> generic("new_moe").top_k[:2]
+    ('num_experts_per_tok', 'moe_top_k')
+    """
+    return Family(
+        model_type,
+        layouts=_GENERIC.layouts,
+        top_k=_GENERIC_KEYS["top_k"],
+        experts=_GENERIC_KEYS["experts"],
+        moe_ffn=_GENERIC_KEYS["moe_ffn"],
+    )
+
+
+def assumptions(model_type: str) -> str:
+    """The warning for a model type the registry does not know: what was assumed.
+
+    >>> print(assumptions("new_moe"))  # doctest: +NORMALIZE_WHITESPACE
+    model_type 'new_moe' is not in smoe's family registry (smoe families lists it); \
+assumed: the routed experts compute down(silu(gate x) * up x) with no bias or clamp, the \
+router renormalises its top-k weights only if norm_topk_prob is true, q_proj has \
+num_attention_heads x head_dim rows; check the modeling code before using the vault
+    """
+    return (
+        f"model_type {model_type!r} is not in smoe's family registry (smoe families lists "
+        "it); assumed: the routed experts compute down(silu(gate x) * up x) with no bias or "
+        "clamp, the router renormalises its top-k weights only if norm_topk_prob is true, "
+        "q_proj has num_attention_heads x head_dim rows; check the modeling code before "
+        "using the vault"
+    )
+
+
+_LAYER_NAME = re.compile(r"^(?P<prefix>(?:[A-Za-z_]\w*\.)*?)(?:layers|blocks)\.(?P<layer>\d+)\.")
+
+
+def split_layer(name: str) -> tuple[str, int, str] | None:
+    """(prefix, layer, rest) of a tensor under ``layers.{L}.`` / ``blocks.{L}.``.
+
+    >>> split_layer("model.language_model.layers.3.mlp.experts.0.up_proj.weight")
+    ('model.language_model.', 3, 'mlp.experts.0.up_proj.weight')
+    >>> split_layer("lm_head.weight") is None
+    True
+    """
+    m = _LAYER_NAME.match(name)
+    if m is None:
+        return None
+    return m.group("prefix"), int(m.group("layer")), name[m.end() :]
