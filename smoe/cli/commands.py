@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "cmd_dump",
     "cmd_export",
+    "cmd_families",
     "cmd_report",
     "cmd_sculpt",
     "cmd_spec",
@@ -151,6 +152,34 @@ def _show_spec(summary: dict) -> None:
         for f in info["fields"]:
             table.add_row(str(f["offset"]), str(f["size"]), escape(f["name"]), escape(f["doc"]))
         console.print(table)
+
+
+# ---- families ------------------------------------------------------------------------------
+def cmd_families(args: argparse.Namespace) -> int:
+    """List the model families of the registry (``model_type``: one in full, an alias finds
+    its family; unknown: exit 2 naming what the sculptor would assume); ``--json`` every
+    field, ``--markdown`` the README's table.
+
+    >>> import contextlib, io, json
+    >>> ns = argparse.Namespace(model_type="qwen3_moe", json=True, markdown=False, long=False)
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     code = cmd_families(ns)
+    >>> code, json.loads(out.getvalue())["families"][0]["architecture"]
+    (0, 'Qwen3MoeForCausalLM')
+    """
+    from smoe.cli import families as fam
+
+    chosen = None if args.model_type is None else [fam.lookup(args.model_type)]
+    listed = fam.families() if chosen is None else chosen
+    if args.json:
+        print_json({"families": [fam.family_dict(f) for f in listed]})
+    elif args.markdown:
+        sys.stdout.write(fam.markdown_table(listed))
+    elif chosen is not None:
+        fam.render_family(make_console(), chosen[0])
+    else:
+        fam.render_table(make_console(), long=args.long)
+    return 0
 
 
 # ---- sculpt --------------------------------------------------------------------------------

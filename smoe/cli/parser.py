@@ -49,6 +49,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         _add_spec,
+        _add_families,
         _add_sculpt,
         _add_verify,
         _add_dump,
@@ -84,6 +85,29 @@ def _add_spec(sub: _Subparsers) -> None:
     form.add_argument("--json", action="store_true", help="machine-readable output")
     form.add_argument("--ksy", action="store_true", help="print the Kaitai Struct spec (.ksy)")
     p.set_defaults(func=commands.cmd_spec)
+
+
+def _add_families(sub: _Subparsers) -> None:
+    p = sub.add_parser(
+        "families", help="list the model families sculpt converts or refuses, and why"
+    )
+    p.add_argument(
+        "model_type",
+        nargs="?",
+        metavar="MODEL_TYPE",
+        help="show one family in full (a config.json model_type, or an alias of one)",
+    )
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="every field of every family")
+    form.add_argument(
+        "--markdown", action="store_true", help="the README's family table (Markdown)"
+    )
+    form.add_argument(
+        "--long",
+        action="store_true",
+        help="the table with every column (config keys beyond the arch block, notes)",
+    )
+    p.set_defaults(func=commands.cmd_families)
 
 
 def _add_sculpt(sub: _Subparsers) -> None:
