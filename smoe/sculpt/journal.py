@@ -89,6 +89,12 @@ def fingerprint(
     for ref in refs:
         if ref.transposed:
             h.update(b"transposed\n")
+        for scale in ref.scales:  # FP8: its scales are inputs too
+            if scale is not None:
+                info = scale.scale
+                h.update(
+                    f"{info.name}|{info.dtype}|{info.shape}|{info.offset}|{scale.block}\n".encode()
+                )
         for info, idx, rows in ref.sources:
             shard = info.path.relative_to(ckpt.root).as_posix()
             h.update(

@@ -69,7 +69,7 @@ def tensor_entries(
     >>> gate["source"], gate["index"], gate["rows"], gate["weighted_snr_db"]
     ('model.layers.0.mlp.experts.gate_up_proj', 1, [0, 48], 13.1235)
     """
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "name": name,
             "source": info.name,
@@ -80,6 +80,9 @@ def tensor_entries(
         }
         for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs, snrs)
     ]
+    for entry, scale in zip(out, ref.scales):  # FP8: read with these scales, as BF16
+        if scale is not None:
+            entry["fp8"] = scale.record()
     if ref.transposed:  # the source slab holds the transposes: [E, H, 2I], [E, I, H]
         for entry in out:
             entry["transposed"] = True

@@ -183,30 +183,43 @@ def test_fp8_expert_weights_are_refused_naming_tensor_and_dtype(tmp_path: Path) 
     edit_shard(shard, to_fp8)
     with pytest.raises(SmoeError) as e:
         Checkpoint.open(root)
+    name = "model.layers.0.mlp.experts.0.gate_proj.weight"
     assert str(e.value) == (
-        f"{shard}: tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' is F8_E4M3; "
-        "refused: expert weights must be BF16, F16 or F32 (FP8: convert the checkpoint "
-        "to BF16 first)"
+        f"{shard}: tensor {name!r} is F8_E4M3 without scales (neither '{name}_scale_inv' "
+        f"nor '{name}_scale' is in the checkpoint); refused: FP8 weights are read only with "
+        "their scales"
     )
 
 
 @pytest.mark.parametrize("fp8", [True, False], ids=["F8_E4M3", "BF16"])
 def test_block_scaled_weights_are_never_read_unscaled(tmp_path: Path, fp8: bool) -> None:
+    """FP8 gate with its scale is read; then up (FP8, no scale) is refused. A BF16 weight
+    with a scale is refused: its values are not the weights without it."""
     root = write_checkpoint(tmp_path / "ck", layers=1, experts=2, d_model=64, ffn=32)
     shard = root / "model.safetensors"
     edit_shard(shard, lambda h: (to_fp8(h) if fp8 else b"") + with_scales(h))
     with pytest.raises(SmoeError) as e:
         Checkpoint.open(root)
-    name = "model.layers.0.mlp.experts.0.gate_proj.weight"
-    assert str(e.value) == (
-        f"{shard}: tensor {name!r} is {'F8_E4M3' if fp8 else 'BF16'} with block scales in "
-        f"'{name}_scale_inv' (block-scaled FP8, as DeepSeek-V3 ships); refused: its values "
-        "are not the weights without the scales; convert the checkpoint to BF16 first"
-    )
+    experts = "model.layers.0.mlp.experts.0"
+    if fp8:
+        name = f"{experts}.up_proj.weight"
+        expected = (
+            f"{shard}: tensor {name!r} is F8_E4M3 without scales (neither '{name}_scale_inv' "
+            f"nor '{name}_scale' is in the checkpoint); refused: FP8 weights are read only "
+            "with their scales"
+        )
+    else:
+        name = f"{experts}.gate_proj.weight"
+        expected = (
+            f"{shard}: tensor {name!r} is BF16 with scales in '{name}_scale_inv'; refused: "
+            "its values are not the weights without the scales; only FP8 weights are read "
+            "with scales"
+        )
+    assert str(e.value) == expected
 
 
 def test_library_reader_refuses_fp8_itself(tmp_path: Path) -> None:
-    """Even given an FP8 tensor by hand (Checkpoint.open would refuse it first)."""
+    """Even given an FP8 tensor by hand (Checkpoint.open reads it only with its scales)."""
     root = write_checkpoint(tmp_path / "ck", layers=1, experts=2, d_model=64, ffn=32)
     shard = root / "model.safetensors"
     edit_shard(shard, to_fp8)

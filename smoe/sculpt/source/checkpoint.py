@@ -56,6 +56,7 @@ from smoe.families.registry import (
     split_layer,
 )
 from smoe.format.records import ArchInfo, ModelInfo
+from smoe.interop.fp8 import declared_block
 from smoe.interop.safetensors_io import (
     DTYPE_SIZES,
     FLOAT_DTYPES,
@@ -188,7 +189,9 @@ class ExpertRef:
         info, idx, rows = self.sources[k]
         scale = self.scales[k]
         if scale is not None:
-            read = scale.dequantize(read, idx, f"{info.path}: {info.name}")
+            read = scale.dequantize(
+                read, idx, f"{info.path}: {info.name}", None if self.transposed else rows
+            )
         if not self.transposed:
             return read
         cols = read if rows is None else read[:, rows.start : rows.stop]
@@ -399,7 +402,11 @@ def _add_fused_refs(
 
 
 def _check_expert(
-    root: Path, key: tuple[int, int], ref: ExpertRef, tensors: dict[str, TensorInfo]
+    root: Path,
+    key: tuple[int, int],
+    ref: ExpertRef,
+    tensors: dict[str, TensorInfo],
+    declared: tuple[int, int] | None = None,
 ) -> ExpertRef:
     """gate and up of one shape, down its transpose; every matrix readable: a float tensor,
     or FP8 with the scales it needs (:func:`smoe.sculpt.source.fp8.scale_of`)."""
@@ -409,7 +416,7 @@ def _check_expert(
             f"{root}: layer {key[0]} expert {key[1]} has inconsistent "
             f"shapes gate {list(g)}, up {list(u)}, down {list(d)}"
         )
-    scales = tuple(scale_of(info, tensors) for info, _, _ in ref.sources)
+    scales = tuple(scale_of(info, tensors, declared) for info, _, _ in ref.sources)
     return replace(ref, scales=scales) if any(s is not None for s in scales) else ref
 
 
@@ -473,7 +480,8 @@ class Checkpoint:
             raise RefusedInput(f"{root}: model_type {(outer or inner)!r} refused: {family.refused}")
         tensors = cls._index(root)
         refuse_unsupported(config, where, str(root))
-        experts, names, stem = cls._experts(root, tensors, family)
+        block = declared_block(doc if isinstance(doc, dict) else config, where)
+        experts, names, stem = cls._experts(root, tensors, family, block)
         declared = outer or inner or "unknown"
         return cls(root, config, tensors, experts, names, family, stem, declared, warnings)
 
@@ -525,7 +533,10 @@ class Checkpoint:
 
     @staticmethod
     def _experts(
-        root: Path, tensors: dict[str, TensorInfo], family: Family
+        root: Path,
+        tensors: dict[str, TensorInfo],
+        family: Family,
+        declared: tuple[int, int] | None = None,
     ) -> tuple[dict[tuple[int, int], ExpertRef], set[str], str]:
         """The routed experts (per expert and fused, sorted), the names of their tensors
         and the language model's prefix."""
@@ -539,8 +550,11 @@ class Checkpoint:
                 "<gate_proj|up_proj|down_proj|w1|w3|w2>.weight and the fused gate_up/down "
                 "pairs smoe families lists)"
             )
-        checked = {key: _check_expert(root, key, ref, tensors) for key, ref in experts.items()}
-        return dict(sorted(checked.items())), found.names, next(iter(found.stems))
+        checked = {
+            key: _check_expert(root, key, ref, tensors, declared) for key, ref in experts.items()
+        }
+        scales = {s.scale.name for ref in checked.values() for s in ref.scales if s is not None}
+        return dict(sorted(checked.items())), found.names | scales, next(iter(found.stems))
 
     # ---- facts -----------------------------------------------------------------------------
     @property

@@ -44,6 +44,26 @@ class Fp8Scale:
     scale: TensorInfo
     scheme: Scheme
 
+    def record(self) -> dict:
+        """What the manifest says of these scales (``experts[].tensors[].fp8``): the FP8
+        dtype, the scale tensor and its dtype, the scheme and the block one scale covers.
+
+        >>> from pathlib import Path
+        >>> from smoe.interop.fp8 import Scheme
+        >>> w = TensorInfo("e.weight", Path("m.safetensors"), "F8_E4M3", (200, 300), 8, 60000)
+        >>> s = TensorInfo("e.weight_scale_inv", Path("m.safetensors"), "F32", (2, 3), 60008, 24)
+        >>> r = Fp8Scale(w, s, Scheme("fp8-block", "F8_E4M3", s.name, (128, 128))).record()
+        >>> r["dtype"], r["scale"], r["kind"], r["block"]
+        ('F8_E4M3', 'e.weight_scale_inv', 'fp8-block', [128, 128])
+        """
+        return {
+            "dtype": self.scheme.dtype,
+            "scale": self.scale.name,
+            "scale_dtype": self.scale.dtype,
+            "kind": self.scheme.kind,
+            "block": list(self.block),
+        }
+
     @property
     def block(self) -> tuple[int, int]:
         """The ``(rows, columns)`` of weights one scale covers.
@@ -130,7 +150,7 @@ finite values
                 sc[a // br : -(-b // br)],
                 (br, bc),
                 out[a - r0 : b - r0],
-                where=f"{where}[{index}, {a}:{b}]",
+                where=f"{where}[{a}:{b}]" if index is None else f"{where}[{index}, {a}:{b}]",
             )
             a = b
         return out
