@@ -417,6 +417,7 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
         bits=run.opts.bits,
         weighted_snr=tally.wsnr if run.weighted else None,
         config=paths.config,
+        placement=run.ckpt.placement(),
         phases={
             "setup": start - run.t0,
             "experts": marks["commit"] - start,

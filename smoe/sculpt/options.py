@@ -71,6 +71,9 @@ class SculptResult:
     """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
     config: Path | None = None
     """The copy of the model's config.json committed beside the vault."""
+    placement: dict[str, Any] | None = None
+    """What went where (:meth:`Checkpoint.placement`): experts to the vault, the rest to
+    the scout by part of the model."""
     phases: dict[str, float] | None = None
     """Seconds of ``setup`` (checkpoint, plan, resume checks, compiled kernels loaded),
     ``experts`` (reading, quantising and writing them) and ``commit`` (scout, fsyncs,
@@ -91,6 +94,8 @@ class SculptResult:
         the checkpoint's (and the importance matrix's), then one per tensor below the floor
         (or one line for many; the importance-weighted SNR where there is one).
         ``phases_s``: seconds of setup, experts and commit (see :attr:`phases`).
+        ``placement``: what went where (the expert tensors to the vault, the others to the
+        scout by part of the model), or None.
         ``imatrix``: the importance matrix used (path, format, size, CRC-32C, SHA-256,
         datasets, chunk count and size, entries) or None; ``weighted_snr_db``: with it, per
         tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
@@ -135,6 +140,7 @@ class SculptResult:
             "snr_floor_db": floor,
             "imatrix": self.imatrix,
             "weighted_snr_db": weighted,
+            "placement": self.placement,
             "warnings": self.warnings + self.snr_warnings(),
         }
 

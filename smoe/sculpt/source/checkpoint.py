@@ -28,6 +28,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -933,6 +934,28 @@ class Checkpoint:
         False
         """
         return any("is not in smoe's family registry" in w for w in self.warnings)
+
+    def placement(self) -> dict[str, Any]:
+        """What went where: the routed experts' tensors (to the vault), and the scout's
+        tensors grouped by part of the model: the language model's own (under its prefix),
+        and everything else by its leading name (a vision tower, a projector, an audio
+        encoder, MTP layers kept beyond ``num_hidden_layers``, ``lm_head``...), unchanged.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").placement()
+        {'vault': {'tensors': 48, 'under': 'model.layers.'}, 'scout': {'lm_head': 1, 'model.': 20}}
+        """
+        scout: dict[str, int] = {}
+        for t in self.non_expert_tensors():
+            if self.prefix and t.name.startswith(self.prefix):
+                group = self.prefix
+            else:
+                head = t.name.split(".")
+                group = ".".join(head[:2]) if head[0] == "model" and len(head) > 2 else head[0]
+            scout[group] = scout.get(group, 0) + 1
+        return {
+            "vault": {"tensors": len(self.expert_tensor_names), "under": self.stem},
+            "scout": scout,
+        }
 
     def non_expert_tensors(self) -> list[TensorInfo]:
         """Every tensor that is not a routed-expert weight: the scout's contents (D8).
