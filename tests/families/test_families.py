@@ -57,11 +57,27 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     def get(mt: str) -> Path:
         if mt not in done:
-            tiny.write(mt, root / mt)
+            MODELS[mt] = tiny.write(mt, root / mt)
             done[mt] = root / mt
         return done[mt]
 
     return get
+
+
+MODELS: dict[str, Any] = {}
+"""model_type -> the model ``written`` saved (float32), as transformers holds it in memory."""
+
+
+def _has_shared_expert(model: Any) -> bool:
+    """Whether the model's modules (not the checkpoint's names) hold a shared expert."""
+    return any(
+        "shared" in name
+        and ("gate" in name or "w1" in name or "input_linear" in name)
+        and "experts.gate_up_proj" not in name
+        and name.endswith("weight")
+        for name, _ in model.named_parameters()
+        if "vision" not in name and "visual" not in name
+    )
 
 
 def test_the_registry_covers_every_moe_family_installed() -> None:
@@ -128,6 +144,8 @@ def test_converted(mt: str, written: Any, tmp_path: Path) -> None:
             kv,
             head_dim,
         )
+        shared = int(a["shared_expert_ffn_dim"])
+        assert (shared > 0) == _has_shared_expert(MODELS[mt]), shared
         assert int(vault.header["d_model"]) == c.hidden_size
         assert int(vault.header["vocab_size"]) == c.vocab_size
     warned = [w for w in result.warnings if "not in smoe's family registry" in w]

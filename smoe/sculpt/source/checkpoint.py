@@ -84,6 +84,9 @@ _DENSE_GATE = re.compile(r"^(?:mlp|feed_forward|ffn)\.(?:gate_proj|w1)\.weight$"
 _Q_NORMS = ("attn.q_norm.weight", "attention.q_norm.weight")
 _ROLE_NAMES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 _SHARED_GATE = re.compile(r"^(?:\w+\.)*shared_\w+\.(?:gate_proj|w1)\.weight$")
+_SHARED_FUSED = re.compile(  # gate and up in one tensor, gate rows first (Granite)
+    r"^(?:\w+\.)*shared_\w+\.(?:input_linear\.weight|gate_up_proj(?:\.weight)?)$"
+)
 
 
 @dataclass(frozen=True)
@@ -707,7 +710,8 @@ class Checkpoint:
         return 0
 
     def shared_expert_ffn_dim(self) -> int:
-        """Rows of the first MoE layer's shared expert gate_proj (0 without one).
+        """The first MoE layer's shared expert width: its gate's rows (gate_proj or w1), or
+        half of a fused gate/up's (Granite's ``shared_mlp.input_linear``); 0 without one.
 
         >>> Checkpoint.open("fixtures/checkpoints/deepseek_v2").shared_expert_ffn_dim()
         64
@@ -715,8 +719,11 @@ class Checkpoint:
         for lay in self.moe_layers:
             head = self.layer(lay)
             for name, info in sorted(self.tensors.items()):
-                if name.startswith(head) and _SHARED_GATE.match(name[len(head) :]):
+                rest = name[len(head) :] if name.startswith(head) else ""
+                if _SHARED_GATE.match(rest):
                     return int(info.shape[0])
+                if _SHARED_FUSED.match(rest) and len(info.shape) == 2:
+                    return int(info.shape[0]) // 2
         return 0
 
     def ffn_dim(self) -> int:
