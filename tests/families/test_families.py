@@ -12,6 +12,7 @@ non-expert tensor bit for bit, and gives expert weights and logits within Q4's e
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,19 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 MODELS: dict[str, Any] = {}
 """model_type -> the model ``written`` saved (float32), as transformers holds it in memory."""
+
+
+def _layer_0_is_dense(model: Any) -> bool:
+    """Whether the language model's layer 0 has a dense MLP and no routed experts (from the
+    model's modules)."""
+    names = [
+        n
+        for n, _ in model.named_parameters()
+        if re.search(r"(^|\.)(layers|blocks)\.0\.", n) and "vision" not in n and "visual" not in n
+    ]
+    return not any("experts" in n for n in names) and any(
+        re.search(r"\.(mlp|feed_forward|ffn)\.(gate_proj|w1|gate_up_proj)", n) for n in names
+    )
 
 
 def _has_shared_expert(model: Any) -> bool:
@@ -144,6 +158,8 @@ def test_converted(mt: str, written: Any, tmp_path: Path) -> None:
             kv,
             head_dim,
         )
+        flags = int(a["flags"])
+        assert bool(flags & 4) == _layer_0_is_dense(MODELS[mt]), flags
         shared = int(a["shared_expert_ffn_dim"])
         assert (shared > 0) == _has_shared_expert(MODELS[mt]), shared
         assert int(vault.header["d_model"]) == c.hidden_size

@@ -80,7 +80,9 @@ _BIAS = re.compile(  # the experts' own biases; not a router's e_score_correctio
 _ATTENTION = re.compile(
     r"^(?:self_attn|attention|attn|self_attention)\.(q_proj|k_proj|q_norm|k_norm)\.weight$"
 )
-_DENSE_GATE = re.compile(r"^(?:mlp|feed_forward|ffn)\.(?:gate_proj|w1)\.weight$")
+_DENSE_GATE = re.compile(
+    r"^(?:mlp|feed_forward|ffn|block_sparse_moe|mixer|moe)\.(?:gate_proj|w1)\.weight$"
+)
 _Q_NORMS = ("attn.q_norm.weight", "attention.q_norm.weight")
 _ROLE_NAMES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 _SHARED_GATE = re.compile(r"^(?:\w+\.)*shared_\w+\.(?:gate_proj|w1)\.weight$")
