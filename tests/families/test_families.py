@@ -4,7 +4,10 @@ For each model type in the family registry that the installed transformers has, 
 checkpoint is built from its shrunk default config and saved with ``save_pretrained``
 (``smoe_testkit.tiny``; no tensor name is written by hand). A refused family is refused
 with its reason, word for word; a converted one sculpts, passes ``verify --deep``, and its
-arch block says what the config and the model mean. The round trip through ``export --hf``
+arch block says what the config and the model mean: head counts from the config, the
+norm_topk flag against what the family's own router module outputs (its top-k weights sum
+to one constant for every token, or not), the dense-layer flag and shared-expert width
+against the model's modules. The round trip through ``export --hf``
 and transformers loads with no missing or unexpected weight, keeps every
 non-expert tensor bit for bit, and gives expert weights and logits within Q4's error.
 """
@@ -67,6 +70,44 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 MODELS: dict[str, Any] = {}
 """model_type -> the model ``written`` saved (float32), as transformers holds it in memory."""
+
+
+# routers inside their MoE block's forward (no module of their own to run): the registry's
+# reading of their modeling code stands for the norm_topk flag
+ROUTER_NOT_A_MODULE = {"afmoe", "hy_v3", "lfm2_moe", "llama4", "minimax_m2", "zaya"}
+# Phi-MoE's sparsemixer weighs each pick by a masked softmax (often exactly 1 each): its sums
+# can look constant without any renormalisation, so the probe cannot tell; the flag is 0
+SPARSEMIXER = {"phimoe"}
+
+
+def _router_renormalises(model: Any) -> bool | None:
+    """Run the first text router module on random hidden states: its top-k weights sum to
+    one constant for every token (renormalised, perhaps times a routed scaling factor) or
+    not; None when no module takes hidden states and gives (…, weights, indices)."""
+    hidden = model.config.get_text_config().hidden_size
+    x = torch.randn(16, hidden, generator=torch.Generator().manual_seed(0)) * 3
+    for name, module in model.named_modules():
+        if "vision" in name or "visual" in name:
+            continue
+        if not re.search(r"Router|Gate$|TopK", type(module).__name__):
+            continue
+        try:
+            with torch.no_grad():
+                out = module(x)
+        except Exception:  # not a router of hidden states (or another signature)
+            continue
+        if not isinstance(out, tuple):
+            continue
+        tensors = [o for o in out if torch.is_tensor(o) and o.dim() == 2 and o.shape[0] == 16]
+        ints = [o for o in tensors if not o.is_floating_point()]
+        floats = [o for o in tensors if o.is_floating_point()]
+        if not ints or not floats:
+            continue
+        k = ints[0].shape[1]
+        picked = [o for o in floats if o.shape[1] == k] or [torch.gather(floats[-1], 1, ints[0])]
+        sums = picked[-1].double().sum(1)
+        return bool(sums.std() / sums.mean().abs() < 1e-4)
+    return None
 
 
 def _layer_0_is_dense(model: Any) -> bool:
@@ -159,6 +200,12 @@ def test_converted(mt: str, written: Any, tmp_path: Path) -> None:
             head_dim,
         )
         flags = int(a["flags"])
+        renorm = _router_renormalises(MODELS[mt])
+        assert (renorm is None) == (mt in ROUTER_NOT_A_MODULE)
+        if renorm is not None and mt not in SPARSEMIXER:
+            assert bool(flags & 1) == renorm, "norm_topk_prob flag vs the router's own output"
+        if mt in SPARSEMIXER:
+            assert not flags & 1
         assert bool(flags & 4) == _layer_0_is_dense(MODELS[mt]), flags
         shared = int(a["shared_expert_ffn_dim"])
         assert (shared > 0) == _has_shared_expert(MODELS[mt]), shared
