@@ -171,6 +171,7 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
     arch = run.ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
     paths = Paths.of(model_dir, out_dir, opts.name)
     paths.refuse_inputs(run.inputs())
+    paths.check_slots()  # what would fail only at the commit, refused before any work
     record = run.record
     writer = _new_writer(run, arch, paths, record)
     shapes = {(r.layer, r.expert): cast("tuple[Shape, Shape, Shape]", r.shapes) for r in run.refs}

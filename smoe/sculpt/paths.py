@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from smoe.errors import UsageError
 from smoe.format.manifest import path_for
 from smoe.plumbing import fileio
 from smoe.sculpt.source.checkpoint import Checkpoint
@@ -49,6 +51,31 @@ class Paths:
             Path(f"{hidden}.journal"),
             Path(f"{hidden}.lock"),
         )
+
+    TMP_EXTRA = len("..0123abcd.tmp")
+    """What an atomic write adds to a name for its temporary file (``.<name>.<8 hex>.tmp``)."""
+
+    def check_slots(self) -> None:
+        """Refuse, before the first expert is quantised, what would otherwise fail only at
+        the commit: a name too long for the folder's file system (the longest name a run
+        makes is an output's temporary file), and an existing output that is not a regular
+        file (a folder at ``<stem>.scout.safetensors``, a FIFO): nothing is written then.
+
+        >>> Paths.of(Path("m"), Path("out"), "x" * 250).check_slots()  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        smoe.errors.UsageError: out/xxx...xxx.smoe: its name is 269 bytes with the temporary ...
+        """
+        limit = _name_max(self.vault.parent)
+        for path in (self.vault, self.scout, self.manifest, self.config):
+            need = len(os.fsencode(path.name)) + self.TMP_EXTRA
+            if need > limit:
+                raise UsageError(
+                    f"{path}: its name is {need} bytes with the temporary suffix a write adds "
+                    f"('.<name>.<8 hex>.tmp'), more than the {limit} bytes this file system "
+                    "allows in a name; choose a shorter --name"
+                )
+        for path in (self.vault, self.scout, self.manifest, self.config):
+            fileio.existing_output(path)
 
     def refuse_inputs(self, inputs: list[Path]) -> None:
         """Refuse any output (or partial, journal or lock) that is one of ``inputs``: a run
@@ -98,3 +125,14 @@ def checkpoint_inputs(ckpt: Checkpoint) -> list[Path]:
     if index.is_file():
         files.append(index)
     return files + sorted({t.path for t in ckpt.tensors.values()})
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of ``folder`` (or the nearest existing
+    folder above it) allows; 255 where it cannot say."""
+    for place in (folder, *folder.parents):
+        try:
+            return int(os.pathconf(place, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return 255
