@@ -950,7 +950,7 @@ def _snr_view(
         heat["cells"] = _cell_titles(s, grid)
     else:
         heat["row_titles"] = _row_titles(grid.rows, per_layer)
-    finite = snr[np.isfinite(snr)]
+    finite = s.snr[np.isfinite(s.snr)]  # clipped to ±SNR_SHOWN
     mins = s.mins
     return {
         "heat": heat,
@@ -978,7 +978,13 @@ def _snr_view(
     }
 
 
+SNR_SHOWN = 1e4
+"""The largest SNR (dB) the page draws as it is: a manifest may record any finite number,
+but no quantiser gives 10,000 dB; values beyond ±SNR_SHOWN are drawn (and listed) at it."""
+
+
 def _expert_snr(snr: np.ndarray, table: np.ndarray, floor: float | None) -> _ExpertSnr:
+    snr = np.where(np.isfinite(snr), np.clip(snr, -SNR_SHOWN, SNR_SHOWN), snr)
     expert_min = np.where(np.isfinite(snr), snr, np.inf).min(axis=1)  # inf: no finite value
     lo, hi = colour_domain(expert_min[np.isfinite(expert_min)], floor)
     recorded = ~np.isnan(snr).all(axis=1)

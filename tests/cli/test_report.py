@@ -597,3 +597,21 @@ def test_weighted_snr_is_shown_when_the_manifest_has_it(tmp_path: Path) -> None:
     page = out.read_text()
     assert "Importance-weighted SNR" in page
     assert "21.50" in page and "18.00" not in page
+
+
+def test_absurd_snr_values_are_drawn_at_the_end_of_the_scale(demo: Path, tmp_path: Path) -> None:
+    """A manifest may record any finite SNR; 1e300 dB (every tensor) gets a page, the values
+    drawn and listed at ±SNR_SHOWN, never an internal error (issue 23, case 10)."""
+    for p in (demo, manifest.path_for(demo)):
+        shutil.copyfile(p, tmp_path / p.name)
+    vault = tmp_path / demo.name
+    doc = json.loads(manifest.path_for(vault).read_text())
+    for row in doc["experts"]:
+        for t in row["tensors"]:
+            t["snr_db"] = 1e300
+    manifest.path_for(vault).write_bytes(manifest.encode(doc))
+    out = tmp_path / "page.html"
+    write_report(vault, out)
+    html = out.read_text()
+    assert f"{report.SNR_SHOWN:.1f}" in html or f"{report.SNR_SHOWN:,.1f}" in html
+    assert "1e+300" not in html
