@@ -17,6 +17,7 @@ commit hash; any other folder by its own name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -65,7 +66,14 @@ def stem_of(model_dir: str | os.PathLike[str]) -> str:
     >>> stem_of("/cache/hub/models--Qwen--Qwen3-30B-A3B/snapshots/0123abcd")
     'Qwen3-30B-A3B'
     """
-    path = Path(model_dir).resolve()
+    try:
+        path = Path(model_dir).resolve(strict=True)
+    except FileNotFoundError:
+        path = Path(model_dir).resolve()  # opening it says what is missing
+    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        loop = isinstance(e, RuntimeError) or e.errno == errno.ELOOP
+        why = "a symlink loop" if loop else (e.strerror or str(e))
+        raise UnreadableInput(f"{model_dir}: cannot be read: {why}") from None
     if path.parent.name == "snapshots":
         repo = _CACHE_REPO.fullmatch(path.parent.parent.name)
         if repo:
