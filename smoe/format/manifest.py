@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -317,7 +318,11 @@ def check(
 
 
 def source_fault(
-    entry: dict[str, Any], rows: int, expert_rows: int, experts: int
+    entry: dict[str, Any],
+    rows: int,
+    expert_rows: int,
+    experts: int,
+    place: tuple[int, int, int] | None = None,
 ) -> tuple[str, str] | None:
     """The first of an ``experts[].tensors[]`` entry's ``index`` and ``rows`` that its vault
     cannot hold, as (key, why); None if both fit. A vault tensor of ``rows`` rows, in an
@@ -331,6 +336,9 @@ def source_fault(
     ('index', 'is 1000000000000, expected an expert index below max_experts_per_layer 4')
     >>> source_fault({"rows": [96, 160]}, 64, 128, 4)
     ('rows', "is [96, 160], expected [start, start + 64] within the expert's 128 rows")
+
+    With ``place`` = (layer, expert, tensor), once both fit, the ``source`` name must also
+    be that of the entry's own tensor (:func:`source_name_fault`).
     """
     index, span = entry.get("index"), entry.get("rows")
     if index is not None and not _uint_below(index, experts):
@@ -343,9 +351,52 @@ def source_fault(
         and _uint_below(span[1], expert_rows + 1)
         and span[1] - span[0] == rows
     ):
-        return None
+        return None if place is None else source_name_fault(entry.get("source"), index, *place)
     why = f"expected [start, start + {rows}] within the expert's {expert_rows} rows"
     return "rows", f"is {json_excerpt(span)}, {why}"
+
+
+_LAYER_OF = re.compile(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.")
+_EXPERT_OF = re.compile(r"\.experts\.(\d+)\.")
+_ROLE_OF = re.compile(r"(?:^|\.)(gate_proj|w1|up_proj|w3|down_proj|w2)\.weight$")
+_ROLES = {"gate_proj": 0, "w1": 0, "up_proj": 1, "w3": 1, "down_proj": 2, "w2": 2}
+_FUSED_DOWN = re.compile(r"(?:^|\.)(?:down_proj|output_linear\.weight|fc2\.weight|w2_weight)$")
+
+
+def source_name_fault(
+    source: object, index: object, layer: int, expert: int, tensor: int
+) -> tuple[str, str] | None:
+    """Whether a manifest entry's ``source`` names another tensor than the entry's own
+    (``tensor``: 0 gate, 1 up, 2 down of ``expert`` in ``layer``): a layer number, an expert
+    number, a fused slab ``index`` or a role that is not the entry's. A permuted manifest
+    would make ``export --hf`` write each expert under another's name; names of layouts not
+    listed here are not judged.
+
+    >>> source_name_fault("model.layers.1.mlp.experts.3.up_proj.weight", None, 1, 3, 1) is None
+    True
+    >>> source_name_fault("layers.1.experts.2.w3.weight", None, 1, 3, 1)
+    ('source', "names expert 2 ('layers.1.experts.2.w3.weight'), the entry is expert 3")
+    >>> source_name_fault("model.layers.0.mlp.experts.gate_up_proj", 1, 0, 1, 2)[1]
+    "names a gate/up tensor ('model.layers.0.mlp.experts.gate_up_proj') for down_proj"
+    """
+    if not isinstance(source, str):
+        return None
+    m = _LAYER_OF.search(source)
+    if m and int(m.group(1)) != layer:
+        return "source", f"names layer {m.group(1)} ({source!r}), the entry is layer {layer}"
+    m = _EXPERT_OF.search(source)
+    if m and int(m.group(1)) != expert:
+        return "source", f"names expert {m.group(1)} ({source!r}), the entry is expert {expert}"
+    if isinstance(index, int) and not isinstance(index, bool) and index != expert:
+        return "index", f"is {index}, the entry is expert {expert} (its slab of {source!r})"
+    m = _ROLE_OF.search(source)
+    name = layout.TENSOR_NAMES[tensor]
+    if m and _ROLES[m.group(1)] != tensor:
+        return "source", f"names {m.group(1)} ({source!r}) for {name}"
+    if index is not None and not m and (tensor == 2) != bool(_FUSED_DOWN.search(source)):
+        what = "a gate/up tensor" if tensor == 2 else "a down tensor"
+        return "source", f"names {what} ({source!r}) for {name}"
+    return None
 
 
 def _uint_below(v: object, top: int) -> bool:
@@ -384,7 +435,8 @@ def _sources_finding(
         why = f"{who}: tensors is {json_excerpt(tensors)}, expected 3 objects (gate, up, down)"
         return Finding.of(Rule.MANIFEST_EXPERT, at, where, why)
     for t, source in enumerate(tensors):
-        fault = source_fault(source, heights[t], sum(heights), experts)
+        place = (int(entry["layer_id"]), int(entry["expert_id"]), t)
+        fault = source_fault(source, heights[t], sum(heights), experts, place)
         if fault is not None:
             key, why = fault
             name = layout.TENSOR_NAMES[t]

@@ -158,3 +158,30 @@ def test_export_names_the_missing_slab_without_counting_to_it(
     line = refused(lambda: python(CAPPED, "export", "--hf", vault, tmp_path / "hf"))
     assert line.startswith(f"error: {vault}.manifest.json: ")
     assert "model.layers.0.mlp.experts." in line
+
+
+def test_permuted_source_names_are_a_manifest_finding(
+    edited: Callable[[Callable[[dict[str, Any]], None]], Path],
+) -> None:
+    """Experts 1 and 2 given each other's sources: export --hf would write each under the
+    other's name (issue 23, case 4); verify --deep names the first one."""
+
+    def swap(doc: dict[str, Any]) -> None:
+        rows = doc["experts"]
+        rows[1]["tensors"], rows[2]["tensors"] = rows[2]["tensors"], rows[1]["tensors"]
+
+    vault = edited(swap)
+    proc = run("verify", "--deep", vault)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == (
+        "error: manifest.expert at offset 0x8000 (manifest/experts/1/tensors/0/index): "
+        "layer 0 expert 1: gate_proj's index is 2, the entry is expert 1 (its slab of "
+        "'model.layers.0.mlp.experts.gate_up_proj')"
+    )
+
+
+def test_a_source_of_another_role_is_a_manifest_finding(
+    edited: Callable[[Callable[[dict[str, Any]], None]], Path],
+) -> None:
+    vault = edited(lambda doc: tensor(doc, 0, 2).__setitem__("source", tensor(doc, 0, 0)["source"]))
+    assert findings(vault) == (1, [("manifest.expert", "manifest/experts/0/tensors/2/source")])
