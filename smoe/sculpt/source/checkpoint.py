@@ -488,7 +488,10 @@ class Checkpoint:
         refuse_unsupported(config, where, str(root))
         block = declared_block(doc if isinstance(doc, dict) else config, where)
         experts, names, stem = cls._experts(root, tensors, family, block)
-        declared = outer or inner or "unknown"
+        given = [
+            c for c in (doc, config) if isinstance(c, dict) and c.get("model_type") is not None
+        ]
+        declared = get_str(given[0], where, "model_type") if given else "unknown"
         return cls(root, config, tensors, experts, names, family, stem, declared, warnings)
 
     @staticmethod

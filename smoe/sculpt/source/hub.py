@@ -71,8 +71,10 @@ def stem_of(model_dir: str | os.PathLike[str]) -> str:
     except FileNotFoundError:
         path = Path(model_dir).resolve()  # opening it says what is missing
     except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
-        loop = isinstance(e, RuntimeError) or e.errno == errno.ELOOP
-        why = "a symlink loop" if loop else (e.strerror or str(e))
+        if isinstance(e, RuntimeError) or e.errno == errno.ELOOP:
+            why = "a symlink loop"
+        else:
+            why = e.strerror or str(e)
         raise UnreadableInput(f"{model_dir}: cannot be read: {why}") from None
     if path.parent.name == "snapshots":
         repo = _CACHE_REPO.fullmatch(path.parent.parent.name)
