@@ -59,7 +59,8 @@ def open_imatrix(
 ) -> tuple[ImportanceMatrix, str | None]:
     """The importance matrix at ``path``, opened, validated and mapped onto ``refs`` before
     any work (a file of another model is refused, one SmoeError line), and the one warning
-    about the expert tensors it has no data for (quantised unweighted), or None.
+    about the expert tensors it has no data for (quantised unweighted) and those whose
+    importance spans more than its range bound (raised to it), or None.
 
     >>> ck = Checkpoint.open("fixtures/checkpoints/olmoe")
     >>> matrix, warning = open_imatrix("fixtures/imatrix_tiny.dat", select(ck, SculptOptions()), 4)
@@ -75,4 +76,4 @@ def open_imatrix(
     except BaseException:
         matrix.close()
         raise
-    return matrix, matrix.fallback_warning(fallbacks, len(TENSOR_NAMES) * len(refs))
+    return matrix, matrix.warning(fallbacks, len(TENSOR_NAMES) * len(refs))

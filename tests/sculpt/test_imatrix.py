@@ -22,7 +22,15 @@ import pytest
 from smoe.errors import SmoeError
 from smoe.plumbing.fileio import NotRegular
 from smoe.sculpt.source.checkpoint import Checkpoint
-from smoe.sculpt.source.imatrix import ALL_ZERO, NO_COUNT, NO_ENTRY, Fallback, ImportanceMatrix
+from smoe.sculpt.source.imatrix import (
+    ALL_ZERO,
+    NO_COUNT,
+    NO_ENTRY,
+    RANGE_BOUND,
+    Fallback,
+    ImportanceMatrix,
+    Raised,
+)
 from smoe_testkit.synth import write_checkpoint
 
 from helpers import refused
@@ -606,6 +614,129 @@ def test_gguf_sums_must_be_finite_and_not_negative(tmp_path: Path, value: float,
         f"{p}: tensor 'blk.1.ffn_up_exps.weight.in_sum2' holds {value!r} at offset {at} "
         f"(expert 3, channel 5): a sum of squares is finite and >= 0, this one is {why}"
     )
+
+
+def test_gguf_positive_infinity_is_refused(tmp_path: Path) -> None:
+    entries = moe_entries()
+    entries["blk.0.ffn_down_exps.weight"][0][2, 7] = math.inf
+    p = write_gguf(tmp_path / "imatrix.gguf", entries)
+    at = tensor_offset(p, "blk.0.ffn_down_exps.weight.in_sum2") + 4 * (2 * F + 7)
+    assert refused(partial(ImportanceMatrix.open, p)) == (
+        f"{p}: tensor 'blk.0.ffn_down_exps.weight.in_sum2' holds inf at offset {at} "
+        "(expert 2, channel 7): a sum of squares is finite and >= 0, this one is not finite"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (math.nan, "not finite"),
+        (math.inf, "not finite"),
+        (-math.inf, "not finite"),
+        (-0.5, "negative"),
+    ],
+)
+def test_legacy_sums_must_be_finite_and_not_negative(
+    tmp_path: Path, value: float, why: str
+) -> None:
+    p = tmp_path / "imatrix.dat"
+    values = np.array([1, 2, value, 3], "<f4").tobytes()
+    p.write_bytes(dat_bytes([(b"blk.0.ffn_down_exps.weight", 2, 4, values)]))
+    assert refused(partial(ImportanceMatrix.open, p)) == (
+        f"{p}: legacy entry 'blk.0.ffn_down_exps.weight' holds {value!r} at offset 50 "
+        f"(value 2): a sum of squares is finite and >= 0, this one is {why}"
+    )
+
+
+# ---- the range bound: entries below 1e-10 of their tensor's largest are raised -----------------
+def absurd_entries(low: float = 1e-30) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Issue 23 case 8: in every expert tensor channel 3 is 3e38, every other ``low``."""
+    out = {}
+    for name, (sums, counts) in moe_entries().items():
+        sums = np.full_like(sums, low)
+        sums[:, 3] = 3e38
+        out[name] = (sums, np.ones_like(counts))
+    return out
+
+
+RAISED_ALL = (
+    "24 of 24 expert tensors have importance spanning more than 1e10 (largest / smallest "
+    "entry; widest: layer 0 expert 0 gate_proj, 3e+38 / {low}); their entries below 1e-10 "
+    "of their largest are raised to that"
+)
+
+
+@pytest.mark.parametrize("form", ["gguf", "dat"])
+@pytest.mark.parametrize(("low", "shown"), [(1e-30, "1e-30"), (0.0, "0")])
+def test_an_absurd_range_is_raised_to_the_bound_with_one_warning(
+    tmp_path: Path, form: str, low: float, shown: str
+) -> None:
+    entries = absurd_entries(low)
+    writer = write_gguf if form == "gguf" else write_dat
+    path = writer(tmp_path / f"imatrix.{form}", entries)
+    top = float(np.float32(3e38))
+    with ImportanceMatrix.open(path) as m:
+        assert m.check(ALL, n_experts=E) == []
+        assert len(m.raised) == 3 * L * E
+        assert m.raised[0] == Raised(0, 0, "gate_proj", top, float(np.float32(low)))
+        assert m.warning([], 3 * L * E) == f"{path}: " + RAISED_ALL.format(low=shown)
+        assert m.fallback_warning([], 3 * L * E) is None  # nothing is quantised unweighted
+        for lay, e, _ in ALL:
+            for t, cols in (("gate_proj", D), ("up_proj", D), ("down_proj", F)):
+                got = m.for_expert(lay, e, t, cols)
+                want = np.full(cols, np.float32(top / RANGE_BOUND))
+                want[3] = np.float32(top)
+                np.testing.assert_array_equal(got, want)
+                assert got.min() > 0 and got.max() / got.min() <= RANGE_BOUND * (1 + 1e-6)
+        # with fallbacks too: still one line, the file named once
+        fallbacks = [Fallback(1, 0, "up_proj", NO_COUNT)]
+        assert m.warning(fallbacks, 3 * L * E) == (
+            f"{path}: 1 of 24 expert tensors have no importance data (1 count 0); they are "
+            "quantised unweighted; " + RAISED_ALL.format(low=shown)
+        )
+
+
+def test_a_range_of_the_bound_is_kept_as_it_is(tmp_path: Path) -> None:
+    entries = moe_entries()
+    sums, counts = entries["blk.0.ffn_up_exps.weight"]
+    sums[1] = 1.0  # 1e10 exactly (both exact in float32): within the bound
+    sums[1, 9] = 1e10
+    counts[1] = 1
+    sums[2] = 1.0  # just beyond it
+    sums[2, 9] = 2e10
+    sums[2, 10] = 1.5
+    counts[2] = 1
+    path = write_gguf(tmp_path / "imatrix.gguf", entries)
+    with ImportanceMatrix.open(path) as m:
+        assert m.check(ALL, n_experts=E) == []
+        assert m.raised == [Raised(0, 2, "up_proj", 2e10, 1.0)]
+        assert m.warning([], 3 * L * E) == (
+            f"{path}: 1 of 24 expert tensors have importance spanning more than 1e10 (largest / "
+            "smallest entry; widest: layer 0 expert 2 up_proj, 2e+10 / 1); their entries below "
+            "1e-10 of their largest are raised to that"
+        )
+        np.testing.assert_array_equal(m.for_expert(0, 1, "up_proj", D), sums[1])
+        raised = m.for_expert(0, 2, "up_proj", D)
+        assert (raised[9], raised[10], raised[0]) == (2e10, 2.0, 2.0)  # 1.5 too: below 2
+    with ImportanceMatrix.open(write_gguf(tmp_path / "real.gguf", moe_entries())) as m:
+        m.check(ALL, n_experts=E)
+        assert m.raised == []  # lognormal channels with 100x outliers: far inside the bound
+
+
+def test_importance_below_float32s_range_keeps_its_ratios(tmp_path: Path) -> None:
+    """A row whose floor would underflow float32 is scaled by a power of two: no entry
+    becomes 0, the ratios stay."""
+    entries = moe_entries()
+    sums, counts = entries["blk.1.ffn_down_exps.weight"]
+    sums[0] = 1e-40  # subnormal float32
+    sums[0, 5] = 1e-36
+    counts[0] = 4
+    with ImportanceMatrix.open(write_gguf(tmp_path / "imatrix.gguf", entries)) as m:
+        assert m.check(ALL, n_experts=E) == [] and m.raised == []
+        got = m.for_expert(1, 0, "down_proj", F).astype(np.float64)
+        want = sums[0].astype(np.float64)
+        assert got.min() > 0
+        np.testing.assert_allclose(got / got[5], want / want[5], rtol=1e-6)
 
 
 # ---- legacy refusals -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ The importance matrices are written with ``gguf``'s own writer in llama-imatrix'
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,13 @@ import pytest
 
 pytest.importorskip("gguf", reason="the optional extra smoe[imatrix] (gguf) is missing")
 
-from test_imatrix import moe_entries, write_dat, write_gguf
+from test_imatrix import RAISED_ALL, absurd_entries, moe_entries, write_dat, write_gguf
 
 from smoe import quant
 from smoe.errors import SmoeError
 from smoe.sculpt import SculptOptions, SculptResult, sculpt
 from smoe.sculpt.source.checkpoint import Checkpoint
-from smoe.sculpt.source.imatrix import ImportanceMatrix
+from smoe.sculpt.source.imatrix import RANGE_BOUND, ImportanceMatrix
 from smoe_gen.smoe_kaitai import Smoe
 from smoe_testkit.synth import write_checkpoint
 
@@ -163,6 +164,54 @@ def test_experts_without_data_fall_back_with_one_warning(model: Path, tmp_path: 
         assert got[key][t] == (plain[0].tobytes(), plain[1].tobytes())
         assert doc[key][t]["weighted_snr_db"] is None
     assert doc[(0, 2)][1]["weighted_snr_db"] is not None  # up takes its own entry
+
+
+# ---- the range bound (issue 23, case 8) ------------------------------------------------------
+def weighted_snrs(vault: Path) -> list[object]:
+    return [t["weighted_snr_db"] for e in manifest_of(vault)["experts"] for t in e["tensors"]]
+
+
+@pytest.mark.parametrize(("low", "shown"), [(1e-30, "1e-30"), (0.0, "0")])
+def test_an_absurd_range_is_raised_and_every_weighted_snr_is_finite(
+    model: Path, tmp_path: Path, low: float, shown: str
+) -> None:
+    """One channel 3e38, the rest 1e-30 (or 0): unbounded, the rest became 0 in float32, the
+    one channel was encoded exactly and the manifest said null ("quantised unweighted")."""
+    path = write_gguf(tmp_path / "absurd.gguf", absurd_entries(low))
+    result = sculpt(model, tmp_path / "out", SculptOptions(bits=2, jobs=1, imatrix=path))
+    assert [w for w in result.summary()["warnings"] if str(path) in w] == [
+        f"{path}: " + RAISED_ALL.format(low=shown)
+    ]
+    snrs = weighted_snrs(result.vault)
+    assert len(snrs) == 3 * L * E
+    assert all(isinstance(v, float) and math.isfinite(v) for v in snrs), snrs
+    # the raise is exactly "to the floor": a file that holds the floor already gives the
+    # same vault
+    floor = float(np.float32(3e38)) / RANGE_BOUND
+    preraised = write_gguf(tmp_path / "floor.gguf", absurd_entries(floor))
+    again = sculpt(model, tmp_path / "again", SculptOptions(bits=2, jobs=1, imatrix=preraised))
+    assert again.vault.read_bytes() == result.vault.read_bytes()
+
+
+def test_the_bounds_worth_of_range_records_finite_weighted_snrs(
+    model: Path, tmp_path: Path
+) -> None:
+    """Every expert tensor spans exactly 1e10 (one channel 1e10, the rest 1): nothing is
+    raised, no warning, and every weighted tensor has a finite weighted SNR."""
+    entries = {}
+    for name, (sums, counts) in moe_entries().items():
+        sums = np.ones_like(sums)
+        sums[:, 3] = 1e10
+        entries[name] = (sums, np.ones_like(counts))
+    path = write_gguf(tmp_path / "wide.gguf", entries)
+    for jobs in (1, 2):
+        result = sculpt(
+            model, tmp_path / f"j{jobs}", SculptOptions(bits=2, jobs=jobs, imatrix=path)
+        )
+        assert all(str(path) not in w for w in result.summary()["warnings"])
+        snrs = weighted_snrs(result.vault)
+        assert len(snrs) == 3 * L * E
+        assert all(isinstance(v, float) and math.isfinite(v) for v in snrs), snrs
 
 
 # ---- refusals before any work ----------------------------------------------------------------

@@ -29,6 +29,28 @@ package (``pip install 'smoe[imatrix]'``).
 An expert without data (count 0, the all-ones placeholder llama.cpp writes for such an
 expert in a multi-expert entry, an all-zero row, or no entry at all) falls back to
 unweighted quantisation; :meth:`ImportanceMatrix.check` lists them before any work.
+
+**Values and their range (the ruling).** Every sum must be finite and >= 0: a NaN, an
+infinity or a negative value is refused when the file is opened, naming its offset (counts:
+whole numbers >= 0). The importance of one expert tensor (one row of ``cols`` values) is
+*bounded*, not refused: an entry below ``1 / RANGE_BOUND`` (``1e-10``) of the row's largest,
+a zero included, is raised to that floor, and the sculpt's one importance-matrix warning
+says how many expert tensors were raised, naming the one of the widest range with its
+largest and smallest entries (:meth:`ImportanceMatrix.warning`). Real matrices hold mean
+squares of activations; within one tensor they span a few decades (outlier channels
+``1e4``--``1e6`` times the median, ``1e8`` at the outside), so the bound leaves two decades
+of headroom and touches only broken or hostile files (issue 23, case 8: one channel
+``3e38``, the rest ``1e-30``, a range of ``3e68``). Raising rather than refusing: a channel
+under the floor weighs less than ``1e-10`` of the largest, below what the encoder's float32
+sums resolve beside it, so raising it keeps what the weighting optimises, while a published
+file is not lost for one rarely routed expert. Unbounded, such a channel becomes exactly 0
+once the encoder divides by the largest, it counts for nothing, and a tensor whose one
+important channel happens to be encoded exactly gets a weighted error of 0: no finite
+``weighted_snr_db`` for a weighted tensor. With the floor, every entry of a weighted tensor
+is positive, so its weighted error is 0 only when the encode is exact (and then ``snr_db``
+is null too). A row whose floor would fall below float32's normal range (largest entry under
+about ``1e-28``) is also scaled by a power of two, which is exact and changes nothing: the
+encoder uses importance only relative to its largest entry.
 """
 
 from __future__ import annotations
@@ -51,7 +73,7 @@ from smoe.format.view import FileView, chunks
 from smoe.interop.gguf_io import GgufReader, KeyValue, Tensor
 from smoe_gen.layout import TENSOR_NAMES
 
-__all__ = ["Fallback", "ImatrixInfo", "ImportanceMatrix"]
+__all__ = ["RANGE_BOUND", "Fallback", "ImatrixInfo", "ImportanceMatrix", "Raised"]
 
 # the expert naming of llama.cpp before the merged 3-D expert tensors (PR 6387, April 2024)
 OLD_EXPERT = {
@@ -60,6 +82,11 @@ OLD_EXPERT = {
     "down_proj": "blk.{L}.ffn_down.{E}.weight",
 }
 NO_ENTRY, NO_COUNT, ALL_ZERO = "not in the file", "count 0", "all zero"
+# the widest range one expert tensor's importance may span (largest entry / smallest entry):
+# entries below 1 / RANGE_BOUND of the largest, zeros too, are raised to it (module docstring)
+RANGE_DECADES = 10
+RANGE_BOUND = 10.0**RANGE_DECADES
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 def _gguf() -> Any:
@@ -129,6 +156,31 @@ class Fallback:
 
 
 @dataclass(frozen=True)
+class Raised:
+    """An expert tensor whose importance spans more than :data:`RANGE_BOUND`: its entries
+    below ``largest / RANGE_BOUND`` were raised to that (``smallest``: before, maybe 0).
+
+    >>> Raised(layer=1, expert=2, tensor="down_proj", largest=3e38, smallest=1e-30)
+    Raised(layer=1, expert=2, tensor='down_proj', largest=3e+38, smallest=1e-30)
+    """
+
+    layer: int
+    expert: int
+    tensor: str
+    largest: float
+    smallest: float
+
+    @property
+    def span(self) -> float:
+        """largest / smallest (``inf`` for a zero entry).
+
+        >>> Raised(0, 0, "gate_proj", 1e12, 0.5).span, Raised(0, 0, "gate_proj", 1e12, 0).span
+        (2000000000000.0, inf)
+        """
+        return self.largest / self.smallest if self.smallest > 0 else math.inf
+
+
+@dataclass(frozen=True)
 class _Entry:
     """One weight's values in the file: ``size`` float32 at ``offset``, then counts."""
 
@@ -173,6 +225,7 @@ they are quantised unweighted
         st = os.fstat(view.fd)
         self._stamp = (st.st_size, st.st_mtime_ns)
         self.fallbacks: list[Fallback] = []  # those for_expert returned None for
+        self.raised: list[Raised] = []  # those check found beyond RANGE_BOUND
 
     @property
     def path(self) -> Path:
@@ -334,8 +387,11 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
             )
         return expert
 
-    def _row(self, entry: _Entry, index: int, cols: int) -> tuple[np.ndarray | None, str]:
-        """The importance of one matrix of ``entry`` (float32), or None and the reason."""
+    def _row(
+        self, entry: _Entry, index: int, cols: int
+    ) -> tuple[np.ndarray | None, str, tuple[float, float] | None]:
+        """The importance of one matrix of ``entry`` (float32, bounded by
+        :func:`_bounded`), or None and the reason; and (largest, smallest) when raised."""
         st = os.fstat(self.view.fd)
         if (st.st_size, st.st_mtime_ns) != self._stamp:
             raise RefusedInput(
@@ -344,16 +400,17 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
             )
         divisor = entry.divisor(index)
         if divisor == 0:
-            return None, NO_COUNT
+            return None, NO_COUNT, None
         at = entry.offset + 4 * index * cols
         values = self.view.read(at, 4 * cols).view("<f4")
         _check_values(self.path, entry, values, at)
         if not values.any():
-            return None, ALL_ZERO
-        importance = (values.astype(np.float64) / divisor).astype(np.float32)
-        if entry.size > cols and bool((importance == 1.0).all()):
-            return None, NO_COUNT  # llama.cpp's placeholder for an expert without data
-        return importance, ""
+            return None, ALL_ZERO, None
+        importance = values.astype(np.float64) / divisor
+        if entry.size > cols and bool((importance.astype(np.float32) == 1.0).all()):
+            return None, NO_COUNT, None  # llama.cpp's placeholder for an expert without data
+        bounded, raised = _bounded(importance)
+        return bounded, "", raised
 
     def check(
         self,
@@ -363,7 +420,8 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
         """Map every (layer, expert, (gate, up, down) shapes) onto the file, before any work.
 
         Refuses a shape or expert count that is not this model's and a file with no entry
-        for any of them; returns the expert tensors that will be quantised unweighted. Pass
+        for any of them; returns the expert tensors that will be quantised unweighted, and
+        keeps those whose importance was raised to the range bound in :attr:`raised`. Pass
         ``n_experts`` (experts per layer): a legacy file stores a layer's experts as one
         run of values, which only the expert count tells from another model's.
 
@@ -380,6 +438,7 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
 experts per layer: an importance matrix of another model?
         """
         out: list[Fallback] = []
+        raised: list[Raised] = []
         mapped = wanted = 0
         for layer, expert, shapes in experts:
             for tensor, (rows, cols) in zip(TENSOR_NAMES, shapes):
@@ -389,9 +448,12 @@ experts per layer: an importance matrix of another model?
                     out.append(Fallback(layer, expert, tensor, NO_ENTRY))
                     continue
                 mapped += 1
-                values, reason = self._row(found[0], found[1], cols)
+                values, reason, span = self._row(found[0], found[1], cols)
                 if values is None:
                     out.append(Fallback(layer, expert, tensor, reason))
+                elif span is not None:
+                    raised.append(Raised(layer, expert, tensor, *span))
+        self.raised = raised
         if wanted and not mapped:
             raise RefusedInput(
                 f"{self.path}: has no entry for any routed-expert tensor of this "
@@ -413,12 +475,35 @@ file); they are quantised unweighted
         """
         if not fallbacks:
             return None
-        reasons = Counter(f.reason for f in fallbacks)
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        return (
-            f"{self.path}: {len(fallbacks)} of {total} expert tensors have no importance "
-            f"data ({why}); they are quantised unweighted"
-        )
+        return f"{self.path}: {_fallback_words(fallbacks, total)}"
+
+    def warning(self, fallbacks: Sequence[Fallback], total: int) -> str | None:
+        """The one warning line of a sculpt with this matrix, or None: the expert tensors of
+        ``fallbacks`` (out of ``total``), then those :meth:`check` raised to the range bound.
+
+        >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
+        >>> imatrix = ImportanceMatrix.open(dat)
+        >>> imatrix.raised = [Raised(0, 1, "down_proj", 3e38, 1e-30),
+        ...                   Raised(0, 2, "down_proj", 9, 0)]  # what check found
+        >>> print(imatrix.warning([Fallback(0, 1, "gate_proj", NO_ENTRY)], 12))
+        fixtures/imatrix_tiny.dat: 1 of 12 expert tensors have no importance data (1 not in the \
+file); they are quantised unweighted; 2 of 12 expert tensors have importance spanning more \
+than 1e10 (largest / smallest entry; widest: layer 0 expert 2 down_proj, 9 / 0); their entries \
+below 1e-10 of their largest are raised to that
+        >>> imatrix.raised = []; imatrix.warning([], 12) is None
+        True
+        """
+        parts = [_fallback_words(fallbacks, total)] if fallbacks else []
+        if self.raised:
+            widest = max(self.raised, key=lambda r: r.span)
+            parts.append(
+                f"{len(self.raised)} of {total} expert tensors have importance spanning more "
+                f"than 1e{RANGE_DECADES} (largest / smallest entry; widest: layer "
+                f"{widest.layer} expert {widest.expert} {widest.tensor}, "
+                f"{widest.largest:.3g} / {widest.smallest:.3g}); their entries below "
+                f"1e-{RANGE_DECADES} of their largest are raised to that"
+            )
+        return f"{self.path}: {'; '.join(parts)}" if parts else None
 
     def for_expert(
         self, layer: int, expert: int, tensor: str, cols: int, rows: int | None = None
@@ -428,7 +513,8 @@ file); they are quantised unweighted
         ``tensor`` is ``gate_proj``, ``up_proj`` or ``down_proj``; ``cols`` its input width
         (d_model for gate/up, the expert FFN width for down); ``rows`` only names the shape
         in messages. A None is recorded in :attr:`fallbacks`. Call :meth:`check` first: it
-        also checks the expert count.
+        also checks the expert count. The values are the file's sums / counts, bounded to
+        :data:`RANGE_BOUND` (see the module docstring).
 
         >>> dat = "fixtures/imatrix_tiny.dat"  # 1 entry (layer 0 down_proj), 4 experts x 32
         >>> imatrix = ImportanceMatrix.open(dat)
@@ -441,10 +527,43 @@ file); they are quantised unweighted
         if found is None:
             self.fallbacks.append(Fallback(layer, expert, tensor, NO_ENTRY))
             return None
-        values, reason = self._row(found[0], found[1], cols)
+        values, reason, _ = self._row(found[0], found[1], cols)
         if values is None:
             self.fallbacks.append(Fallback(layer, expert, tensor, reason))
         return values
+
+
+def _fallback_words(fallbacks: Sequence[Fallback], total: int) -> str:
+    reasons = Counter(f.reason for f in fallbacks)
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+    return (
+        f"{len(fallbacks)} of {total} expert tensors have no importance data ({why}); "
+        "they are quantised unweighted"
+    )
+
+
+def _bounded(importance: np.ndarray) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """One row of importance (float64, >= 0, not all 0) as float32 within
+    :data:`RANGE_BOUND`: entries below ``largest / RANGE_BOUND`` raised to that, and
+    (largest, smallest) when any was; a row whose floor is below float32's normal range
+    scaled by a power of two first (exact; only ratios matter to the encoder).
+
+    >>> h, raised = _bounded(np.array([1e12, 1.0, 0.0, 400.0]))  # floor 100
+    >>> h.tolist(), raised
+    ([999999995904.0, 100.0, 100.0, 400.0], (1000000000000.0, 0.0))
+    >>> h, raised = _bounded(np.array([1e-36, 1e-40]))  # floor 1e-46: scaled by 2**119
+    >>> round(float(h[0]), 6), round(float(h[1] / h[0]), 6), raised
+    (0.664614, 0.0001, None)
+    """
+    top, low = float(importance.max()), float(importance.min())
+    floor = top / RANGE_BOUND
+    raised = None
+    if low < floor:
+        raised = (top, low)
+        importance = np.maximum(importance, floor)
+    if floor < _F32_TINY:
+        importance = importance * math.ldexp(1.0, -math.frexp(top)[1])  # largest in [0.5, 1)
+    return importance.astype(np.float32), raised
 
 
 def _candidates(layer: int, tensor: str) -> list[str]:
