@@ -410,6 +410,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     for flag in ("scout", "config", "dtype", "max_shard_size"):
         if getattr(args, flag) is not None:
             return fail(args, f"--{flag.replace('_', '-')} needs --hf (see smoe export --help)", 2)
+    if args.rebuild_config:
+        return fail(args, "--rebuild-config needs --hf (see smoe export --help)", 2)
     from smoe.export.float32 import export
 
     names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
@@ -443,17 +445,23 @@ def _export_hf(args: argparse.Namespace) -> int:
         config=args.config,
         dtype=args.dtype,
         max_shard_size=args.max_shard_size or MAX_SHARD_SIZE,
+        rebuild_config=args.rebuild_config,
     )
     summary = result.summary()
     if args.json:
         print_json(summary)
         return 0
     print_notes(summary["notes"])
+    origin = (
+        f"copied from {shown(summary['config_path'])}"
+        if summary["config"] == "copied"
+        else "rebuilt from the arch block and the scout"
+    )
     make_console().print(
         f"wrote {escape(shown(args.out))}: {len(summary['files'])} files, "
         f"{summary['tensors']} tensors ({summary['expert_tensors']} expert tensors in "
         f"{summary['dtype']}), {summary['bytes_out'] / 1e6:,.1f} MB; config.json "
-        f"{escape(shown(summary['config']))}",
+        f"{escape(origin)}",
         soft_wrap=True,
     )
     return 0

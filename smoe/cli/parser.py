@@ -235,6 +235,13 @@ def _export_hf_options(p: argparse.ArgumentParser) -> None:
         "STEM.config.json beside the vault, else rebuilt from the arch block)",
     )
     p.add_argument(
+        "--rebuild-config",
+        action="store_true",
+        help="with --hf: rebuild config.json from the arch block and the scout, not copy "
+        "it, also for a family whose config the vault cannot give exactly (deepseek_v2, "
+        "deepseek_v3: what it assumes is printed); not with --config",
+    )
+    p.add_argument(
         "--dtype",
         choices=("bf16", "f16", "f32"),
         help="with --hf: the experts' dtype (default: the source's, else the scout's, else bf16)",

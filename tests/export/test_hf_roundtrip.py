@@ -25,6 +25,7 @@ import pytest
 from smoe.errors import SmoeError
 from smoe.export.hf import checkpoint as hf_export
 from smoe.export.hf.checkpoint import export_hf
+from smoe.families.registry import family_of
 from smoe.format import manifest
 from smoe.interop.safetensors_io import read_header
 from smoe.sculpt import SculptOptions, companions, sculpt
@@ -38,6 +39,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is not i
 
 FAMILIES = CONVERT
 ASSUMES_ROUTING = {"deepseek_v3"}  # n_group 2, topk_group 1, routed_scaling 2.5: not in a vault
+INEXACT = {"deepseek_v2", "deepseek_v3"}  # rebuilt only with rebuild_config (--rebuild-config)
 IDS = [[(i * 37 + 3 + 11 * row) % 128 for i in range(16)] for row in range(2)]
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
@@ -154,7 +156,7 @@ def test_round_trip(family: str, sculpted: Callable[[str, int], Path], work: Pat
     hf4, hf2 = work / f"{family}-hf4", work / f"{family}-hf2"
     r4 = export_hf(q4, hf4, config=CKPTS / family / "config.json")
     r2 = export_hf(q2, hf2, dtype="f32", threads=1)  # config: the staged <stem>.config.json
-    assert r2.config == f"copied from {companions(q2)[1]}"
+    assert (r2.config, r2.config_path, r2.assumed) == ("copied", companions(q2)[1], [])
 
     # the files: the source's names, shapes and (outside the experts) bytes
     src, got = source_tensors(family), exported_tensors(hf4)
@@ -199,13 +201,21 @@ def test_round_trip(family: str, sculpted: Callable[[str, int], Path], work: Pat
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rebuilt_config(family: str, sculpted: Callable[[str, int], Path], work: Path) -> None:
     """No config.json beside the vault and no --config: rebuilt from the arch block and the
-    scout, naming what it assumed; the same model wherever the assumptions hold."""
+    scout, naming what it assumed (for DeepSeek only when asked: rebuild_config); the same
+    model wherever the assumptions hold."""
     q4 = sculpted(family, 4)
     out = work / f"{family}-rebuilt"
-    result = export_hf(q4, out)
-    assert result.config == "rebuilt from the arch block and the scout"
+    model_type = json.loads((CKPTS / family / "config.json").read_text())["model_type"]
+    family_entry = family_of(model_type)
+    assert family_entry is not None and family_entry.rebuild == (family not in INEXACT)
+    result = export_hf(q4, out, rebuild_config=family in INEXACT)
+    assert result.config == "rebuilt" and result.config_path is None
     note = next(n for n in result.notes if n.startswith("config.json rebuilt"))
     assert "assumed: rope_type 'default' (no rope scaling)" in note
+    assert note.endswith("assumed: " + ", ".join(result.assumed))
+    staged = companions(q4)[1].name
+    why = "--rebuild-config" if family in INEXACT else f"no {staged} beside the vault, no --config"
+    assert f"scout's shapes ({why}); assumed: " in note
     model, problems = load(out)
     assert problems == []
     copied = work / f"{family}-hf4"
@@ -217,6 +227,28 @@ def test_rebuilt_config(family: str, sculpted: Callable[[str, int], Path], work:
         assert "routed_scaling_factor 1.0, n_group 1, topk_group 1" in note
     else:
         assert torch.equal(logits(model), logits(reference))
+
+
+@pytest.mark.parametrize("family", sorted(INEXACT))
+def test_an_inexact_rebuild_is_refused_unless_asked(
+    family: str, sculpted: Callable[[str, int], Path], work: Path
+) -> None:
+    """DeepSeek's routing knobs are not in a vault: without a config copy and without
+    rebuild_config, refused naming them; nothing written."""
+    q4 = sculpted(family, 4)
+    out = work / f"{family}-refused"
+    with pytest.raises(SmoeError) as info:
+        export_hf(q4, out)
+    keys = {
+        "deepseek_v2": "topk_method, rope_scaling, routed_scaling_factor, n_group, topk_group",
+        "deepseek_v3": "rope_scaling, rope_interleave, routed_scaling_factor, n_group, topk_group",
+    }[family]
+    assert str(info.value) == (
+        f"{q4}: no config.json beside it, and a {family} config cannot be rebuilt exactly: "
+        f"the vault does not record {keys}, which a rebuild would have to assume; pass "
+        "--config MODEL/config.json, or --rebuild-config to rebuild it anyway"
+    )
+    assert not out.exists() and leftovers(work) == []
 
 
 def test_shards_and_index(sculpted: Callable[[str, int], Path], work: Path) -> None:
@@ -281,6 +313,27 @@ def test_cli_defaults(sculpted: Callable[[str, int], Path], work: Path) -> None:
     proc = run("export", q2, work / "x", "--dtype", "f32")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --dtype needs --hf (see smoe export --help)"
+    # --rebuild-config: rebuilt although the staged copy is there, its assumptions listed
+    proc = run("export", q2, work / "cli-rebuilt", "--hf", "--rebuild-config", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["config"], summary["config_path"]) == ("rebuilt", None)
+    assert summary["assumed"] == [
+        "rope_type 'default' (no rope scaling)",
+        "max_position_embeddings 4096",
+        "no bos/eos/pad token ids (the tokenizer's config has them)",
+        "sliding_window null",
+    ]
+    assert summary["notes"] == [
+        f"config.json rebuilt from {q2.name}'s arch block and the scout's shapes "
+        f"(--rebuild-config); assumed: {', '.join(summary['assumed'])}"
+    ]
+    proc = run("export", q2, work / "y", "--hf", "--rebuild-config", "--config", q2)
+    assert proc.returncode == 2 and not (work / "y").exists()
+    assert proc.stderr.strip() == (
+        "error: --rebuild-config and --config: choose one (the config.json to copy, or one "
+        "rebuilt from the vault)"
+    )
 
 
 # ---- refusals: one line, nothing written ----------------------------------------------------

@@ -185,3 +185,23 @@ def test_a_source_of_another_role_is_a_manifest_finding(
 ) -> None:
     vault = edited(lambda doc: tensor(doc, 0, 2).__setitem__("source", tensor(doc, 0, 0)["source"]))
     assert findings(vault) == (1, [("manifest.expert", "manifest/experts/0/tensors/2/source")])
+
+
+def test_export_refuses_permuted_sources(
+    edited: Callable[[Callable[[dict[str, Any]], None]], Path], tmp_path: Path
+) -> None:
+    """Never each expert's weights under another expert's name (issue 23, case 4)."""
+
+    def swap(doc: dict[str, Any]) -> None:
+        rows = doc["experts"]
+        rows[1]["tensors"], rows[2]["tensors"] = rows[2]["tensors"], rows[1]["tensors"]
+
+    vault = edited(swap)
+    manifest = Path(f"{vault}.manifest.json")
+    line = refused(
+        ["export", "--hf", vault, tmp_path / "hf"], unchanged=[vault.parent], absent=tmp_path / "hf"
+    )
+    assert line == (
+        f"error: {manifest}: experts[1].tensors[0].index is 2, the entry is expert 1 (its "
+        "slab of 'model.layers.0.mlp.experts.gate_up_proj')"
+    )

@@ -18,6 +18,13 @@ several (as ``save_pretrained`` writes them), and ``config.json``
 * **Only whole models**: a partial vault (``sculpt --max-layers/--max-experts``) is
   refused, naming the layers and experts it lacks; a manifest that describes another vault
   is refused; each blob's CRC-32C is checked against the manifest as it is read.
+* **config.json**: copied (``--config``, else ``<stem>.config.json`` beside the vault), or
+  rebuilt from the arch block and the scout; a family whose config a vault cannot give
+  exactly (``Family.rebuild`` false) is rebuilt only when asked (``rebuild_config``).
+* **FP8 sources**: when the manifest records experts dequantised from FP8
+  (``experts[].tensors[].fp8``), they are written in BF16 (unless ``dtype``) and the copied
+  config loses its ``quantization_config``; a scout that still holds FP8 tensors (or their
+  scales) is refused, since the experts would have to be requantised to FP8 to match it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.format import manifest
 from smoe.format.records import model_type_str
+from smoe.interop.fp8 import FP8_DTYPES
 from smoe.interop.safetensors_io import (
     DTYPE_SIZES,
     FLOAT_DTYPES,
@@ -77,6 +85,8 @@ class HfExportResult:
     >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
     >>> result.files, result.tensors, result.expert_tensors, result.dtype
     (['model.safetensors', 'config.json'], 25, 24, 'F32')
+    >>> result.config, result.config_path, result.assumed[1]
+    ('rebuilt', None, 'max_position_embeddings 4096')
     """
 
     out: Path
@@ -86,9 +96,11 @@ class HfExportResult:
     bytes_out: int
     expert_bytes_out: int
     dtype: str
-    config: str
+    config: str  # "copied" or "rebuilt"
     seconds: float
     notes: list[str] = field(default_factory=list)
+    config_path: Path | None = None  # the config copied (None: rebuilt)
+    assumed: list[str] = field(default_factory=list)  # what a rebuilt config assumed
 
     def summary(self) -> dict[str, Any]:
         """The result as a JSON object (``smoe export --hf --json``), with the throughput.
@@ -100,8 +112,10 @@ class HfExportResult:
         >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
         >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
         >>> doc = result.summary()
-        >>> doc["bytes_out"], doc["config"], doc["throughput_mb_s"] > 0
-        (229376, 'rebuilt from the arch block and the scout', True)
+        >>> doc["bytes_out"], doc["config"], doc["config_path"], doc["throughput_mb_s"] > 0
+        (229376, 'rebuilt', None, True)
+        >>> doc["assumed"][0]
+        "rope_type 'default' (no rope scaling)"
         """
         return {
             "out": str(self.out),
@@ -112,6 +126,8 @@ class HfExportResult:
             "expert_bytes_out": self.expert_bytes_out,
             "dtype": self.dtype,
             "config": self.config,
+            "config_path": None if self.config_path is None else str(self.config_path),
+            "assumed": self.assumed,
             "seconds": self.seconds,
             "throughput_mb_s": (
                 self.expert_bytes_out / 1e6 / self.seconds if self.seconds > 0 else None
@@ -618,12 +634,15 @@ def export_hf(
     dtype: str | None = None,
     max_shard_size: int = MAX_SHARD_SIZE,
     threads: int | None = None,
+    rebuild_config: bool = False,
 ) -> HfExportResult:
     """Write the checkpoint folder ``out_dir`` for ``vault_path`` (see the module docstring).
 
     ``scout``: default ``<stem>.scout.safetensors`` beside the vault; ``config``: default
-    ``<stem>.config.json`` beside it, else rebuilt; ``dtype`` (``bf16``, ``f16``, ``f32``):
-    the experts' dtype, default the source's (manifest), else the scout's, else bf16;
+    ``<stem>.config.json`` beside it, else rebuilt (refused for a family whose config the
+    vault cannot give exactly); ``rebuild_config``: rebuild it, not copy it, even then
+    (not with ``config``); ``dtype`` (``bf16``, ``f16``, ``f32``): the experts' dtype,
+    default the source's (manifest; BF16 for FP8 sources), else the scout's, else bf16;
     ``threads``: decoding threads (default: the usable cores).
 
     >>> import tempfile, numpy as np
@@ -642,14 +661,24 @@ again without --max-layers/--max-experts
     t0 = time.perf_counter()
     vault_path, out_dir = Path(vault_path), Path(out_dir)
     _check_options(dtype, threads, max_shard_size)
+    if rebuild_config and config is not None:
+        raise UsageError(
+            "--rebuild-config and --config: choose one (the config.json to copy, or one "
+            "rebuilt from the vault)"
+        )
     notes: list[str] = []
     with Vault.open(vault_path) as vault:
         src = _open_sources(vault, vault_path, scout)
         experts = _expert_layout(vault, src, notes)
+        fp8 = src.fp8_sources
+        if fp8:
+            _refuse_fp8_scout(src)
         explicit = hf_config.DTYPES[dtype] if dtype is not None else None
         fallback = _scout_dtype(src.scout) or "BF16"
-        dtypes = {n: explicit or o.dtype or fallback for n, o in experts.items()}
-        cfg = _config_file(vault, src, config, explicit, fallback, notes)
+        dtypes = {
+            n: explicit or o.dtype or ("BF16" if n in fp8 else fallback) for n, o in experts.items()
+        }
+        cfg = _config_file(vault, src, config, explicit, fallback, notes, rebuild_config)
         inputs = [vault_path, src.manifest_path, src.scout_path, cfg.path]
         _refuse_outputs(out_dir, inputs)
         plan = _Plan.build(src.scout, experts, dtypes, max_shard_size)
@@ -665,6 +694,8 @@ again without --max-layers/--max-experts
         cfg.origin,
         time.perf_counter() - t0,
         notes,
+        cfg.path if cfg.origin == "copied" else None,
+        cfg.assumed,
     )
 
 
@@ -695,6 +726,46 @@ class _Sources:
         if self.doc is None:
             return None
         return {(r["layer"], r["expert"]): r["crc32c"] for r in self.doc["experts"]}
+
+    @property
+    def fp8_sources(self) -> set[str]:
+        """The source tensors the manifest records as FP8 (``experts[].tensors[].fp8``:
+        dequantised to BF16 when sculpted); empty without a manifest or such records."""
+        if self.doc is None:
+            return set()
+        return {
+            t["source"]
+            for r in self.doc["experts"]
+            for t in r.get("tensors") or []
+            if isinstance(t, dict) and t.get("fp8") and isinstance(t.get("source"), str)
+        }
+
+
+def _fp8_scout_tensor(scout: dict[str, TensorInfo]) -> str | None:
+    """The first of the scout's tensors (natural name order) that is FP8 or an FP8 scale
+    (``*_scale_inv``, ``*weight_scale``), as the refusal names it; None if there is none."""
+    for name in sorted(scout, key=_natural_key):
+        dtype = scout[name].dtype
+        if dtype in FP8_DTYPES:
+            return f"the FP8 tensor {name!r} ({dtype})"
+        if name.endswith(("_scale_inv", "weight_scale")):
+            return f"the FP8 scale tensor {name!r}"
+    return None
+
+
+def _refuse_fp8_scout(src: _Sources) -> None:
+    """A vault whose experts were dequantised from FP8 exports as an unquantised
+    checkpoint only: refused if its scout still holds FP8 tensors or scales."""
+    found = _fp8_scout_tensor(src.scout)
+    if found is None:
+        return
+    raise RefusedInput(
+        f"{src.scout_path}: holds {found}, while the vault's experts were dequantised "
+        "from FP8: a checkpoint of both would need the experts requantised to FP8, which "
+        "export --hf does not do; convert the scout's FP8 tensors to BF16 first "
+        "(dequantised with their scales, the scale tensors removed), then export it "
+        "unquantised"
+    )
 
 
 def _open_sources(vault: Vault, vault_path: Path, scout: str | os.PathLike | None) -> _Sources:
@@ -753,12 +824,14 @@ def _common_dtype(dtypes: dict[str, str]) -> str:
 
 @dataclass
 class _ConfigFile:
-    """The config.json to write: its bytes, where they came from (for the summary), and
-    the path of the copied (or looked-for) config."""
+    """The config.json to write: its bytes, where they came from (``copied`` or
+    ``rebuilt``), the path of the copied (or looked-for) config, and what a rebuild
+    assumed."""
 
     data: bytes
     origin: str
     path: Path
+    assumed: list[str] = field(default_factory=list)
 
 
 def _config_file(
@@ -768,25 +841,30 @@ def _config_file(
     explicit: str | None,
     fallback: str,
     notes: list[str],
+    rebuild_config: bool = False,
 ) -> _ConfigFile:
     """``config`` (default the one beside the vault) copied, its dtype set to ``explicit``
-    (``--dtype``) if given; without one, rebuilt from the arch block and the scout for
-    ``explicit`` or else ``fallback`` (noting what it assumed)."""
+    (``--dtype``) if given and its ``quantization_config`` dropped for FP8 sources; without
+    one, or with ``rebuild_config``, rebuilt from the arch block and the scout for
+    ``explicit`` or else ``fallback`` (noting what it assumed; refused for a family whose
+    config cannot be rebuilt exactly unless ``rebuild_config``)."""
     vault_path = src.vault_path
     cfg_path = Path(config) if config is not None else companions(vault_path)[1]
-    if config is not None or os.path.lexists(cfg_path):
-        data, more = hf_config.copied(cfg_path, explicit)
+    if not rebuild_config and (config is not None or os.path.lexists(cfg_path)):
+        data, more = hf_config.copied(cfg_path, explicit, unquantised=bool(src.fp8_sources))
         notes += more
-        return _ConfigFile(data, f"copied from {cfg_path}", cfg_path)
-    cfg, assumed = hf_config.rebuild(vault, src.scout, explicit or fallback)
+        return _ConfigFile(data, "copied", cfg_path)
+    cfg, assumed = hf_config.rebuild(vault, src.scout, explicit or fallback, inexact=rebuild_config)
+    why = (
+        "--rebuild-config"
+        if rebuild_config
+        else f"no {cfg_path.name} beside the vault, no --config"
+    )
     notes.append(
         f"config.json rebuilt from {vault_path.name}'s arch block and the "
-        f"scout's shapes (no {cfg_path.name} beside the vault, no --config); "
-        f"assumed: {', '.join(assumed)}"
+        f"scout's shapes ({why}); assumed: {', '.join(assumed)}"
     )
-    return _ConfigFile(
-        hf_config.json_bytes(cfg), "rebuilt from the arch block and the scout", cfg_path
-    )
+    return _ConfigFile(hf_config.json_bytes(cfg), "rebuilt", cfg_path, assumed)
 
 
 def _write_checkpoint(

@@ -165,7 +165,8 @@ def _place(
     n_rows, cols = _shape(vault, key, t)
     assert isinstance(entry, dict)  # checked by _entry_fields
     expert_rows = sum(_shape(vault, key, u)[0] for u in range(len(TENSOR_NAMES)))
-    fault = source_fault(entry, n_rows, expert_rows, int(vault.header["max_experts_per_layer"]))
+    experts = int(vault.header["max_experts_per_layer"])
+    fault = source_fault(entry, n_rows, expert_rows, experts, (key[0], key[1], t))
     if fault is not None:
         raise FormatError(f"{where}.{fault[0]} {fault[1]}")
     span = (0, n_rows) if rows is None else (rows[0], rows[1])

@@ -2,10 +2,15 @@
 
 A copy (``--config``, or ``<stem>.config.json`` staged beside the vault) keeps its bytes,
 except that an explicit ``--dtype`` sets its ``dtype`` (``torch_dtype``) so that
-``from_pretrained`` loads the model at the precision asked for. Without one, the config
-is rebuilt from the vault's arch block and header and the scout's shapes, for the families
-the sculptor converts; every value that neither records (rope scaling, group-limited
-routing, the routed scaling factor, ...) is an assumption, and :func:`rebuild` names each.
+``from_pretrained`` loads the model at the precision asked for, and that a vault whose
+experts were dequantised from FP8 drops its ``quantization_config`` (:func:`dequantised`).
+Without one, the config is rebuilt from the vault's arch block and header and the scout's
+shapes, for the families of the registry (:mod:`smoe.families.registry`) that name their
+transformers class (``Family.architecture``) and have a recipe here (:data:`RECIPES`);
+every value that neither records (rope scaling, group-limited routing, the routed scaling
+factor, ...) is an assumption, and :func:`rebuild` names each. A family whose config
+cannot be rebuilt exactly (``Family.rebuild`` false: what matters beyond the arch block is
+not in the vault) is refused unless the caller accepts the assumptions (``inexact``).
 """
 
 from __future__ import annotations
@@ -19,25 +24,30 @@ import numpy as np
 
 from smoe.errors import RefusedInput
 from smoe.families.config import read_json
+from smoe.families.registry import Family, family_of
 from smoe.format.records import model_type_str
 from smoe.interop.safetensors_io import TensorInfo
 from smoe.plumbing import fileio
 from smoe.vault.reader import Vault
 from smoe_gen import layout
 
-__all__ = ["DTYPES", "copied", "json_bytes", "rebuild"]
+__all__ = [
+    "DTYPES",
+    "RECIPES",
+    "copied",
+    "dequantised",
+    "json_bytes",
+    "rebuild",
+    "rebuildable",
+    "unrecorded",
+]
 
 DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
 """``--dtype`` -> safetensors dtype."""
 TORCH_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
-ARCHITECTURES = {
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "olmoe": "OlmoeForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "deepseek_v2": "DeepseekV2ForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-}
+RECIPES = ("deepseek_v2", "deepseek_v3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+"""The families whose own fields a rebuild knows (:func:`_family_fields`); the class it
+writes comes from the registry (``Family.architecture``)."""
 EXPERT_COUNT_KEY = {
     "mixtral": "num_local_experts",
     "deepseek_v2": "n_routed_experts",
@@ -67,9 +77,11 @@ def _config_dtype(cfg: dict[str, Any]) -> str | None:
     return None
 
 
-def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
+def copied(path: Path, dtype: str | None, *, unquantised: bool = False) -> tuple[bytes, list[str]]:
     """The bytes of ``path`` (checked: UTF-8 JSON, an object, no key twice), with ``dtype``
-    (a safetensors dtype) set when given and different; and the notes to print.
+    (a safetensors dtype) set when given and different, and with ``unquantised`` its
+    ``quantization_config`` removed (the checkpoint written holds no quantised tensor:
+    :func:`dequantised`); and the notes to print.
 
     >>> import json
     >>> from pathlib import Path
@@ -81,19 +93,51 @@ def copied(path: Path, dtype: str | None) -> tuple[bytes, list[str]]:
     config.json: dtype set to 'float32' (was "bfloat16") to match --dtype
     >>> copied(path, "BF16") == (path.read_bytes(), [])  # already bfloat16: the bytes as they are
     True
+    >>> copied(path, None, unquantised=True) == (path.read_bytes(), [])  # nothing to remove
+    True
     """
     cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise RefusedInput(f"{path}: not a JSON object")
-    if dtype is None or _config_dtype(cfg) == dtype:
+    notes = dequantised(cfg) if unquantised else []
+    if dtype is not None and _config_dtype(cfg) != dtype:
+        keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
+        was = json.dumps(cfg[keys[0]]) if keys[0] in cfg else "absent"
+        for key in keys:
+            cfg[key] = TORCH_NAMES[dtype]
+        notes.append(
+            f"config.json: {keys[0]} set to {TORCH_NAMES[dtype]!r} (was {was}) to match --dtype"
+        )
+    if not notes:
         with fileio.reading():
             return path.read_bytes(), []
-    keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["dtype"]
-    was = json.dumps(cfg[keys[0]]) if keys[0] in cfg else "absent"
-    for key in keys:
-        cfg[key] = TORCH_NAMES[dtype]
-    note = f"config.json: {keys[0]} set to {TORCH_NAMES[dtype]!r} (was {was}) to match --dtype"
-    return json_bytes(cfg), [note]
+    return json_bytes(cfg), notes
+
+
+def dequantised(cfg: dict[str, Any]) -> list[str]:
+    """Remove ``cfg``'s ``quantization_config`` (in place) for a checkpoint whose FP8
+    experts were dequantised when sculpted and whose scout holds no FP8 tensor: nothing
+    written is quantised, and transformers would otherwise load it as an FP8 model. The
+    note to print (none when there was nothing to remove).
+
+    >>> cfg = {"model_type": "deepseek_v3", "quantization_config": {"quant_method": "fp8"}}
+    >>> print(*dequantised(cfg))  # doctest: +NORMALIZE_WHITESPACE
+    config.json: quantization_config (quant_method 'fp8') removed: the vault's experts were \
+dequantised from FP8 when sculpted and the scout holds no FP8 tensor, so nothing written is \
+quantised
+    >>> cfg, dequantised(cfg)
+    ({'model_type': 'deepseek_v3'}, [])
+    """
+    if "quantization_config" not in cfg:
+        return []
+    quant = cfg.pop("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    how = f" (quant_method {method!r})" if isinstance(method, str) else ""
+    return [
+        f"config.json: quantization_config{how} removed: the vault's experts were "
+        "dequantised from FP8 when sculpted and the scout holds no FP8 tensor, so nothing "
+        "written is quantised"
+    ]
 
 
 def _f32(value: float) -> float:
@@ -106,11 +150,28 @@ def _rows(scout: dict[str, TensorInfo], name: str) -> int | None:
     return int(info.shape[0]) if info is not None else None
 
 
+def rebuildable() -> list[str]:
+    """The model types a config can be rebuilt for: a registry entry naming its
+    transformers class, and a recipe here.
+
+    >>> rebuildable()
+    ['deepseek_v2', 'deepseek_v3', 'mixtral', 'olmoe', 'qwen2_moe', 'qwen3_moe']
+    """
+    out = []
+    for model_type in RECIPES:
+        family = family_of(model_type)
+        if family is not None and family.architecture and family.model_type == model_type:
+            out.append(model_type)
+    return sorted(out)
+
+
 def rebuild(
-    vault: Vault, scout: dict[str, TensorInfo], dtype: str
+    vault: Vault, scout: dict[str, TensorInfo], dtype: str, *, inexact: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
     """A config.json for ``vault`` + ``scout`` (arch block, header, tensor shapes) and the
-    fields it had to assume. Refused: a v1 vault (no arch block) and unknown families.
+    fields it had to assume. Refused: a v1 vault (no arch block), a family without a
+    recipe, and unless ``inexact`` a family whose config the vault cannot give exactly
+    (``Family.rebuild`` false), naming the keys that would be assumed.
 
     >>> from smoe.interop.safetensors_io import read_header
     >>> scout = read_header("fixtures/checkpoints/qwen3_moe/model.safetensors")
@@ -121,7 +182,7 @@ def rebuild(
     >>> assumed[:2]
     ["rope_type 'default' (no rope scaling)", 'max_position_embeddings 4096']
     """
-    a, model_type, emb = _rebuild_inputs(vault, scout)
+    a, family, emb = _rebuild_inputs(vault, scout)
     dense = sorted(int(m.group(1)) for n in scout if (m := DENSE_MLP.match(n)))
     layer0 = f"model.layers.{dense[0] if dense else sorted(vault.layers())[0]}"
     assumed = [
@@ -129,13 +190,37 @@ def rebuild(
         f"max_position_embeddings {MAX_POSITIONS}",
         "no bos/eos/pad token ids (the tokenizer's config has them)",
     ]
-    cfg = _common_fields(vault, a, model_type, emb, scout, dtype)
-    _family_fields(cfg, a, scout, dense, layer0, assumed)
+    cfg = _common_fields(vault, a, family, emb, scout, dtype)
+    _family_fields(cfg, family.model_type, a, scout, dense, layer0, assumed)
+    if not family.rebuild and not inexact:
+        keys = ", ".join(unrecorded(family, cfg, assumed)) or "what its config holds"
+        raise RefusedInput(
+            f"{vault.path}: no config.json beside it, and a {cfg['model_type']} config "
+            f"cannot be rebuilt exactly: the vault does not record {keys}, "
+            "which a rebuild would have to assume; pass --config MODEL/config.json, or "
+            "--rebuild-config to rebuild it anyway"
+        )
     return cfg, assumed
 
 
-def _rebuild_inputs(vault: Vault, scout: dict[str, TensorInfo]) -> tuple[np.void, str, TensorInfo]:
-    """The arch block, its model_type and the scout's embedding, which a rebuild needs;
+def unrecorded(family: Family, cfg: dict[str, Any], assumed: list[str]) -> list[str]:
+    """The keys beyond the arch block (``family.beyond``) that a rebuilt ``cfg`` does not
+    take from the vault or the scout: absent from it, or set to a value it assumed (each
+    of ``assumed`` starts with the key it sets).
+
+    >>> from smoe.families.registry import FAMILIES
+    >>> cfg = {"first_k_dense_replace": 1, "routed_scaling_factor": 1.0, "kv_lora_rank": 16}
+    >>> unrecorded(FAMILIES["deepseek_v3"], cfg, ["routed_scaling_factor 1.0"])[:3]
+    ['rope_scaling', 'rope_interleave', 'q_lora_rank']
+    """
+    guessed = {a.split()[0] for a in assumed}
+    return [k for k in family.beyond if k not in cfg or k in guessed]
+
+
+def _rebuild_inputs(
+    vault: Vault, scout: dict[str, TensorInfo]
+) -> tuple[np.void, Family, TensorInfo]:
+    """The arch block, its family and the scout's embedding, which a rebuild needs;
     refused, naming what is missing."""
     a = vault.arch
     if a is None:
@@ -144,11 +229,13 @@ def _rebuild_inputs(vault: Vault, scout: dict[str, TensorInfo]) -> tuple[np.void
             "vault) to rebuild one from; pass --config MODEL/config.json"
         )
     model_type = model_type_str(a["model_type"])
-    if model_type not in ARCHITECTURES:
+    family = family_of(model_type)
+    known = rebuildable()
+    if family is None or family.model_type not in known:
         raise RefusedInput(
             f"{vault.path}: no config.json beside it, and model_type "
             f"{model_type!r} has no recipe to rebuild one (known: "
-            f"{', '.join(sorted(ARCHITECTURES))}); pass --config"
+            f"{', '.join(known)}); pass --config"
         )
     emb = scout.get("model.embed_tokens.weight")
     if emb is None or len(emb.shape) != 2:
@@ -156,22 +243,24 @@ def _rebuild_inputs(vault: Vault, scout: dict[str, TensorInfo]) -> tuple[np.void
             f"{vault.path}: the scout has no 2-D model.embed_tokens.weight to "
             "take hidden_size and vocab_size from; pass --config"
         )
-    return a, model_type, emb
+    return a, family, emb
 
 
 def _common_fields(
     vault: Vault,
     a: np.void,
-    model_type: str,
+    family: Family,
     emb: TensorInfo,
     scout: dict[str, TensorInfo],
     dtype: str,
 ) -> dict[str, Any]:
     """The fields of every family's config: from the arch block, the header (expert
-    count) and the scout (embedding shape, tied lm_head); ``dtype``'s torch name."""
+    count) and the scout (embedding shape, tied lm_head); the registry's class for the
+    family; ``dtype``'s torch name."""
+    model_type = family.model_type
     return {
-        "architectures": [ARCHITECTURES[model_type]],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": model_type_str(a["model_type"]),
         "hidden_size": int(emb.shape[1]),
         "vocab_size": int(emb.shape[0]),
         "num_hidden_layers": int(a["num_hidden_layers"]),
@@ -193,6 +282,7 @@ def _common_fields(
 
 def _family_fields(
     cfg: dict[str, Any],
+    model_type: str,
     a: np.void,
     scout: dict[str, TensorInfo],
     dense: list[int],
@@ -202,7 +292,6 @@ def _family_fields(
     """The fields of ``cfg``'s family: expert and dense widths, head_dim, biases, shared
     experts, the family's knobs (``dense``: the dense layers' ids; ``layer0``: the first
     layer's tensor prefix); each value assumed is added to ``assumed``."""
-    model_type = cfg["model_type"]
     head_dim, moe_ffn = int(a["head_dim"]), int(a["moe_ffn_dim"])
     shared = int(a["shared_expert_ffn_dim"])
     bias = f"{layer0}.self_attn.q_proj.bias" in scout
@@ -215,7 +304,7 @@ def _family_fields(
     if dense:
         cfg["intermediate_size"] = _rows(scout, f"model.layers.{dense[0]}.mlp.gate_proj.weight")
     if model_type.startswith("deepseek"):
-        _deepseek(cfg, scout, layer0, head_dim, moe_ffn, shared, dense, assumed)
+        _deepseek(cfg, model_type, scout, layer0, head_dim, moe_ffn, shared, dense, assumed)
         return
     cfg["head_dim"] = head_dim
     if model_type == "olmoe":  # its experts' width is intermediate_size
@@ -232,6 +321,7 @@ def _family_fields(
 
 def _deepseek(
     cfg: dict[str, Any],
+    model_type: str,
     scout: dict[str, TensorInfo],
     layer0: str,
     qk_dim: int,
@@ -271,7 +361,7 @@ def _deepseek(
     )
     cfg.setdefault("intermediate_size", moe_ffn)
     assumed += ["routed_scaling_factor 1.0", "n_group 1", "topk_group 1"]
-    if cfg["model_type"] == "deepseek_v2":
+    if model_type == "deepseek_v2":
         cfg["topk_method"] = "greedy"
         assumed.append("topk_method 'greedy'")
     else:
