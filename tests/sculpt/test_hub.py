@@ -452,14 +452,11 @@ def test_hub_errors_are_one_line(
     assert str(e.value) == message
 
 
-def test_a_model_folder_that_is_a_symlink_loop_is_unreadable(tmp_path: Path) -> None:
-    """``a -> b -> a``: one line, exit 2, never an internal error (issue 23, case 7)."""
+def test_a_model_folder_that_is_a_symlink_loop_is_not_a_checkpoint(tmp_path: Path) -> None:
+    """``a -> b -> a``: one line, exit 1 as for any path that is no checkpoint folder, never
+    an internal error (issue 23, case 7)."""
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")
     r = run("sculpt", "a", "out", cwd=tmp_path)
-    assert (r.returncode, r.stdout, r.stderr) == (
-        2,
-        "",
-        "error: a: cannot be read: a symlink loop\n",
-    )
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "error: a: not a checkpoint directory\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]

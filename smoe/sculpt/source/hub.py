@@ -17,7 +17,6 @@ commit hash; any other folder by its own name.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import sys
@@ -68,14 +67,8 @@ def stem_of(model_dir: str | os.PathLike[str]) -> str:
     """
     try:
         path = Path(model_dir).resolve(strict=True)
-    except FileNotFoundError:
-        path = Path(model_dir).resolve()  # opening it says what is missing
-    except (OSError, RuntimeError) as e:  # a symlink loop (RuntimeError before Python 3.13)
-        if isinstance(e, RuntimeError) or e.errno == errno.ELOOP:
-            why = "a symlink loop"
-        else:
-            why = e.strerror or str(e)
-        raise UnreadableInput(f"{model_dir}: cannot be read: {why}") from None
+    except (OSError, RuntimeError):  # missing, a symlink loop (RuntimeError before 3.13), ...
+        path = Path(os.path.abspath(model_dir))  # opening it says what is wrong
     if path.parent.name == "snapshots":
         repo = _CACHE_REPO.fullmatch(path.parent.parent.name)
         if repo:
