@@ -37,9 +37,14 @@ three more fields, the importance-weighted SNR of gate, up, down). The fingerpri
 (SHA-256) covers the planned metadata, the options that shape the bytes (and the
 importance matrix's SHA-256), the tool version and every source tensor's name, dtype,
 shape, place and shard name (no mtimes).
-An expert is kept only if its blob's CRC-32C matches the partial file AND the CRC-32C of
-its source bytes, re-read now, matches the journal; anything else is redone. A resumed
-run is byte-identical to a clean one (vault, scout, config copy and manifest).
+The journal is a hint, never a source of truth: an expert is kept only if its blob's
+CRC-32C matches the partial file, no tensor of the blob is all zero bytes (what a blob
+never written holds; the encoder never writes that), the CRC-32C of its source bytes,
+re-read now, matches the journal, AND every SNR recomputed from the blob against those
+sources equals the journal's; anything else is redone (an edited line is counted in one
+warning). The manifest and summary take the recomputed values, and the summary's bytes in
+and compression count every expert in the vault. A resumed run is byte-identical to a
+clean one (vault, scout, config copy and manifest).
 
 ``--imatrix FILE`` (a llama.cpp importance matrix, :mod:`smoe.sculpt.source.imatrix`): opened and
 mapped onto the chosen experts before any work (a file of another model is refused; the expert

@@ -19,7 +19,7 @@ from smoe.interop.safetensors_io import write_streaming
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, sweep_stale
 from smoe.sculpt.inputs import open_imatrix, resolve_jobs, select
-from smoe.sculpt.journal import Entry, Journal, fingerprint, keep_verified
+from smoe.sculpt.journal import Entry, Journal, Resumed, fingerprint, keep_verified
 from smoe.sculpt.options import SculptOptions, SculptResult
 from smoe.sculpt.paths import Paths, checkpoint_inputs
 from smoe.sculpt.provenance import provenance, tensor_entries
@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Run", "dry_run_plan", "sculpt", "stage_config"]
 
 Progress = Callable[[int, int, int], None]
-"""``progress(done, total, bytes_in)``, called after every expert."""
+"""``progress(done, total, bytes_in)``, called after every expert this run writes: ``done``
+of ``total`` experts are in the vault, their source matrices ``bytes_in`` bytes (the
+experts a resume kept included: it read and verified them)."""
 
 
 def sculpt(
@@ -191,7 +193,7 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
             run.imatrix.info.sha256 if run.imatrix is not None else None,
         )
         result = _sculpt_locked(run, writer, paths, fp)
-    result.warnings = warnings
+    result.warnings = warnings + result.warnings  # then the resume's own
     result.imatrix = record
     return result
 
@@ -266,10 +268,13 @@ def dry_run_plan(ckpt: Checkpoint, plan: Plan, scout_bytes: int, refs: list[Expe
 # ---- under the lock ------------------------------------------------------------------------
 @dataclass
 class _Tally:
-    """The experts written by this run: per tensor name their SNR (and weighted SNR), in
-    the order of ``keys``; bytes read; experts done so far (those kept included)."""
+    """The experts of the vault so far, those kept by ``--resume`` first (with the values
+    recomputed from their blobs, :func:`keep_verified`), then those this run writes: per
+    tensor name their SNR (and weighted SNR), in the order of ``keys``; the bytes of their
+    source matrices (``bytes_in``: what the summary's compression ratio and throughput
+    count; a resume reads every kept expert's sources too, to verify it); experts done."""
 
-    done: int
+    done: int = 0
     snr: dict[str, list[float | None]] = field(
         default_factory=lambda: {n: [] for n in TENSOR_NAMES}
     )
@@ -293,6 +298,15 @@ class _Tally:
         self.bytes_in += nbytes
         self.done += 1
 
+    @classmethod
+    def of(cls, resumed: Resumed) -> _Tally:
+        """The tally of the experts a resume kept, in (layer, expert) order."""
+        tally = cls()
+        for key, entry in sorted(resumed.kept.items()):
+            weighted: list[float | None] = list(entry.weighted or (None, None, None))
+            tally.add(key, list(entry.snrs), weighted, resumed.source_bytes[key])
+        return tally
+
 
 @dataclass
 class _Locked:
@@ -305,28 +319,36 @@ class _Locked:
     journal: Journal | None = None
     scout: AtomicFile | None = None
     config: AtomicFile | None = None
+    warnings: list[str] = field(default_factory=list)
+    """The run's own warnings (the resume's), after the inputs'."""
 
-    def resume(self, fp: str) -> tuple[Plan, dict[tuple[int, int], Entry]]:
+    def resume(self, fp: str) -> tuple[Plan, Resumed]:
         """Open the journal, begin the vault (keeping the partial when there is something to
-        resume) and adopt every journaled expert still intact; the journal restarts with
-        those kept."""
+        resume) and adopt every journaled expert the partial and the sources bear out; the
+        journal restarts with those kept, as recomputed. Journal lines that their blobs
+        contradict get one warning."""
         run, writer = self.run, self.writer
         journal = self.journal = Journal(self.paths.journal)
         resuming = run.opts.resume and os.path.lexists(self.paths.partial)
         done = journal.read(fp, len(run.refs)) if resuming else {}
         plan = writer.begin(keep=bool(done))
-        kept = keep_verified(writer, run.refs, done, run.jobs, run.weighted) if done else {}
-        journal.start(fp, kept)
-        return plan, kept
+        resumed = (
+            keep_verified(writer, run.refs, done, run.jobs, run.imatrix) if done else Resumed()
+        )
+        journal.start(fp, resumed.kept)
+        if resumed.warning is not None:
+            self.warnings.append(resumed.warning)
+        return plan, resumed
 
-    def quantise(self, todo: list[Job], kept: int, marks: dict[str, float]) -> _Tally:
+    def quantise(self, todo: list[Job], resumed: Resumed, marks: dict[str, float]) -> _Tally:
         """Quantise and write ``todo``; each finished expert is adopted by the writer and
-        journaled at once (``kept``: experts already done; ``marks``: see :func:`run_jobs`)."""
+        journaled at once (``resumed``: the experts already done; ``marks``: see
+        :func:`run_jobs`)."""
         run, writer, journal = self.run, self.writer, self.journal
         assert journal is not None  # opened by resume()
         target = Target(str(writer.partial_path), str(self.paths.vault), writer.partial_identity)
         by_key = {(r.layer, r.expert): r for r in run.refs}
-        tally = _Tally(kept)
+        tally = _Tally.of(resumed)
         results = run_jobs(todo, run.jobs, target, marks)
         try:
             for key, crc, srcs, snrs, wsnrs, nbytes in results:
@@ -383,7 +405,8 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
     """The run proper, under the lock: see :mod:`smoe.sculpt` for the protocol."""
     locked = _Locked(run, writer, paths)
     try:
-        plan, kept = locked.resume(fp)
+        plan, resumed = locked.resume(fp)
+        kept = resumed.kept
         slots = {e.key: e for e in plan.experts}
         todo = [
             Job(ref, slots[(ref.layer, ref.expert)], run.opts.bits, run.opts.scale, run.imatrix)
@@ -391,7 +414,7 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
             if (ref.layer, ref.expert) not in kept
         ]
         marks: dict[str, float] = {}
-        tally = locked.quantise(todo, len(kept), marks)
+        tally = locked.quantise(todo, resumed, marks)
         marks["commit"] = time.perf_counter()
         scout_bytes = locked.commit()
     except KeyboardInterrupt:
@@ -413,7 +436,7 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
         scout_bytes,
         end - run.t0,
         tally.snr,
-        run.ckpt.warnings,
+        locked.warnings,
         snr_keys=tally.keys,
         bits=run.opts.bits,
         weighted_snr=tally.wsnr if run.weighted else None,

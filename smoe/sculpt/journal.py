@@ -1,34 +1,55 @@
 """The resume journal ``.<stem>.smoe.journal``: one line per finished expert under a
 fingerprint of the run (see :mod:`smoe.sculpt`), and the check that adopts a journaled
-blob only if its bytes and its sources still match."""
+blob only if the partial file and the sources bear out everything its line says.
+
+The journal is a hint, never a source of truth: what a kept expert's manifest entry and
+the summary record (blob CRC-32C, source CRC-32C, SNR, weighted SNR) is recomputed from
+the partial file and the sources (:func:`keep_verified`), never copied from the line."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from smoe import __version__
+import numpy as np
+
+from smoe import __version__, quant
 from smoe.errors import SmoeError
+from smoe.format.manifest import checksum
+from smoe.format.plan import ExpertSlot
 from smoe.plumbing import fileio
+from smoe.quant.importance import ImportanceRuns, prepare_importance
+from smoe.quant.inputs import bf16_to_f32, flat_source, read_chunk, source_kind
+from smoe.quant.traits import CHUNK_WEIGHTS, level_center
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.options import SculptOptions
 from smoe.sculpt.provenance import tensor_entries
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
+from smoe.sculpt.workers import expert_importance
 from smoe.vault.writer import VaultWriter
+from smoe_gen.layout import GROUP_SIZE, num_groups, packed_size
+
+if TYPE_CHECKING:
+    from smoe.sculpt.source.imatrix import ImportanceMatrix
 
 __all__ = [
     "JOURNAL_MAGIC",
     "Entry",
     "Journal",
+    "Resumed",
+    "blob_stats",
     "fingerprint",
     "journal_limit",
     "keep_verified",
     "read_journal",
+    "tensor_stats",
+    "untouched",
 ]
 
 JOURNAL_MAGIC = "smoe-journal/2"
@@ -238,60 +259,509 @@ class Journal:
             fileio.unlink_owned(self.path)
 
 
+@dataclass
+class Resumed:
+    """What :func:`keep_verified` found: the experts kept (their journal entries, every
+    value in them recomputed from the partial file and the sources), the bytes of each
+    kept expert's source matrices as quantised (what :func:`~smoe.sculpt.workers.quantise_expert`
+    counts), and the experts whose journal line its blob contradicts (redone).
+
+    >>> print(Resumed({}, {}, [(0, 1), (0, 2)]).warning)  # doctest: +NORMALIZE_WHITESPACE
+    resume: redid 2 experts whose journal lines do not match their blobs in the partial file
+    (an edited or damaged journal)
+    >>> Resumed().warning is None
+    True
+    """
+
+    kept: dict[tuple[int, int], Entry] = field(default_factory=dict)
+    source_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    contradicted: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def warning(self) -> str | None:
+        """The one warning line about the experts redone because their journal line lied
+        about their blob (its CRC matched, but not what else the line says), or None.
+
+        >>> print(Resumed({}, {}, [(1, 3)]).warning)  # doctest: +NORMALIZE_WHITESPACE
+        resume: redid 1 expert whose journal line does not match its blob in the partial file
+        (an edited or damaged journal)
+        """
+        n = len(self.contradicted)
+        if not n:
+            return None
+        if n == 1:
+            what = "1 expert whose journal line does not match its blob"
+        else:
+            what = f"{n} experts whose journal lines do not match their blobs"
+        return f"resume: redid {what} in the partial file (an edited or damaged journal)"
+
+
+_STALE, _CONTRADICTED, _KEPT = "stale", "contradicted", "kept"
+
+
 def keep_verified(
     writer: VaultWriter,
     refs: list[ExpertRef],
     done: dict[tuple[int, int], Entry],
     threads: int,
-    weighted: bool = False,
-) -> dict[tuple[int, int], Entry]:
-    """Adopt each journaled blob whose bytes AND sources still match; the rest are redone.
-    ``weighted``: the run has an importance matrix (its journal lines carry weighted SNRs).
+    imatrix: ImportanceMatrix | None = None,
+) -> Resumed:
+    """Adopt each journaled expert whose blob, read back from the partial file, is what the
+    journal says it is and was made from the sources as they are now; the rest are redone.
+    ``imatrix``: the run's importance matrix (its journal lines carry weighted SNRs).
 
-    Blobs and sources are re-read and hashed (the cost of a resume) by ``threads`` threads,
-    each through its own chunk-sized buffer, in file order.
+    The journal is a hint, never a source of truth. An expert is kept only if
+
+    1. its blob's CRC-32C, recomputed from the partial file, is the journal's;
+    2. none of its tensors is all zero bytes (packed codes and scales): the partial's
+       untouched content. The encoder never writes that (a zero scale stores every code
+       as ``2**(bits-1)``, :func:`smoe.quant.packing.floor_codes`), so no source encodes
+       to it;
+    3. the CRC-32C of its source bytes, re-read now, are the journal's;
+    4. the SNR (and with an importance matrix the importance-weighted SNR) of every tensor,
+       recomputed from the blob's codes and scales against the sources just read
+       (:func:`blob_stats`), is the journal's value exactly: the recomputation repeats the
+       encoder's arithmetic, so a journal line written by the run agrees to the last bit.
+
+    The values kept are the recomputed ones. A line whose CRC matches but that fails 2 or 4
+    (or whose SNR fields are not this run's kind) was edited or damaged: its expert is
+    counted in :attr:`Resumed.contradicted`. Blobs and sources are read by ``threads``
+    threads, each through its own buffers, in file order. Recomputing the SNR costs about
+    what the encoder's code pass costs: no scale is searched and nothing is written.
 
     >>> import tempfile
     >>> from smoe.format.manifest import checksum
+    >>> from smoe.sculpt.workers import Job, quantise_expert
     >>> ck = Checkpoint.open("fixtures/checkpoints/olmoe")
-    >>> refs = [ck.experts[(0, 0)]]
+    >>> ref = ck.experts[(0, 0)]
     >>> w = VaultWriter(tempfile.mkdtemp() + "/m.smoe", ck.model_info(), version=1)
-    >>> w.add_expert(0, 0, refs[0].shapes)
-    >>> plan = w.begin()
-    >>> hole = checksum(bytes(plan.experts[0].raw_size))  # the blob the partial holds now
-    >>> stale = {(0, 0): Entry(hole, (1, 2, 3), (None, None, None))}  # sources changed since
-    >>> keep_verified(w, refs, stale, threads=1)
-    {}
-    >>> sources = tuple(checksum(a) for a, _ in refs[0].load())
-    >>> list(keep_verified(w, refs, {(0, 0): Entry(hole, sources, (None,) * 3)}, threads=1))
+    >>> w.add_expert(0, 0, ref.shapes)
+    >>> slot = w.begin().experts[0]
+    >>> blob = np.zeros(slot.raw_size, np.uint8)
+    >>> sources = tuple(checksum(a) for a, _ in ref.load())
+    >>> job = Job(ref, slot, 4, "optimal")
+    >>> key, crc, _, snrs, _, _ = quantise_expert(job, ref.load(), sources, blob)
+    >>> hole = Entry(checksum(bytes(slot.raw_size)), sources, tuple(snrs))  # never written
+    >>> keep_verified(w, [ref], {key: hole}, threads=1).contradicted
     [(0, 0)]
+    >>> fd = os.open(w.partial_path, os.O_WRONLY); _ = os.pwrite(fd, blob, slot.byte_offset)
+    >>> os.close(fd)
+    >>> edited = Entry(crc, sources, (99.5, snrs[1], snrs[2]))
+    >>> keep_verified(w, [ref], {key: edited}, threads=1).contradicted
+    [(0, 0)]
+    >>> stale = Entry(crc, (1, 2, 3), tuple(snrs))  # the sources changed since
+    >>> keep_verified(w, [ref], {key: stale}, threads=1)
+    Resumed(kept={}, source_bytes={}, contradicted=[])
+    >>> resumed = keep_verified(w, [ref], {key: Entry(crc, sources, tuple(snrs))}, threads=1)
+    >>> resumed.kept[key].snrs == tuple(snrs), resumed.source_bytes
+    (True, {(0, 0): 24576})
     >>> w.abort()
     """
     by_key = {(r.layer, r.expert): r for r in refs}
+    slots = {e.key: e for e in writer.plan.experts}
     candidates = sorted(
         (k for k in done if k in by_key),
         key=lambda k: min((str(p), o) for p, o, _ in by_key[k].ranges()),
     )
     threads = max(1, min(threads, len(candidates)))
+    weighted = imatrix is not None
+    path = writer.partial_path
+    verdicts: dict[tuple[int, int], tuple[str, Entry | None, int]] = {}
+    fd = _open_partial(writer)
+    try:
+        with ExpertReader(slots=threads) as reader, ThreadPoolExecutor(threads) as pool:
 
-    def check(t: int) -> dict[tuple[int, int], tuple[int, ...]]:
-        """Source CRC-32C of this thread's share of the candidates whose blob is intact."""
-        return {
-            k: reader.crcs(by_key[k], slot=t)
-            for k in candidates[t::threads]
-            if writer.stored_crc(*k) == done[k].blob
-        }
+            def check(t: int) -> dict[tuple[int, int], tuple[str, Entry | None, int]]:
+                """The verdicts on this thread's share of the candidates."""
+                buf = np.empty(0, np.uint8)
+                out: dict[tuple[int, int], tuple[str, Entry | None, int]] = {}
+                for k in candidates[t::threads]:
+                    slot = slots[k]
+                    if buf.size < slot.raw_size:
+                        buf = np.empty(slot.raw_size, np.uint8)
+                    blob = buf[: slot.raw_size]
+                    try:
+                        fileio.preadv_exact(fd, blob, slot.byte_offset, path)
+                    except SmoeError:
+                        out[k] = (_STALE, None, 0)  # (the partial is shorter than planned)
+                        continue
+                    out[k] = _verdict(done[k], by_key[k], slot, blob, reader, t, writer, imatrix)
+                return out
 
-    now: dict[tuple[int, int], tuple[int, ...]] = {}
-    with ExpertReader(slots=threads) as reader, ThreadPoolExecutor(threads) as pool:
-        for share in pool.map(check, range(threads)):
-            now.update(share)
-    kept = {}
-    for key in sorted(now):
-        entry = done[key]
-        if now[key] == entry.sources and (entry.weighted is not None) == weighted:
-            writer.adopt(
-                *key, entry.blob, tensor_entries(by_key[key], now[key], entry.snrs, entry.weighted)
+            for share in pool.map(check, range(threads)):
+                verdicts.update(share)
+    finally:
+        os.close(fd)
+    resumed = Resumed()
+    for key in sorted(verdicts):
+        verdict, entry, nbytes = verdicts[key]
+        if verdict == _CONTRADICTED:
+            resumed.contradicted.append(key)
+        if entry is None:
+            continue
+        wsnrs = entry.weighted if weighted else None
+        writer.adopt(
+            *key, entry.blob, tensor_entries(by_key[key], entry.sources, entry.snrs, wsnrs)
+        )
+        resumed.kept[key] = entry
+        resumed.source_bytes[key] = nbytes
+    return resumed
+
+
+def _open_partial(writer: VaultWriter) -> int:
+    """The writer's partial file opened for reading, never through a link: the very file
+    the writer holds (the same device and inode), or a SmoeError."""
+    path = writer.partial_path
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise SmoeError(f"{path}: cannot open for reading: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != writer.partial_identity:
+        os.close(fd)
+        raise SmoeError(f"{path}: was replaced by another file while sculpting; refused")
+    return fd
+
+
+def _verdict(
+    entry: Entry,
+    ref: ExpertRef,
+    slot: ExpertSlot,
+    blob: np.ndarray,
+    reader: ExpertReader,
+    t: int,
+    writer: VaultWriter,
+    imatrix: ImportanceMatrix | None,
+) -> tuple[str, Entry | None, int]:
+    """Whether the journal's ``entry`` for ``ref`` holds for its ``blob`` as the partial
+    has it (see :func:`keep_verified`): ``(verdict, the entry as recomputed if kept, source
+    bytes)``; the sources are read into buffer ``t`` of ``reader``."""
+    if checksum(blob) != entry.blob:
+        return _STALE, None, 0
+    if (entry.weighted is not None) != (imatrix is not None) or untouched(slot, blob):
+        return _CONTRADICTED, None, 0
+    mats, crcs = reader.read(ref, t)
+    if crcs != entry.sources:
+        return _STALE, None, 0
+    importance = expert_importance(ref, imatrix)
+    stats = blob_stats(slot, mats, writer.bits, writer.scale, blob, importance, entry)
+    if stats is None:
+        return _CONTRADICTED, None, 0
+    snrs = tuple(s.finite_snr_db for s in stats)
+    weighted = tuple(s.weighted_snr_db for s in stats) if imatrix is not None else None
+    return _KEPT, Entry(entry.blob, crcs, snrs, weighted), sum(a.nbytes for a, _ in mats)
+
+
+def untouched(slot: ExpertSlot, blob: np.ndarray) -> bool:
+    """Whether a tensor of the ``blob`` (``uint8``) of ``slot`` is all zero bytes, codes and
+    scales: what the partial file holds where nothing was written. The encoder never writes
+    that: a zero scale (weights too small for fp16, or zeros) stores every code as
+    ``2**(bits-1)``.
+
+    >>> from smoe.format.plan import make_plan
+    >>> from smoe.vault.writer import encode_blob
+    >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
+    >>> untouched(slot, np.zeros(slot.raw_size, np.uint8))
+    True
+    >>> zeros = [np.zeros((32, 64)), np.zeros((32, 64)), np.zeros((64, 32))]
+    >>> blob = np.frombuffer(encode_blob(slot, zeros, 4, "optimal"), np.uint8)
+    >>> untouched(slot, blob), hex(blob[0])  # all-zero weights: scale 0, every code 8
+    (False, '0x88')
+    """
+    for t in slot.tensors:
+        spans = ((t.packed_offset, t.packed_size), (t.scales_offset, t.scales_size))
+        if t.packed_size and not any(blob[o : o + n].any() for o, n in spans):
+            return True
+    return False
+
+
+# ---- the SNR of a blob, recomputed -------------------------------------------------------------
+def blob_stats(
+    slot: ExpertSlot,
+    mats: list[tuple[np.ndarray, str | None]],
+    bits: int,
+    scale: str,
+    blob: np.ndarray,
+    importance: list[np.ndarray | None] | None = None,
+    expect: Entry | None = None,
+) -> list[quant.QuantStats] | None:
+    """Per tensor of the ``blob`` (``uint8``) of ``slot``, the signal and error power of its
+    codes and scales against the source matrices ``mats`` (as
+    :meth:`~smoe.sculpt.expert_reader.ExpertReader.read` gives them), weighted by
+    ``importance`` (per tensor, or None), as the encoder computed them when it wrote the
+    blob: the same error per weight, ``w - (code - c) * (scale / c)``, summed in the same
+    order (:func:`tensor_stats`), so the SNR is the encoder's to the last bit. (Not the
+    decoder's values: :func:`smoe.quant.decode` multiplies ``((code - c) / c) * scale``,
+    which rounds differently in the last bit of some weights.)
+
+    ``expect``: a journal entry; then a tensor whose SNR (or weighted SNR) is not the
+    entry's is recomputed the other way (by the compiled encoder's order where numpy's was
+    taken, or the reverse: the encoder falls back to numpy for some tensors, and
+    ``$SMOE_KERNEL`` may have changed), and None is returned if it still differs.
+
+    >>> from smoe.format.manifest import checksum
+    >>> from smoe.format.plan import make_plan
+    >>> from smoe.sculpt.workers import Job, quantise_expert
+    >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)]
+    >>> slot = make_plan({(0, 1): ref.shapes}, 4, 2).experts[0]
+    >>> blob = np.zeros(slot.raw_size, np.uint8)
+    >>> job = Job(ref, slot, 4, "optimal")
+    >>> _, crc, srcs, snrs, _, _ = quantise_expert(job, ref.load(), (1, 2, 3), blob)
+    >>> [s.finite_snr_db for s in blob_stats(slot, ref.load(), 4, "optimal", blob)] == snrs
+    True
+    >>> edited = Entry(crc, srcs, (99.5, *snrs[1:]))
+    >>> blob_stats(slot, ref.load(), 4, "optimal", blob, expect=edited) is None
+    True
+    """
+    out = []
+    for i, (t, (w, src)) in enumerate(zip(slot.tensors, mats)):
+        packed = blob[t.packed_offset : t.packed_offset + t.packed_size]
+        scales = blob[t.scales_offset : t.scales_offset + t.scales_size]
+        h = importance[i] if importance else None
+        first = quant.fast_kernels(bits, scale, w.size) is not None
+        stats = tensor_stats(w, src, bits, packed, scales, h, compiled=first)
+        if expect is not None and not _agrees(stats, expect, i):
+            if not first and not _compiled_available(bits, scale):  # (numpy's always is)
+                return None
+            stats = tensor_stats(w, src, bits, packed, scales, h, compiled=not first)
+            if not _agrees(stats, expect, i):
+                return None
+        if stats is None:
+            return None
+        out.append(stats)
+    return out
+
+
+def _agrees(stats: quant.QuantStats | None, expect: Entry, i: int) -> bool:
+    """Whether tensor ``i``'s recomputed SNR and weighted SNR are the journal entry's
+    values, exactly (a journal value is the repr of a float: it reads back as that float;
+    NaN agrees with nothing)."""
+    if stats is None:
+        return False
+    weighted = expect.weighted[i] if expect.weighted is not None else None
+    return stats.finite_snr_db == expect.snrs[i] and stats.weighted_snr_db == weighted
+
+
+def _compiled_available(bits: int, scale: str) -> bool:
+    """Whether the compiled encoder could have encoded a tensor at ``bits`` / ``scale``."""
+    try:
+        return quant.fast_kernels(bits, scale, kernel="fast") is not None
+    except SmoeError:  # no numba
+        return False
+
+
+def tensor_stats(
+    weights: np.ndarray,
+    src_dtype: str | None,
+    bits: int,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    importance: np.ndarray | None = None,
+    compiled: bool = False,
+) -> quant.QuantStats | None:
+    """The :class:`~smoe.quant.QuantStats` that :func:`smoe.quant.encode_into` gathered when
+    it encoded ``weights`` (read as ``src_dtype``, with per-column ``importance``) into the
+    codes ``packed`` and fp16 ``scales`` (their ``uint8`` bytes), recomputed from those codes
+    and scales: chunk by chunk and run by run in the numpy encoder's float32 arithmetic, or
+    with ``compiled`` in the compiled encoder's lanes and tiles (its own routines, given the
+    stored scales: no scale is searched). None when, ``compiled``, a code is not the nearest
+    level of its stored scale (then the compiled encoder did not write these codes).
+
+    >>> from smoe import quant
+    >>> w = np.linspace(-1, 1, 130, dtype=np.float32)  # two groups and two weights
+    >>> stats = quant.QuantStats()
+    >>> packed, scales = np.empty(65, np.uint8), np.empty(3, "<f2")
+    >>> quant.encode_into(w, 4, packed, scales, stats=stats, kernel="numpy")
+    >>> tensor_stats(w, None, 4, packed, scales.view(np.uint8)).snr_db == stats.snr_db
+    True
+    """
+    kind = source_kind(weights, src_dtype)
+    n = weights.size
+    src = flat_source(weights, kind)
+    prepared = prepare_importance(importance, weights.shape)
+    stats = quant.QuantStats()
+    if n == 0:
+        return stats
+    chunk = min(CHUNK_WEIGHTS, num_groups(n) * GROUP_SIZE)
+    runs = None if prepared is None else ImportanceRuns(*prepared, chunk)
+    fp16 = np.ascontiguousarray(scales).view("<f2")
+    if packed.size != packed_size(n, bits) or fp16.size != num_groups(n):
+        return None
+    if compiled:
+        sums = _compiled_sums(src, kind, n, bits, packed, fp16, runs, chunk)
+        if sums is None:
+            return None
+        stats.add_sums(n, sums, runs.top if runs is not None else 1.0)
+    else:
+        _reference_sums(src, kind, n, bits, packed, fp16, runs, chunk, stats)
+    return stats
+
+
+def _reference_sums(
+    src: np.ndarray,
+    kind: str,
+    n: int,
+    bits: int,
+    packed: np.ndarray,
+    fp16: np.ndarray,
+    runs: ImportanceRuns | None,
+    chunk: int,
+    stats: quant.QuantStats,
+) -> None:
+    """:func:`tensor_stats` as the numpy encoder sums (``smoe.quant.encoder._encode_run``):
+    per chunk its whole groups, then the partial last group, each run's error
+    ``w - (f + 0.5) * (scale / c)`` in float32 (``f + 0.5 = code - c``), added to
+    ``stats`` with the run's importance."""
+    levels = _code_levels(bits)
+    c = np.float32(level_center(bits))
+    unit = runs.top if runs is not None else 1.0
+    buf, err = np.empty(chunk, np.float32), np.empty(chunk, np.float32)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        flat = read_chunk(src, kind, start, stop, buf)
+        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
+        for lo, hi in ((0, full), (full, stop - start)):
+            if hi <= lo:
+                continue
+            at, m = start + lo, hi - lo
+            p0 = at * bits // 8
+            v = levels[packed[p0 : p0 + -(-m * bits // 8)]].reshape(-1)[:m]
+            g0 = at // GROUP_SIZE
+            k = fp16[g0 : g0 + num_groups(m)].astype(np.float32) / c
+            e = err[:m]
+            width = min(m, GROUP_SIZE)
+            np.multiply(v.reshape(-1, width), k[:, None], out=e.reshape(-1, width))
+            np.subtract(flat[lo:hi], e, out=e)
+            stats.add(flat[lo:hi], e, None if runs is None else runs.run(at, at + m), unit)
+
+
+_LEVELS: dict[int, np.ndarray] = {}
+
+
+def _code_levels(bits: int) -> np.ndarray:
+    """``table[byte, j]`` = ``code - c`` of field ``j`` of ``byte`` (half-integers, exact in
+    float32; the encoder's ``f + 0.5``).
+
+    >>> _code_levels(2)[0b11100100].tolist()  # codes 0, 1, 2, 3
+    [-1.5, -0.5, 0.5, 1.5]
+    """
+    if bits not in _LEVELS:
+        per = 8 // bits
+        codes = (np.arange(256)[:, None] >> (bits * np.arange(per))) & ((1 << bits) - 1)
+        _LEVELS[bits] = (codes - level_center(bits)).astype(np.float32)
+    return _LEVELS[bits]
+
+
+def _compiled_sums(
+    src: np.ndarray,
+    kind: str,
+    n: int,
+    bits: int,
+    packed: np.ndarray,
+    fp16: np.ndarray,
+    runs: ImportanceRuns | None,
+    chunk: int,
+) -> np.ndarray | None:
+    """:func:`tensor_stats` as the compiled encoder sums (``smoe.quant.encoder._encode_fast``):
+    the same chunks, handed to :func:`_compiled_replay` as the encoder hands them to
+    ``encode_chunk``; the sums, or None if a code differs."""
+    replay = _compiled_replay()
+    words_of_bf16 = kind == "bf16" and src.ndim == 1 and src.flags.c_contiguous
+    buf = None if words_of_bf16 else np.empty(chunk, np.float32)
+    sums = np.zeros(4 if runs is None else 6)
+    scales32 = fp16.astype(np.float32)  # exact: what the encoder chose, then stored
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
+        if buf is None:
+            part = src[start:stop]
+            tail = bf16_to_f32(part[full:])
+        else:
+            part = read_chunk(src, kind, start, stop, buf)
+            tail = part[full:]
+        words = part[:full].view(np.uint64)
+        if not words.flags.aligned:
+            words = words.copy()
+        g0, p0 = start // GROUP_SIZE, start * bits // 8
+        hcols, c0, htail = (
+            (None, 0, None)
+            if runs is None
+            else (
+                runs.h,
+                start % runs.cols,
+                runs.run(start + full, stop),
             )
-            kept[key] = entry
-    return kept
+        )
+        ok = replay(
+            words,
+            buf is not None,
+            tail,
+            hcols,
+            c0,
+            htail,
+            bits,
+            packed[p0 : p0 + packed_size(stop - start, bits)],
+            scales32[g0 : g0 + num_groups(stop - start)],
+            sums,
+        )
+        if not ok:
+            return None
+    return sums
+
+
+# The compiled encoder's own driver loop (``_encode_absmax`` in smoe.quant.kernels.encode)
+# with each tile's scales taken from the blob instead of chosen: its codes are recomputed
+# into a scratch copy (and compared with the blob's) and its statistics summed by the
+# encoder's own routines, in the encoder's order. Compiled in that module's namespace and
+# attributed to its file, so that numba's disk cache of it goes stale with the encoder;
+# the function's name carries the SHA-256 of this source, so it goes stale with this too.
+_REPLAY_SOURCE = """
+def _replay_TAG(src64, f32, tail, hcols, c0, htail, bits, packed, scales, acc):
+    groups = src64.size // (2 * _ROWS if f32 else _ROWS)
+    yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(bits)
+    y = yu.view(np.float32)
+    hu = np.zeros(_ROWS * _W, np.uint32)
+    last = np.full(1, -1, np.int64)
+    mine = np.empty(packed.size, np.uint8)  # every byte written: by _finish, _codes_group
+    chosen = np.empty(scales.size, np.float32)
+    for g0 in range(0, groups, TILE):
+        t = min(TILE, groups - g0)
+        top = _load(src64, f32, g0, t, words, yu, mx, amax)
+        for g in range(TILE):
+            sc[g] = scales[g0 + g] if g < t else _F32(0)
+        if hcols is None:
+            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out,
+                    mine, chosen, acc, None)
+        else:
+            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
+            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out,
+                    mine, chosen, acc, hu.view(np.float32))
+    if tail.size:
+        _codes_group(tail, scales[groups], bits, mine[groups * GROUP_SIZE * bits // 8 :],
+                     acc, htail)
+    _end(lanes, acc)
+    for i in range(packed.size):
+        if mine[i] != packed[i]:
+            return False
+    return True
+"""
+_REPLAY: list[Any] = []
+_REPLAY_LOCK = threading.Lock()
+
+
+def _compiled_replay() -> Any:
+    """The compiled replay of :data:`_REPLAY_SOURCE` (numba needed), compiled or loaded from
+    numba's disk cache once per process."""
+    with _REPLAY_LOCK:
+        if not _REPLAY:
+            from smoe.quant.kernels import encode as kernels
+            from smoe.quant.kernels.code_cache import compile_cached
+            from smoe.quant.kernels.jit import jit
+
+            tag = hashlib.sha256(_REPLAY_SOURCE.encode()).hexdigest()[:16]
+            source = _REPLAY_SOURCE.replace("TAG", tag)
+            namespace: dict[str, Any] = {}
+            exec(compile_cached(source, kernels.__file__), vars(kernels), namespace)
+            _REPLAY.append(jit()(namespace[f"_replay_{tag}"]))
+    return _REPLAY[0]

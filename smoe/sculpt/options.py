@@ -55,6 +55,8 @@ class SculptResult:
     experts_written: int
     experts_resumed: int
     bytes_in: int
+    """Source bytes of every expert in the vault (a resume's kept ones too): the compression
+    ratio's numerator."""
     vault_bytes: int
     scout_bytes: int
     seconds: float
@@ -66,7 +68,7 @@ class SculptResult:
     """Bit width of the run: selects ``quant.SNR_FLOOR_DB`` (no SNR warnings if None)."""
     weighted_snr: dict[str, list[float | None]] | None = None
     """With an importance matrix: per tensor name, the importance-weighted SNR of every
-    expert written (as ``snr``; None for a tensor quantised unweighted)."""
+    expert in the vault (as ``snr``; None for a tensor quantised unweighted)."""
     imatrix: dict[str, Any] | None = None
     """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
     config: Path | None = None
@@ -85,7 +87,8 @@ class SculptResult:
     def summary(self) -> dict:
         """The CLI's summary; JSON-safe (RFC 8259: no NaN or Infinity anywhere).
 
-        ``snr_db``: per tensor name, ``{"min", "median"}`` in dB over the experts written,
+        ``snr_db``: per tensor name, ``{"min", "median"}`` in dB over the experts in the
+        vault (those a resume kept, recomputed from their blobs, included),
         or ``None`` when none has a finite SNR. ``snr_exact``: how many expert tensors
         have no finite SNR (``QuantStats.finite_snr_db`` is ``None``, or a value is
         NaN/±Inf: encoded exactly up to a constant offset, e.g. all zeros, or constant);

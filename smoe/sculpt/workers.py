@@ -40,6 +40,7 @@ __all__ = [
     "Job",
     "Result",
     "Target",
+    "expert_importance",
     "file_order",
     "quantise_expert",
     "run_jobs",
@@ -136,12 +137,7 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
     ((0, 1), (1, 2, 3), [None, None, None], 18432, True)
     """
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
-    importance = None
-    if job.imatrix is not None:
-        importance = [
-            job.imatrix.for_expert(job.ref.layer, job.ref.expert, t, cols, rows)
-            for t, (rows, cols) in zip(TENSOR_NAMES, job.ref.shapes)
-        ]
+    importance = expert_importance(job.ref, job.imatrix)
     encode_blob(
         job.slot,
         [a for a, _ in mats],
@@ -160,6 +156,31 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
         [s.weighted_snr_db for s in stats],
         sum(a.nbytes for a, _ in mats),
     )
+
+
+def expert_importance(
+    ref: ExpertRef, imatrix: ImportanceMatrix | None
+) -> list[np.ndarray | None] | None:
+    """Per matrix of expert ``ref`` (gate, up, down), its per-column importance from
+    ``imatrix`` (None for a matrix it has no data for), or None without an importance
+    matrix: what :func:`quantise_expert` encodes with, and what ``--resume`` weighs the
+    SNR it recomputes by (:func:`smoe.sculpt.journal.keep_verified`).
+
+    >>> from smoe.sculpt.source.checkpoint import Checkpoint
+    >>> from smoe.sculpt.source.imatrix import ImportanceMatrix
+    >>> ref = Checkpoint.open("fixtures/checkpoints/olmoe").experts[(0, 0)]
+    >>> expert_importance(ref, None) is None
+    True
+    >>> imp = expert_importance(ref, ImportanceMatrix.open("fixtures/imatrix_tiny.dat"))
+    >>> [None if h is None else h.shape for h in imp]  # data for down_proj only
+    [None, None, (32,)]
+    """
+    if imatrix is None:
+        return None
+    return [
+        imatrix.for_expert(ref.layer, ref.expert, t, cols, rows)
+        for t, (rows, cols) in zip(TENSOR_NAMES, ref.shapes)
+    ]
 
 
 class Claims:
