@@ -305,6 +305,11 @@ def _summary_table(c: Console, s: dict) -> Table:
     t.add_row("experts written", f"{s['experts_written']} (+{s['experts_resumed']} resumed)")
     t.add_row("expert bytes in", f"{s['expert_bytes_in']:,}")
     t.add_row("vault / scout bytes", f"{s['vault_bytes']:,} / {s['scout_bytes']:,}")
+    where = s.get("placement")
+    if where:  # what went where: a multimodal wrapper's vision tower, projector, lm_head
+        t.add_row("to the vault", escape(shown(_placed_experts(where["vault"]))))
+        groups = ", ".join(f"{k.rstrip('.')} {n}" for k, n in where["scout"].items())
+        t.add_row("to the scout", escape(shown(f"{groups} tensors, unchanged")))
     if s["compression_ratio"]:
         t.add_row("compression", f"{s['compression_ratio']:.2f}x")
     phases = s.get("phases_s")
@@ -317,6 +322,15 @@ def _summary_table(c: Console, s: dict) -> Table:
         data = ", ".join(im["datasets"]) or "an unnamed dataset"  # (text from the file)
         t.add_row("imatrix", escape(shown(f"{im['path']} ({im['chunk_count']} chunks of {data})")))
     return t
+
+
+def _placed_experts(vault: dict) -> str:
+    """The vault's line of the placement: how many expert tensors, from where.
+
+    >>> _placed_experts({"tensors": 48, "under": "model.layers."})
+    'routed experts: 48 tensors under model.layers.*'
+    """
+    return f"routed experts: {vault['tensors']} tensors under {vault['under']}*"
 
 
 def _snr_table(c: Console, s: dict) -> Table:
