@@ -49,7 +49,7 @@ inline constexpr uint32_t TENSOR_NDIM = 2u;
 inline constexpr uint32_t MAX_MOE_TOP_K = 16u;
 /// Largest `head_dim` the engine accepts.
 inline constexpr uint32_t MAX_HEAD_DIM = 256u;
-/// `arch_block.flags` bit 0: renormalise the selected top-k routing weights.
+/// `arch_block.flags` bit 0: the router divides the selected top-k weights by their sum (R6).
 inline constexpr uint32_t FLAG_NORM_TOPK_PROB = 1u;
 /// `arch_block.flags` bit 1: attention applies RMS norm to q and k per head.
 inline constexpr uint32_t FLAG_HAS_QK_NORM = 2u;
@@ -143,7 +143,7 @@ struct SmoeArchBlock {
     uint32_t block_version;              ///< @4: Version of this block's layout; 1.
     uint32_t block_size;                 ///< @8: Size of this block; 128.
     uint32_t flags;                      ///< @12: Bit 0 norm_topk_prob, bit 1 has_qk_norm, bit 2 has_dense_layer_0; bits 3..31 are zero.
-    float rope_theta;                    ///< @16: RoPE base frequency (top-level or inside `rope_parameters` in config.json).
+    float rope_theta;                    ///< @16: RoPE base frequency (top-level or inside `rope_parameters` in config.json); 0 without rotary embeddings (R6).
     uint32_t num_heads;                  ///< @20: Attention query heads.
     uint32_t num_kv_heads;               ///< @24: Key/value heads (GQA); at least 1 and divides `num_heads`.
     uint32_t head_dim;                   ///< @28: Attention head dimension, 1..256. Ruling R3 (this spec): for multi-head latent attention (DeepSeek V2/V3,...

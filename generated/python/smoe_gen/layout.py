@@ -45,7 +45,7 @@ MAX_MOE_TOP_K = 16
 MAX_HEAD_DIM = 256
 'Largest `head_dim` the engine accepts.'
 FLAG_NORM_TOPK_PROB = 1
-'`arch_block.flags` bit 0: renormalise the selected top-k routing weights.'
+'`arch_block.flags` bit 0: the router divides the selected top-k weights by their sum (R6).'
 FLAG_HAS_QK_NORM = 2
 '`arch_block.flags` bit 1: attention applies RMS norm to q and k per head.'
 FLAG_HAS_DENSE_LAYER_0 = 4
@@ -174,7 +174,7 @@ FIELD_DOCS: dict[str, dict[str, str]] = {
         "block_version": "Version of this block's layout; 1.",
         "block_size": 'Size of this block; 128.',
         "flags": 'Bit 0 norm_topk_prob, bit 1 has_qk_norm, bit 2 has_dense_layer_0; bits 3..31 are zero.',
-        "rope_theta": 'RoPE base frequency (top-level or inside `rope_parameters` in config.json).',
+        "rope_theta": 'RoPE base frequency (top-level or inside `rope_parameters` in config.json); 0 without rotary embeddings (R6).',
         "num_heads": 'Attention query heads.',
         "num_kv_heads": 'Key/value heads (GQA); at least 1 and divides `num_heads`.',
         "head_dim": 'Attention head dimension, 1..256. Ruling R3 (this spec): for multi-head latent attention (DeepSeek V2/V3, whose config has `qk_nope_head_dim` and `qk_rope_head_dim`) it is the query/key head width `qk_nope_head_dim + qk_rope_head_dim`, whatever `head_dim` config.json holds.',

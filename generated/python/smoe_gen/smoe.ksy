@@ -67,6 +67,14 @@ doc: |
   Ruling R5 (this spec): `rope_theta` and `rms_norm_eps` are checked for being
   finite with a warning only; like the other arch values that are not among the
   engine's load rules (D6), they do not make a vault invalid.
+
+  Ruling R6 (this spec): the `norm_topk_prob` flag says only whether the router
+  divides the top-k weights it picked by their sum (a softmax over the top-k
+  logits alone counts), as the family's modeling code does, not only as a config
+  key says; scoring functions, correction biases, routed scaling, expert groups,
+  layer patterns and attention variants are not in the arch block (the config
+  copy beside the vault carries them). `num_heads` counts attention heads, not
+  q_proj rows. A model without rotary embeddings (NoPE) records `rope_theta` 0.
 doc-ref:
   - docs/FORMAT.md
   - docs/TOOLS.md
@@ -152,7 +160,7 @@ instances:
   flag_norm_topk_prob:
     value: 1
     -smoe-const: FLAG_NORM_TOPK_PROB
-    doc: "`arch_block.flags` bit 0: renormalise the selected top-k routing weights."
+    doc: "`arch_block.flags` bit 0: the router divides the selected top-k weights by their sum (R6)."
   flag_has_qk_norm:
     value: 2
     -smoe-const: FLAG_HAS_QK_NORM
@@ -634,7 +642,7 @@ types:
           3..31 are zero.
       - id: rope_theta
         type: f4
-        doc: RoPE base frequency (top-level or inside `rope_parameters` in config.json).
+        doc: RoPE base frequency (top-level or inside `rope_parameters` in config.json); 0 without rotary embeddings (R6).
       - id: num_heads
         type: u4
         valid:
@@ -699,7 +707,7 @@ types:
     instances:
       norm_topk_prob:
         value: (flags & _root.flag_norm_topk_prob.as<u4>) != 0
-        doc: Renormalise the selected top-k routing weights.
+        doc: The router divides the selected top-k routing weights by their sum (R6).
       has_qk_norm:
         value: (flags & _root.flag_has_qk_norm.as<u4>) != 0
         doc: Attention has per-head q/k RMS norms.

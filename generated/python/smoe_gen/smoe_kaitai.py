@@ -72,6 +72,14 @@ class Smoe(KaitaiStruct):
     finite with a warning only; like the other arch values that are not among the
     engine's load rules (D6), they do not make a vault invalid.
     
+    Ruling R6 (this spec): the `norm_topk_prob` flag says only whether the router
+    divides the top-k weights it picked by their sum (a softmax over the top-k
+    logits alone counts), as the family's modeling code does, not only as a config
+    key says; scoring functions, correction biases, routed scaling, expert groups,
+    layer patterns and attention variants are not in the arch block (the config
+    copy beside the vault carries them). `num_heads` counts attention heads, not
+    q_proj rows. A model without rotary embeddings (NoPE) records `rope_theta` 0.
+    
     .. seealso::
        docs/FORMAT.md
     
@@ -210,7 +218,7 @@ class Smoe(KaitaiStruct):
 
         @property
         def norm_topk_prob(self):
-            """Renormalise the selected top-k routing weights."""
+            """The router divides the selected top-k routing weights by their sum (R6)."""
             if hasattr(self, '_m_norm_topk_prob'):
                 return self._m_norm_topk_prob
 
@@ -922,7 +930,7 @@ class Smoe(KaitaiStruct):
 
     @property
     def flag_norm_topk_prob(self):
-        """`arch_block.flags` bit 0: renormalise the selected top-k routing weights."""
+        """`arch_block.flags` bit 0: the router divides the selected top-k weights by their sum (R6)."""
         if hasattr(self, '_m_flag_norm_topk_prob'):
             return self._m_flag_norm_topk_prob
 
