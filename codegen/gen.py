@@ -1,9 +1,13 @@
-"""`make gen` / `make check-gen`: regenerate everything under generated/ from the .ksy.
+"""`make gen` / `make check-gen`: regenerate everything under generated/ from the .ksy
+(and the exit-code table, codegen/exit_codes.yaml).
 
 * the Kaitai Python parser and the graphviz diagram come from the official compiler
   (codegen/ksc.js, pinned in codegen/package-lock.json), every warning and error shown;
 * the C++ header, the numpy layout module and SPEC.md come from the jinja2 templates
-  in codegen/templates/, fed by codegen/model.py.
+  in codegen/templates/, fed by codegen/model.py;
+* the exit statuses of the tools (smoe_gen.exit_codes for the Python CLI, exit_codes.hpp
+  for smoe-stream) from codegen/exit_codes.yaml, the toolchain's table rather than the
+  format's.
 
 usage: python codegen/gen.py [--out DIR] [--check]
 """
@@ -20,10 +24,12 @@ import tempfile
 from pathlib import Path
 
 import jinja2
+import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SPEC = ROOT / "spec" / "smoe.ksy"
+EXIT_CODES = HERE / "exit_codes.yaml"
 GENERATED = ROOT / "generated"
 
 sys.path.insert(0, str(HERE))
@@ -31,6 +37,7 @@ import model as ksy_model  # noqa: E402
 
 PARSER = "python/smoe_gen/smoe_kaitai.py"
 OPTIONAL = {"docs/smoe.svg"}  # written only where graphviz's `dot` is installed
+FROM_EXIT_CODES = {"python/smoe_gen/exit_codes.py", "cpp/exit_codes.hpp"}
 
 
 class GenError(Exception):
@@ -60,13 +67,45 @@ def compile_ksy(spec: Path) -> dict[str, dict[str, str]]:
     return result["files"]
 
 
-def render_all(spec: Path) -> dict[str, str]:
+def load_exit_codes(path: Path) -> list[dict[str, object]]:
+    """The kinds of codegen/exit_codes.yaml, checked: each a unique lower-case name, a
+    status in [0, 255] and a one-line meaning; `ok` is 0 and the only kind with status 0."""
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise GenError(f"{path.name}: {e}") from None
+    kinds = doc.get("kinds") if isinstance(doc, dict) else None
+    if not isinstance(kinds, list) or not kinds:
+        raise GenError(f"{path.name}: `kinds` must be a non-empty list")
+    seen: set[str] = set()
+    for k in kinds:
+        if not isinstance(k, dict) or set(k) != {"name", "status", "meaning"}:
+            raise GenError(f"{path.name}: each kind has exactly name, status and meaning: {k!r}")
+        name, status, meaning = k["name"], k["status"], k["meaning"]
+        if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+            raise GenError(f"{path.name}: kind name {name!r} is not a lower-case identifier")
+        if name in seen:
+            raise GenError(f"{path.name}: kind {name!r} is listed twice")
+        seen.add(name)
+        if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
+            raise GenError(f"{path.name}: {name}: status {status!r} is not in [0, 255]")
+        if (status == 0) != (name == "ok"):
+            raise GenError(f"{path.name}: {name}: only `ok` has status 0")
+        if not isinstance(meaning, str) or not meaning.strip():
+            raise GenError(f"{path.name}: {name}: no meaning")
+    if "ok" not in seen:
+        raise GenError(f"{path.name}: no `ok` kind")
+    return kinds
+
+
+def render_all(spec: Path, exit_codes: Path = EXIT_CODES) -> dict[str, str]:
     """Every generated file, as relative path -> text."""
     files = compile_ksy(spec)
     try:
         m = ksy_model.load(spec)
     except ValueError as e:
         raise GenError(f"{spec.name}: {e}") from None
+    kinds = load_exit_codes(exit_codes)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         undefined=jinja2.StrictUndefined,
@@ -81,6 +120,7 @@ def render_all(spec: Path) -> dict[str, str]:
     env.filters["hexwords"] = lambda b: " ".join(f"{x:02X}" for x in b)
     env.filters["cstring"] = lambda s: json.dumps(s, ensure_ascii=True)
     ctx = {"m": m, "spec_name": f"spec/{spec.name}", "ksc_version": "0.11.0"}
+    codes = {"kinds": kinds, "source": f"codegen/{exit_codes.name}"}
     out = {
         PARSER: files["python"][f"{m.meta['id']}.py"],
         "python/smoe_gen/__init__.py": env.get_template("init.py.j2").render(ctx),
@@ -90,6 +130,8 @@ def render_all(spec: Path) -> dict[str, str]:
         "cpp/common.hpp": env.get_template("common.hpp.j2").render(ctx),
         "docs/SPEC.md": env.get_template("SPEC.md.j2").render(ctx),
         "docs/smoe.dot": files["graphviz"][f"{m.meta['id']}.dot"],
+        "python/smoe_gen/exit_codes.py": env.get_template("exit_codes.py.j2").render(codes),
+        "cpp/exit_codes.hpp": env.get_template("exit_codes.hpp.j2").render(codes),
     }
     dot = shutil.which("dot")
     if dot is not None:
@@ -126,7 +168,8 @@ def drift(files: dict[str, str], committed: Path) -> list[str]:
             elif rel not in existing:
                 problems.append(f"{rel}: missing (never generated or deleted)")
             elif not filecmp.cmp(fresh / rel, committed / rel, shallow=False):
-                problems.append(f"{rel}: differs from what {SPEC.name} generates")
+                source = EXIT_CODES.name if rel in FROM_EXIT_CODES else SPEC.name
+                problems.append(f"{rel}: differs from what {source} generates")
         return problems
 
 

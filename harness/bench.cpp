@@ -3,6 +3,7 @@
 #include "io.hpp"
 #include "json.hpp"
 #include "quant.hpp"
+#include "text.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -39,8 +40,8 @@ void open_reader(const Vault& v, bool want_direct, Reader& r) {
         struct stat st {};
         if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
             (st.st_dev != v.id.dev || st.st_ino != v.id.ino))
-            throw IoError(v.name +
-                          ": replaced since it was checked; refusing to read another file");
+            throw ReadFailed(v.name +
+                             ": replaced since it was checked; refusing to read another file");
         if (fd.get() >= 0 && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
             AlignedBuffer probe(PAGE_SIZE);
             const uint64_t at = v.experts.empty() ? 0 : v.experts[0].byte_offset;
@@ -50,12 +51,15 @@ void open_reader(const Vault& v, bool want_direct, Reader& r) {
                 return;
             }
         }
-        std::fprintf(stderr, "smoe-stream: %s: O_DIRECT refused (%s); using buffered reads\n",
-                     v.name.c_str(), std::strerror(errno));
+        const int err = errno;
+        const std::string note =
+            v.name + ": O_DIRECT refused (" + std::strerror(err) + "); using buffered reads";
+        std::fprintf(stderr, "smoe-stream: %s\n", shown(note).c_str());
     }
     r.fd = Fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
     if (r.fd.get() < 0)
-        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno));
+        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno), 0,
+                      exit_codes::FAILED);
 }
 
 /// The order in which experts are read. seq: table entries in file order. random:
@@ -145,7 +149,7 @@ Sample total_of(const std::vector<Sample>& runs) {
 }
 
 /// Runs `body(t, stop)` on `threads` threads until `seconds` have passed (or one throws),
-/// joins them and returns the elapsed time; rethrows the first error as IoError.
+/// joins them and returns the elapsed time; rethrows the first error as ReadFailed.
 template <class Body>
 double run_threads(unsigned threads, double seconds, Body body) {
     std::atomic<bool> stop{false};
@@ -179,7 +183,7 @@ double run_threads(unsigned threads, double seconds, Body body) {
         th.join();
     const double elapsed = now_seconds() - t0;
     if (!error.empty())
-        throw IoError(error);
+        throw ReadFailed(error);
     return elapsed;
 }
 
@@ -356,7 +360,7 @@ std::pair<uint64_t, double> repeat(double seconds, Fn fn) {
 
 std::string run_bench(const Vault& v, const BenchOptions& o) {
     if (v.experts.empty())
-        throw IoError(v.name + ": the vault holds no experts to stream");
+        throw RefusedInput(v.name + ": the vault holds no experts to stream");
     const unsigned k = o.topk ? o.topk : v.arch ? v.arch->moe_top_k : 8;
     const double side = std::max(0.05, o.seconds / 4);
     Reader r;

@@ -140,7 +140,7 @@ pid_t spawn_check(int fd, unsigned timeout_s) {
     std::fflush(nullptr);
     const pid_t pid = fork();
     if (pid < 0)
-        throw IoError(std::string("fork failed: ") + std::strerror(errno));
+        throw IoError(std::string("fork failed: ") + std::strerror(errno), 0, exit_codes::INTERNAL);
     if (pid == 0) {
         alarm(timeout_s);
         int code = 0;
@@ -183,7 +183,8 @@ int run_fuzz(const FuzzOptions& o, const std::vector<std::string>& files) {
     for (Slot& sl : slots) {
         sl.fd = memfd_create("smoe-fuzz", MFD_CLOEXEC);
         if (sl.fd < 0)
-            throw IoError(std::string("memfd_create failed: ") + std::strerror(errno));
+            throw IoError(std::string("memfd_create failed: ") + std::strerror(errno), 0,
+                          exit_codes::INTERNAL);
     }
     uint64_t exits[3] = {0, 0, 0};
     std::vector<Failure> failures;
@@ -195,7 +196,8 @@ int run_fuzz(const FuzzOptions& o, const std::vector<std::string>& files) {
         while ((pid = waitpid(-1, &st, 0)) < 0 && errno == EINTR) {
         }
         if (pid < 0)
-            throw IoError(std::string("waitpid failed: ") + std::strerror(errno));
+            throw IoError(std::string("waitpid failed: ") + std::strerror(errno), 0,
+                          exit_codes::INTERNAL);
         Slot* sl = &slots[0];
         for (Slot& c : slots)
             if (c.pid == pid)
@@ -246,7 +248,8 @@ int run_fuzz(const FuzzOptions& o, const std::vector<std::string>& files) {
         if (ftruncate(sl->fd, 0) != 0 ||
             (!data.empty() &&
              pwrite(sl->fd, data.data(), data.size(), 0) != static_cast<ssize_t>(data.size())))
-            throw IoError(std::string("memfd write failed: ") + std::strerror(errno));
+            throw IoError(std::string("memfd write failed: ") + std::strerror(errno), 0,
+                          exit_codes::INTERNAL);
         sl->pid = spawn_check(sl->fd, o.timeout_s);
         ++running;
     }

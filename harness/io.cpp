@@ -3,10 +3,15 @@
 #include <common.hpp>
 
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,7 +52,78 @@ std::string random_suffix() {
     return buf;
 }
 
+// ---- temporary files that a signal removes -----------------------------------------------
+// The handler may only call async-signal-safe functions: it reads a fixed table of paths,
+// each published by a flag set after its path is written and cleared before it is reused.
+constexpr int MAX_TEMPORARIES = 8;  // dequant holds three at once
+char g_temporary[MAX_TEMPORARIES][PATH_MAX];
+std::atomic<bool> g_temporary_used[MAX_TEMPORARIES];
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+/// Blocks the signals that end the process while it lives (this thread: the writer's), so
+/// that a temporary file is never created, renamed or removed without its table entry.
+class SignalsHeld {
+public:
+    SignalsHeld() {
+        sigset_t set;
+        sigemptyset(&set);
+        for (int sig : {SIGINT, SIGTERM, SIGHUP})
+            sigaddset(&set, sig);
+        pthread_sigmask(SIG_BLOCK, &set, &old_);
+    }
+    ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+    SignalsHeld(const SignalsHeld&) = delete;
+    SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+private:
+    sigset_t old_;
+};
+
+/// The slot of `path` in the table, or -1 if the table is full or the path too long (the
+/// file is then only removed by the destructor).
+int register_temporary(const std::string& path) {
+    if (path.size() >= PATH_MAX)
+        return -1;
+    for (int k = 0; k < MAX_TEMPORARIES; ++k)
+        if (!g_temporary_used[k].load()) {
+            std::memcpy(g_temporary[k], path.c_str(), path.size() + 1);
+            g_temporary_used[k].store(true);
+            return k;
+        }
+    return -1;
+}
+
+void unregister_temporary(int& slot) {
+    if (slot >= 0)
+        g_temporary_used[slot].store(false);
+    slot = -1;
+}
+
+extern "C" void on_signal(int sig) {
+    for (int k = 0; k < MAX_TEMPORARIES; ++k)
+        if (g_temporary_used[k].load())
+            (void)::unlink(g_temporary[k]);
+    const bool interrupted = sig == SIGINT;
+    const char* line = interrupted ? "smoe-stream: interrupted\n" : "smoe-stream: terminated\n";
+    (void)!::write(STDERR_FILENO, line, std::strlen(line));
+    ::_exit(interrupted ? exit_codes::INTERRUPTED.status : exit_codes::TERMINATED.status);
+}
+
 }  // namespace
+
+void handle_signals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP})
+        sigaddset(&sa.sa_mask, sig);  // one handler at a time
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+        struct sigaction old {};
+        // A signal ignored by the parent (nohup, a background job) stays ignored.
+        if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler != SIG_IGN)
+            ::sigaction(sig, &sa, nullptr);
+    }
+}
 
 // ---- reading ----------------------------------------------------------------------------
 
@@ -57,10 +133,12 @@ size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::str
     while (done < len) {
         ssize_t n = ::pread(fd, p + done, len - done, static_cast<off_t>(offset + done));
         if (n < 0) {
-            if (errno == EINTR)
+            const int err = errno;
+            if (err == EINTR)
                 continue;
-            throw IoError(name + ": cannot read " + std::to_string(len) + " bytes at offset " +
-                          std::to_string(offset) + ": " + why(errno));
+            throw ReadFailed(name + ": cannot read " + std::to_string(len) + " bytes at offset " +
+                                 std::to_string(offset) + ": " + why(err),
+                             err);
         }
         if (n == 0)
             break;  // end of file
@@ -72,9 +150,9 @@ size_t pread_some(int fd, void* buf, size_t len, uint64_t offset, const std::str
 void pread_full(int fd, void* buf, size_t len, uint64_t offset, const std::string& name) {
     // Every caller knows the file's size from fstat, so an end of file is a file that shrank.
     if (const size_t got = pread_some(fd, buf, len, offset, name); got != len)
-        throw IoError(name + ": file shrank while reading: " + std::to_string(len) +
-                      " bytes at offset " + std::to_string(offset) + ", got " +
-                      std::to_string(got));
+        throw ReadFailed(name + ": file shrank while reading: " + std::to_string(len) +
+                         " bytes at offset " + std::to_string(offset) + ", got " +
+                         std::to_string(got));
 }
 
 Fd& Fd::operator=(Fd&& o) noexcept {
@@ -118,14 +196,14 @@ void refuse_same_file(const std::string& out,
         return;  // absent or unreachable: not an input
     for (const auto& [name, id] : inputs)
         if (st.st_dev == id.dev && st.st_ino == id.ino)
-            throw IoError(out + ": the output is the input " + name +
-                          " itself; refusing to overwrite an input");
+            throw WriteFailed(out + ": the output is the input " + name +
+                              " itself; refusing to overwrite an input");
 }
 
 std::vector<uint8_t> read_whole_file(const Input& in, const std::string& path, size_t max_len) {
     if (in.size > max_len)
-        throw IoError(path + ": " + std::to_string(in.size) + " bytes, more than the " +
-                      std::to_string(max_len) + " accepted");
+        throw RefusedInput(path + ": " + std::to_string(in.size) + " bytes, more than the " +
+                           std::to_string(max_len) + " accepted");
     std::vector<uint8_t> data(static_cast<size_t>(in.size));
     pread_full(in.fd.get(), data.data(), data.size(), 0, path);
     return data;
@@ -142,8 +220,8 @@ std::optional<Replaced> existing_output(const std::string& path) {
     if (::lstat(path.c_str(), &st) != 0 || S_ISLNK(st.st_mode))
         return std::nullopt;  // absent or out of reach (creating it says why), or a link
     if (!S_ISREG(st.st_mode))
-        throw IoError(path + ": exists and is not a regular file (" + kind(st.st_mode) +
-                      "); refusing to replace it");
+        throw WriteFailed(path + ": exists and is not a regular file (" + kind(st.st_mode) +
+                          "); refusing to replace it");
     return Replaced{st.st_uid, st.st_gid, static_cast<mode_t>(st.st_mode & 07777)};
 }
 
@@ -161,28 +239,37 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     const std::string base = slash == std::string::npos ? path_ : path_.substr(slash + 1);
     dir_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
     if (base.empty() || base == "." || base == "..")
-        throw IoError(path_ + ": cannot create: not a file name");
+        throw WriteFailed(path_ + ": cannot create: not a file name");
     const std::string prefix = (slash == std::string::npos ? "" : path_.substr(0, slash + 1));
     const std::optional<Replaced> replaced = existing_output(path_);
     for (int attempt = 0;; ++attempt) {
         tmp_ = prefix + "." + base + "." + random_suffix() + ".tmp";
-        fd_ = Fd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+        int err = 0;
+        {
+            const SignalsHeld held;  // created and listed for the signal handler at once
+            fd_ = Fd(
+                ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+            err = errno;
+            if (fd_.get() >= 0)
+                slot_ = register_temporary(tmp_);
+        }
         if (fd_.get() >= 0) {
             take_over(fd_.get(), replaced);  // never wider than the file it replaces
             return;
         }
-        const int err = errno;
         if (err != EEXIST || attempt == 100) {
             tmp_.clear();
-            throw IoError(path_ + ": cannot create: " + why(err));
+            throw WriteFailed(path_ + ": cannot create: " + why(err), err);
         }
     }
 }
 
 AtomicFile::~AtomicFile() {
     fd_ = Fd();
+    const SignalsHeld held;
     if (!renamed_ && !tmp_.empty())
         ::unlink(tmp_.c_str());
+    unregister_temporary(slot_);
 }
 
 void AtomicFile::write(const void* data, size_t len) {
@@ -193,9 +280,9 @@ void AtomicFile::write(const void* data, size_t len) {
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
-            throw IoError(path_ + ": cannot write " + std::to_string(len - done) +
-                          " bytes at offset " + std::to_string(written_ + done) + ": " +
-                          (n < 0 ? why(errno) : std::string("the write made no progress")));
+            throw WriteFailed(path_ + ": cannot write " + std::to_string(len - done) +
+                              " bytes at offset " + std::to_string(written_ + done) + ": " +
+                              (n < 0 ? why(errno) : std::string("the write made no progress")));
         done += static_cast<size_t>(n);
     }
     written_ += len;
@@ -205,9 +292,9 @@ void AtomicFile::finish() {
     if (fd_.get() < 0)
         return;
     if (::fsync(fd_.get()) != 0)
-        throw IoError(path_ + ": cannot flush to disk (fsync): " + why(errno));
+        throw WriteFailed(path_ + ": cannot flush to disk (fsync): " + why(errno));
     if (::close(fd_.release()) != 0)
-        throw IoError(path_ + ": cannot close: " + why(errno));
+        throw WriteFailed(path_ + ": cannot close: " + why(errno));
 }
 
 void AtomicFile::rename_into_place() {
@@ -217,11 +304,20 @@ void AtomicFile::rename_into_place() {
         if (fd.get() >= 0)
             take_over(fd.get(), replaced);
     }
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-        const std::string name = tmp_.substr(tmp_.rfind('/') + 1);
-        throw IoError(path_ + ": cannot rename " + name + " onto it: " + why(errno));
+    int err = 0;
+    {
+        const SignalsHeld held;  // renamed and struck off the signal handler's list at once
+        if (::rename(tmp_.c_str(), path_.c_str()) == 0) {
+            renamed_ = true;
+            unregister_temporary(slot_);
+        } else {
+            err = errno;
+        }
     }
-    renamed_ = true;
+    if (!renamed_) {
+        const std::string name = tmp_.substr(tmp_.rfind('/') + 1);
+        throw WriteFailed(path_ + ": cannot rename " + name + " onto it: " + why(err));
+    }
 }
 
 void AtomicFile::commit() {
@@ -232,10 +328,10 @@ void AtomicFile::commit() {
 void fsync_dir(const std::string& dir) {
     Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (fd.get() < 0)
-        throw IoError(dir + ": cannot open the folder to flush it: " + why(errno));
+        throw WriteFailed(dir + ": cannot open the folder to flush it: " + why(errno));
     // EINVAL: a filesystem that cannot fsync folders (the rename is then as durable as it gets).
     if (::fsync(fd.get()) != 0 && errno != EINVAL)
-        throw IoError(dir + ": cannot flush to disk (fsync): " + why(errno));
+        throw WriteFailed(dir + ": cannot flush to disk (fsync): " + why(errno));
 }
 
 void write_whole_file(const std::string& path, const void* data, size_t len) {

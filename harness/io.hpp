@@ -2,6 +2,8 @@
 // atomically without following links, page-aligned buffers.
 #pragma once
 
+#include <exit_codes.hpp>
+
 #include <sys/types.h>
 #include <cstddef>
 #include <cstdint>
@@ -14,15 +16,39 @@
 
 namespace smoe::harness {
 
-/// The file cannot be read (or written) at all: exit status 2. `err` is the errno behind
-/// it, when there is one.
+/// A failure with a file, one line naming it. `kind` is its entry in the exit-code table
+/// shared with the Python CLI (codegen/exit_codes.yaml): by default `unreadable` (exit 2),
+/// an input that cannot be opened or stat'ed or is not a regular file, as Python's
+/// UnreadableInput. `err` is the errno behind it, when there is one.
 struct IoError : std::runtime_error {
-    explicit IoError(const std::string& what, int e = 0) : std::runtime_error(what), err(e) {}
+    explicit IoError(const std::string& what, int e = 0,
+                     const exit_codes::ExitCode& k = exit_codes::UNREADABLE)
+        : std::runtime_error(what), err(e), kind(&k) {}
     int err;
+    const exit_codes::ExitCode* kind;
+};
+
+/// An input that fails or shrinks while it is read (`failed`, exit 1: Python's pread_exact
+/// raises the base SmoeError).
+struct ReadFailed : IoError {
+    explicit ReadFailed(const std::string& what, int e = 0)
+        : IoError(what, e, exit_codes::FAILED) {}
+};
+
+/// An input that was read and is refused (`refused`, exit 1: Python's RefusedInput).
+struct RefusedInput : IoError {
+    explicit RefusedInput(const std::string& what) : IoError(what, 0, exit_codes::REFUSED) {}
+};
+
+/// An output that cannot be written or put in place, or that would replace an input or
+/// something that is not a regular file (`write_failed`, exit 1: Python's WriteFailed).
+struct WriteFailed : IoError {
+    explicit WriteFailed(const std::string& what, int e = 0)
+        : IoError(what, e, exit_codes::WRITE_FAILED) {}
 };
 
 /// Reads exactly `len` bytes at `offset`, retrying short reads and EINTR. Throws
-/// IoError on an error ("NAME: cannot read N bytes at offset X: reason") or at end of
+/// ReadFailed on an error ("NAME: cannot read N bytes at offset X: reason") or at end of
 /// file ("NAME: file shrank while reading: N bytes at offset X, got M").
 void pread_full(int fd, void* buf, size_t len, uint64_t offset, const std::string& name);
 
@@ -62,7 +88,7 @@ struct Input {
 };
 Input open_input(const std::string& path);
 
-/// Refuses (IoError) an output that exists and is, through symlinks or hard links, the
+/// Refuses (WriteFailed) an output that exists and is, through symlinks or hard links, the
 /// same file as one of the inputs: "OUT: the output is the input IN itself; refusing to
 /// overwrite an input".
 void refuse_same_file(const std::string& out,
@@ -77,7 +103,7 @@ struct Replaced {
 
 /// lstat of an output about to be replaced: a regular file there gives its owner, group and
 /// mode; nothing there (or a symlink, replaced, never followed) gives nullopt; anything else
-/// (a FIFO, a device, a folder) is refused (IoError): "OUT: exists and is not a regular
+/// (a FIFO, a device, a folder) is refused (WriteFailed): "OUT: exists and is not a regular
 /// file (a FIFO); refusing to replace it", so a rename never lands on it.
 std::optional<Replaced> existing_output(const std::string& path);
 
@@ -88,7 +114,8 @@ void take_over(int fd, const std::optional<Replaced>& replaced);
 /// A file written under a temporary name beside `path` (created O_CREAT|O_EXCL|
 /// O_NOFOLLOW|O_CLOEXEC) and renamed onto `path` when complete, so a symlink planted under
 /// the final name is replaced, never followed. Until rename nothing appears under `path`;
-/// the destructor removes an uncommitted temporary file. What is at `path` is checked
+/// the destructor removes an uncommitted temporary file, and so does a signal
+/// (handle_signals). What is at `path` is checked
 /// (existing_output) before the temporary file is created and again just before the
 /// rename; the new file takes over the owner, group and mode of the one it replaces.
 class AtomicFile {
@@ -115,7 +142,14 @@ private:
     Fd fd_;
     uint64_t written_ = 0;
     bool renamed_ = false;
+    int slot_ = -1;  // this temporary file's place in the list a signal removes
 };
+
+/// SIGINT and SIGTERM (and SIGHUP) end the process as the exit-code table says: every
+/// AtomicFile's temporary file is removed, one line "smoe-stream: interrupted" (or
+/// "terminated") goes to stderr, and the status is `interrupted` (130) or `terminated` (143),
+/// so that no signal leaves a temporary file behind. Called once, first thing in main.
+void handle_signals();
 
 /// fsync a folder so that a rename in it is durable.
 void fsync_dir(const std::string& dir);
@@ -141,7 +175,8 @@ private:
     size_t size_ = 0;
 };
 
-/// Reads a whole regular file of at most `max_len` bytes (opened with open_input).
+/// Reads a whole regular file of at most `max_len` bytes (opened with open_input; a larger
+/// one is RefusedInput).
 std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_len);
 /// The same on an input already opened.
 std::vector<uint8_t> read_whole_file(const Input& in, const std::string& path, size_t max_len);

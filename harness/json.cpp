@@ -239,8 +239,10 @@ void JsonWriter::string(std::string_view s) {
         }
         const size_t len = utf8_sequence(p + k, n - k);
         if (len == 0) {
-            out_ += "\\ufffd";  // one replacement per maximal ill-formed subpart
-            k += std::max<size_t>(1, utf8_subpart(p + k, n - k));
+            // one replacement per byte, as the Python CLI's JSON has it (a path's undecodable
+            // bytes are one surrogate each, each one U+FFFD: smoe.cli.console.valid_text)
+            out_ += "\\ufffd";
+            ++k;
         } else {
             out_.append(s.data() + k, len);  // well-formed UTF-8 passes through
             k += len;

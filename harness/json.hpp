@@ -1,6 +1,7 @@
 // A minimal streaming JSON writer (objects, arrays, numbers, strings, null) whose output
-// is always valid RFC 8259 UTF-8 JSON: strings with invalid UTF-8 get U+FFFD for each
-// ill-formed byte sequence, control characters are escaped, NaN/Infinity become null.
+// is always valid RFC 8259 UTF-8 JSON: strings with invalid UTF-8 get U+FFFD for each byte
+// that is not part of a well-formed sequence (as the Python CLI's JSON), control characters
+// are escaped, NaN/Infinity become null.
 #pragma once
 
 #include <concepts>

@@ -128,11 +128,13 @@ JsonNumber JsonReader::number() {
     if (peek() != Kind::number)
         fail("expected a number");
     JsonNumber n;
+    const size_t start = pos_;
     const bool minus = text_[pos_] == '-';
     if (minus)
         ++pos_;
     if (pos_ >= text_.size() || !is_digit(text_[pos_]))
         fail("expected a digit");
+    const size_t digits_at = pos_;
     bool fits = true;
     uint64_t v = 0;
     if (text_[pos_] == '0') {
@@ -165,6 +167,9 @@ JsonNumber JsonReader::number() {
         while (pos_ < text_.size() && is_digit(text_[pos_]))
             ++pos_;
     }
+    if (integer && pos_ - digits_at > MAX_INTEGER_DIGITS)
+        fail(start, "an integer of " + std::to_string(pos_ - digits_at) + " digits (at most " +
+                        std::to_string(MAX_INTEGER_DIGITS) + ", as Python's json reads them)");
     n.is_u64 = integer && fits && (!minus || v == 0);
     n.u = n.is_u64 ? v : 0;
     return n;

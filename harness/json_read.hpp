@@ -1,8 +1,8 @@
 // A strict, bounded JSON reader (RFC 8259) for the integrity manifest: UTF-8 only (an
 // ill-formed byte sequence is an error), nesting bounded, non-negative integers read
-// exactly up to 2^64 - 1. It walks the text in place: validate() checks a whole document
-// without storing anything, then peek/skip/string/number/object/array pick out the
-// values a caller wants.
+// exactly up to 2^64 - 1, an integer literal of more than MAX_INTEGER_DIGITS digits refused. It
+// walks the text in place: validate() checks a whole document without storing anything, then
+// peek/skip/string/number/object/array pick out the values a caller wants.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +18,11 @@ struct JsonSyntaxError : std::runtime_error {
     JsonSyntaxError(size_t p, const std::string& what) : std::runtime_error(what), pos(p) {}
     size_t pos;
 };
+
+/// The most digits an integer literal may have: Python's json module refuses a longer one
+/// (int() of more than sys.int_info.default_max_str_digits digits, CVE-2020-10735), so a
+/// document with one is not JSON that the Python tools read, and is refused here too.
+inline constexpr size_t MAX_INTEGER_DIGITS = 4300;
 
 /// A number as written. `is_u64`: an integer literal (no fraction, no exponent, no
 /// minus sign unless it is zero) whose value fits in 64 bits, in `u`.

@@ -22,13 +22,23 @@
 // passes on its owner, group and mode); an output that is the same file as an input, or
 // that is not a regular file (a FIFO, a device), is refused before anything is written.
 //
-// Exit status: 0 valid / done, 1 the vault breaks a rule (one line on stderr naming the
-// rule's code, offset and field; a bad magic too), 2 a file that cannot be read at all
-// (missing, not a regular file, shorter than a header), a failed write or a usage error.
+// Exit status: the table shared with the Python CLI (codegen/exit_codes.yaml, generated into
+// exit_codes.hpp): 0 valid / done; 1 the vault or its manifest breaks a rule (one line on
+// stderr naming the rule's code, offset and field; a bad magic too; a manifest that cannot
+// be read is manifest.malformed, as `smoe verify` says), an input that fails or shrinks
+// while it is read, an input refused, a failed write (an output that is an input or not a
+// regular file included), an internal error; 2 a file that cannot be read at all (missing,
+// not a regular file, shorter than a header) or a usage error. Every failure is one line on
+// stderr, `smoe-stream: MESSAGE`, a usage error `error: MESSAGE (see smoe-stream --help)` as
+// Python's; names in it (and in check's lines on stdout) are shown as the Python CLI shows
+// them (text.hpp: one line, control bytes and ill-formed UTF-8 as \xNN).
 // Hidden, for the test suite: `fuzz SEED COUNT [--timeout S] [--jobs N] [--save DIR] FILE...`,
 // `fp16-table OUT` (all 65536 binary16 values widened to float32), `crc32c FILE` (the
 // file's CRC-32C by each implementation, as JSON) and `rules` (the rule registry compiled
-// into this program, smoe::rules::ALL, as a JSON array).
+// into this program, smoe::rules::ALL, as a JSON array), `exit-codes` (the exit-code table
+// compiled into it, exit_codes::ALL, as a JSON array) and `shown FILE` (FILE: texts, each a
+// little-endian u32 length and its bytes; prints [shown(text), fold_lines(text)] for each,
+// as a JSON array).
 
 #include "bench.hpp"
 #include "crc32c.hpp"
@@ -38,9 +48,11 @@
 #include "json.hpp"
 #include "manifest.hpp"
 #include "quant.hpp"
+#include "text.hpp"
 #include "vault.hpp"
 
 #include <common.hpp>
+#include <exit_codes.hpp>
 
 #include <sys/stat.h>
 #include <algorithm>
@@ -69,9 +81,18 @@ constexpr const char* USAGE =
 /// The vault the current command works on, for the one-line error report.
 std::string g_vault;
 
+/// A command line refused as such (`usage`, exit 2).
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+/// What a usage error says, as Python's CLI words it: "MESSAGE (see smoe-stream --help)".
+std::string usage_message(const UsageError& e) {
+    return std::string(e.what()) + " (see smoe-stream --help)";
+}
+
+/// The commands, for the message of an unknown one.
+constexpr const char* COMMANDS = "'check', 'forward', 'dequant', 'bench'";
 
 template <class T>
 T parse_uint(const std::string& text, const char* what) {
@@ -259,18 +280,20 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
 
 /// The --json document of a command that failed before it could judge the vault (it
 /// cannot be read, or the command line is wrong): {"schema", "ok": false, "error":
-/// {"message", "exit_code"}}, as the Python CLI prints it.
+/// {"message", "exit_code"}}, as the Python CLI prints it (the message on one line).
 void print_json_error(const std::string& message, int exit_code) {
     JsonWriter j;
     j.begin_object().member("schema", SCHEMA).member("ok", false).key("error").begin_object();
-    j.member("message", message).member("exit_code", static_cast<uint64_t>(exit_code));
+    j.member("message", fold_lines(message));
+    j.member("exit_code", static_cast<uint64_t>(exit_code));
     j.end_object().end_object();
     std::fputs((j.str() + "\n").c_str(), stdout);
 }
 
-/// check: 0 valid, 1 a rule broken (InvalidVault), 2 unreadable (UnreadableVault,
-/// IoError); with --json the findings document on stdout in every case that judged the
-/// vault (a file shorter than a header included), the error document otherwise.
+/// check: 0 valid, 1 a rule broken (InvalidVault, a manifest that cannot be read included),
+/// IoError's kind otherwise (2 unreadable, UnreadableVault among them); with --json the findings
+/// document on stdout in every case that judged the vault (a file shorter than a header included),
+/// the error document otherwise.
 int run_check(const CheckArgs& c) {
     Vault v;
     CheckResult r;
@@ -305,17 +328,15 @@ int run_check(const CheckArgs& c) {
     if (c.json) {
         std::fputs(check_json(v, r).c_str(), stdout);
     } else {
-        std::printf(
-            "%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", c.path.c_str(), v.header.bits,
-            v.header.version, v.experts.size(),
-            v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer
-                ? " (partial)"
-                : "");
+        const bool partial =
+            v.experts.size() < uint64_t{v.header.num_moe_layers} * v.header.max_experts_per_layer;
+        std::printf("%s: valid SMOE-Q%u v%u vault, %zu experts%s\n", shown(c.path).c_str(),
+                    v.header.bits, v.header.version, v.experts.size(), partial ? " (partial)" : "");
         if (manifest)
             std::printf("manifest %s: size, %zu experts and their CRC-32C match\n",
-                        manifest->path.c_str(), v.experts.size());
+                        shown(manifest->path).c_str(), v.experts.size());
         for (const Issue& w : v.warnings)
-            std::printf("%s\n", finding_line(w).c_str());
+            std::printf("%s\n", shown(finding_line(w)).c_str());
     }
     return 0;
 }
@@ -337,15 +358,15 @@ int cmd_check(const std::vector<std::string>& args) {
         throw;
     } catch (const UsageError& e) {
         if (json)
-            print_json_error(e.what(), 2);
+            print_json_error(usage_message(e), exit_codes::USAGE.status);
         throw;
     } catch (const IoError& e) {
         if (json)
-            print_json_error(e.what(), 2);
+            print_json_error(e.what(), e.kind->status);
         throw;
     } catch (const std::bad_alloc&) {
         if (json)
-            print_json_error("out of memory", 2);
+            print_json_error("internal error: out of memory", exit_codes::INTERNAL.status);
         throw;
     }
 }
@@ -414,7 +435,7 @@ int cmd_dequant(const std::vector<std::string>& args) {
     }
     read_expert(le);
     if (::mkdir(args[3].c_str(), 0777) != 0 && errno != EEXIST)
-        throw IoError(args[3] + ": cannot create the folder: " + std::strerror(errno));
+        throw WriteFailed(args[3] + ": cannot create the folder: " + std::strerror(errno));
     // All three are written and flushed before the first is renamed into place.
     std::vector<std::unique_ptr<AtomicFile>> files;
     for (int t = 0; t < 3; ++t) {
@@ -476,6 +497,10 @@ int cmd_bench(const std::vector<std::string>& args) {
     g_vault = path;
     Vault v;
     v.open(path);
+    if (o.topk > v.header.max_experts_per_layer)  // no router picks more than a layer has
+        throw UsageError("--topk: " + std::to_string(o.topk) + " is more than the " +
+                         std::to_string(v.header.max_experts_per_layer) + " experts per layer of " +
+                         path);
     std::fputs(run_bench(v, o).c_str(), stdout);
     return 0;
 }
@@ -562,17 +587,63 @@ int cmd_rules(const std::vector<std::string>& args) {
     return 0;
 }
 
+int cmd_exit_codes(const std::vector<std::string>& args) {
+    if (!args.empty())
+        throw UsageError("exit-codes: no arguments expected");
+    JsonWriter j;
+    j.begin_array();
+    for (const exit_codes::ExitCode* k : exit_codes::ALL)
+        j.begin_object()
+            .member("name", k->name)
+            .member("status", static_cast<uint64_t>(k->status))
+            .member("meaning", k->meaning)
+            .end_object();
+    j.end_array();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+}
+
+int cmd_shown(const std::vector<std::string>& args) {
+    if (args.size() != 1)
+        throw UsageError("shown: FILE expected");
+    const auto data = read_whole_file(args[0], size_t{64} << 20);
+    JsonWriter j;
+    j.begin_array();
+    for (size_t at = 0; at < data.size();) {
+        uint32_t len = 0;
+        if (data.size() - at < sizeof len)
+            throw RefusedInput(args[0] + ": a length cut short at byte " + std::to_string(at));
+        std::memcpy(&len, data.data() + at, sizeof len);
+        at += sizeof len;
+        if (data.size() - at < len)
+            throw RefusedInput(args[0] + ": a text cut short at byte " + std::to_string(at));
+        const std::string_view text(reinterpret_cast<const char*>(data.data() + at), len);
+        at += len;
+        j.begin_array().value(shown(text)).value(fold_lines(text)).end_array();
+    }
+    j.end_array();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+}
+
 }  // namespace
 
+/// The one stderr line of a failure: "smoe-stream: MESSAGE", the message as the Python CLI
+/// shows it (one line, no control bytes); returns `status`.
+int fail(const std::string& message, int status) {
+    std::fprintf(stderr, "smoe-stream: %s\n", shown(message).c_str());
+    return status;
+}
+
 int main(int argc, char** argv) {
+    handle_signals();  // SIGINT 130, SIGTERM 143, no temporary file left
     std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty()) {
-        std::fputs(USAGE, stderr);
-        return 2;
-    }
-    const std::string cmd = args[0];
-    args.erase(args.begin());
+    const std::string cmd = args.empty() ? "" : args[0];
+    if (!args.empty())
+        args.erase(args.begin());
     try {
+        if (cmd.empty())
+            throw UsageError("the following arguments are required: COMMAND");
         if (cmd == "check")
             return cmd_check(args);
         if (cmd == "forward")
@@ -589,24 +660,28 @@ int main(int argc, char** argv) {
             return cmd_crc32c(args);
         if (cmd == "rules")
             return cmd_rules(args);
+        if (cmd == "exit-codes")
+            return cmd_exit_codes(args);
+        if (cmd == "shown")
+            return cmd_shown(args);
         if (cmd == "-h" || cmd == "--help" || cmd == "help") {
             std::fputs(USAGE, stdout);
             return 0;
         }
-        throw UsageError("unknown command '" + cmd + "'");
+        throw UsageError("argument COMMAND: invalid choice: '" + cmd + "' (choose from " +
+                         COMMANDS + ")");
     } catch (const InvalidVault& e) {
-        std::fprintf(stderr, "smoe-stream: %s: %s at offset %llu (%s): %s\n", g_vault.c_str(),
-                     e.issue.code.c_str(), static_cast<unsigned long long>(e.issue.offset),
-                     e.issue.field.c_str(), e.issue.message.c_str());
-        return 1;
-    } catch (const UsageError& e) {
-        std::fprintf(stderr, "smoe-stream: %s\n%s", e.what(), USAGE);
-        return 2;
+        return fail(g_vault + ": " + e.issue.code + " at offset " + std::to_string(e.issue.offset) +
+                        " (" + e.issue.field + "): " + e.issue.message,
+                    exit_codes::INVALID.status);
+    } catch (const UsageError& e) {  // one line, as Python's argparse-based usage errors
+        std::fprintf(stderr, "error: %s\n", shown(usage_message(e)).c_str());
+        return exit_codes::USAGE.status;
     } catch (const IoError& e) {
-        std::fprintf(stderr, "smoe-stream: %s\n", e.what());
-        return 2;
+        return fail(e.what(), e.kind->status);
     } catch (const std::bad_alloc&) {
-        std::fprintf(stderr, "smoe-stream: out of memory\n");
-        return 2;
+        return fail("internal error: out of memory", exit_codes::INTERNAL.status);
+    } catch (const std::exception& e) {
+        return fail(std::string("internal error: ") + e.what(), exit_codes::INTERNAL.status);
     }
 }

@@ -7,6 +7,7 @@
 
 #include <common.hpp>
 
+#include <sys/stat.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -173,20 +174,28 @@ std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, b
     auto malformed = [&](const std::string& field, const std::string& why) {
         return bad(rules::MANIFEST_MALFORMED, field, 0, why);
     };
-    Input in;
+    // The sidecar beside the vault is looked for as Python's os.path.lexists does: a name
+    // there, even a dangling symlink, is a manifest to check.
+    struct stat st {};
+    if (optional && ::lstat(path.c_str(), &st) != 0)
+        return std::nullopt;
+    // A manifest that cannot be read (missing, not a regular file, a failed or short read) is
+    // a finding of the check, not a failure to read the vault: manifest.malformed, the
+    // message the read's error (as smoe/format/verify/blobs.py's read_manifest says).
+    const uint64_t limit = BASE_LIMIT + PER_ENTRY_LIMIT * v.header.total_experts;
+    std::vector<uint8_t> bytes;
     try {
-        in = open_input(path);
+        const Input in = open_input(path);
+        if (in.size > limit)
+            throw InvalidVault(Issue{rules::MANIFEST_MALFORMED.code, "manifest", 0,
+                                     path + " is " + std::to_string(in.size) +
+                                         " bytes, more than the " + std::to_string(limit) +
+                                         " bytes allowed for " +
+                                         std::to_string(v.header.total_experts) + " experts"});
+        bytes = read_whole_file(in, path, static_cast<size_t>(limit));
     } catch (const IoError& e) {
-        if (optional && e.err == ENOENT)
-            return std::nullopt;
-        throw;
+        throw InvalidVault(Issue{rules::MANIFEST_MALFORMED.code, "manifest", 0, e.what()});
     }
-    const uint64_t limit = BASE_LIMIT + PER_ENTRY_LIMIT * v.experts.size();
-    if (in.size > limit)
-        throw malformed("manifest", std::to_string(in.size) + " bytes, more than the " +
-                                        std::to_string(limit) + " allowed for " +
-                                        std::to_string(v.experts.size()) + " experts");
-    const std::vector<uint8_t> bytes = read_whole_file(in, path, static_cast<size_t>(limit));
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     try {
         JsonReader(text, MAX_DEPTH).validate();

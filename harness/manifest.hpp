@@ -29,8 +29,9 @@ std::string default_manifest_path(const std::string& vault);
 
 /// Reads the manifest at `path` and checks all but the checksums against the open vault:
 /// InvalidVault with code manifest.malformed / manifest.vault / manifest.expert (field
-/// "manifest/..."), or IoError if it cannot be read. With `optional` set, a manifest that
-/// does not exist gives nullopt.
+/// "manifest/..."); one that cannot be read (missing, not a regular file, a failed read) is
+/// manifest.malformed too, as in `smoe verify`. With `optional` set, nothing at `path`
+/// (lstat fails, as Python's os.path.lexists) gives nullopt.
 std::optional<Manifest> load_manifest(const std::string& path, const Vault& v, bool optional);
 
 /// Checks the CRC-32C of table entry i's blob (raw_size bytes) against the manifest:

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 (U+009B is CSI, U+009D OSC)
 _NEWLINES = re.compile(r"\s*[\r\n]+\s*")
 
 
@@ -74,11 +74,17 @@ def one_line(message: str) -> str:
 
 def shown(s: object) -> str:
     """A path or message for the terminal: one line, an undecodable byte as ``\\xNN``, other
-    control characters escaped (no terminal escape sequence gets through).
+    control characters (C0, DEL, C1) as ``\\xNN`` of their code point (no terminal escape
+    sequence gets through, not even an 8-bit one).
+
+    The rule, which ``smoe-stream`` (harness/text.cpp) follows byte for byte: a run of
+    whitespace (``str.isspace``) holding a CR or LF becomes one space and the ends are
+    stripped (:func:`fold_lines`); then each byte not part of well-formed UTF-8 is ``\\xNN``,
+    and so is each of U+0000-U+001F, U+007F-U+009F; every other character passes.
 
     >>> from pathlib import Path
-    >>> print(shown(Path("v\\udcff.smoe")), shown("a\\x1b[31m\\nb"))
-    v\\xff.smoe a\\x1b[31m b
+    >>> print(shown(Path("v\\udcff.smoe")), shown("a\\x1b[31m\\nb"), shown("c\\x9b2J\\td"))
+    v\\xff.smoe a\\x1b[31m b c\\x9b2J\\x09d
     """
     text = fold_lines(os.fsdecode(s) if isinstance(s, os.PathLike) else str(s))
     text = _SURROGATE.sub(lambda m: _escape_surrogate(m.group()), text)

@@ -1,6 +1,9 @@
 """The CLI's exit-code policy: how a failure is worded, which exit status it gets, and how it
 is printed (one ``error:`` line on stderr, and with ``--json`` the error document).
 
+The statuses come from the one table of both languages, codegen/exit_codes.yaml (generated
+into :mod:`smoe_gen.exit_codes` here and generated/cpp/exit_codes.hpp for ``smoe-stream``);
+:data:`EXIT_KIND` maps each error kind of :mod:`smoe.errors` to its entry.
 :func:`describe` is the one place that maps a failure to its message and exit status (the
 policy is spelled out in :mod:`smoe.cli`'s docstring); :func:`run` runs a parsed command
 under it.
@@ -16,37 +19,72 @@ import sys
 from rich.text import Text
 
 from smoe.cli.console import fold_lines, make_console, one_line, print_json, shown, silence_stdout
-from smoe.errors import SmoeError, UnreadableInput, UsageError, os_message
+from smoe.errors import (
+    FormatError,
+    RefusedInput,
+    SmoeError,
+    UnreadableInput,
+    UsageError,
+    WriteFailed,
+    os_message,
+)
 from smoe.format import findings
+from smoe_gen import exit_codes
+from smoe_gen.exit_codes import ExitCode
 
-__all__ = ["EXIT_STATUS", "describe", "exit_status", "fail", "print_error_json", "run"]
+__all__ = [
+    "EXIT_KIND",
+    "EXIT_STATUS",
+    "describe",
+    "exit_kind",
+    "exit_status",
+    "fail",
+    "print_error_json",
+    "run",
+]
 
-EXIT_STATUS: dict[type[BaseException], int] = {
-    UnreadableInput: 2,  # fileio.NotRegular; a failed open, stat or read of an input
-    UsageError: 2,
-    SmoeError: 1,  # RefusedInput, FormatError, WriteFailed, WriterStateError, the base
-    OSError: 1,  # raised where no layer gave it a kind: error: FILE: STRERROR
+EXIT_KIND: dict[type[BaseException], ExitCode] = {
+    UnreadableInput: exit_codes.UNREADABLE,  # fileio.NotRegular; a failed open or stat of an input
+    UsageError: exit_codes.USAGE,
+    RefusedInput: exit_codes.REFUSED,
+    FormatError: exit_codes.INVALID,
+    WriteFailed: exit_codes.WRITE_FAILED,
+    SmoeError: exit_codes.FAILED,  # WriterStateError, a read that fails or shrinks, the base
+    OSError: exit_codes.FAILED,  # raised where no layer gave it a kind: error: FILE: STRERROR
 }
-"""The exit status of each kind of failure, found along the exception's MRO (the layers
-raise the kind that says what happened, so nothing here guesses from an errno or a file
-name); any other exception is an internal error, 1."""
+"""The kind of outcome (an entry of the shared table) of each kind of failure, found along
+the exception's MRO (the layers raise the kind that says what happened, so nothing here
+guesses from an errno or a file name); any other exception is ``internal``."""
+
+EXIT_STATUS: dict[type[BaseException], int] = {e: kind.status for e, kind in EXIT_KIND.items()}
+"""The exit status of each kind of failure (:data:`EXIT_KIND`'s statuses)."""
 
 _RESUMABLE = "sculpt"  # the command whose interrupted run --resume continues
 
 
 # ---- the message and exit status of a failure ----------------------------------------------
+def exit_kind(e: BaseException) -> ExitCode:
+    """The kind of outcome of a failure: the :data:`EXIT_KIND` entry of the nearest class in
+    its MRO, else ``internal``.
+
+    >>> from smoe.plumbing.fileio import NotRegular
+    >>> exit_kind(NotRegular("p: not a regular file (a FIFO)")).name, exit_kind(KeyError()).name
+    ('unreadable', 'internal')
+    """
+    for cls in type(e).__mro__:
+        if cls in EXIT_KIND:
+            return EXIT_KIND[cls]
+    return exit_codes.INTERNAL
+
+
 def exit_status(e: BaseException) -> int:
-    """The exit status of a failure: the :data:`EXIT_STATUS` entry of the nearest kind in
-    its MRO, else 1.
+    """The exit status of a failure (that of its :func:`exit_kind`).
 
     >>> from smoe.plumbing.fileio import NotRegular
     >>> exit_status(NotRegular("p: not a regular file (a FIFO)")), exit_status(KeyError())
     (2, 1)
     """
-    for kind in type(e).__mro__:
-        if kind in EXIT_STATUS:
-            return EXIT_STATUS[kind]
-    return 1
+    return exit_kind(e).status
 
 
 def describe(e: BaseException) -> tuple[str, int]:
@@ -150,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         return _interrupted(args)
     except BrokenPipeError:  # e.g. `smoe-dump --json VAULT | head`: stop quietly
         silence_stdout()
-        return 141
+        return exit_codes.STDOUT_CLOSED.status
     except Exception as e:
         message, code = describe(e)
         if not _debug(args):
@@ -168,6 +206,7 @@ def _interrupted(args: argparse.Namespace) -> int:
         else ""
     )
     make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
+    code = exit_codes.INTERRUPTED.status
     if getattr(args, "json", False):
-        print_error_json(f"interrupted{hint}", 130)
-    return 130
+        print_error_json(f"interrupted{hint}", code)
+    return code

@@ -53,6 +53,7 @@ def inputs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def refusal(path: Path, kind: str) -> str:
+    """The line (exit 1, write_failed, as Python's WriteFailed) of a refused output."""
     return (
         f"smoe-stream: {path}: exists and is not a regular file ({KINDS[kind]}); "
         "refusing to replace it"
@@ -75,7 +76,7 @@ def test_forward_refuses_a_special_output(kind: str, tmp_path: Path) -> None:
     make_special(out, kind)
     before = sorted(os.listdir(tmp_path))
     r = functools.partial(run, "forward", vault, 0, 0, x, out, command=STREAM, raw_stdout=True)
-    assert refused(r, 2, unchanged=[vault, x]) == refusal(out, kind)
+    assert refused(r, 1, unchanged=[vault, x]) == refusal(out, kind)
     assert is_kind(out, kind) and sorted(os.listdir(tmp_path)) == before
 
 
@@ -87,7 +88,7 @@ def test_dequant_refuses_a_special_output(name: str, kind: str, tmp_path: Path) 
     out_dir.mkdir()
     make_special(out_dir / name, kind)
     r = functools.partial(run, "dequant", vault, 0, 0, out_dir, command=STREAM, raw_stdout=True)
-    assert refused(r, 2, unchanged=[vault]) == refusal(out_dir / name, kind)
+    assert refused(r, 1, unchanged=[vault]) == refusal(out_dir / name, kind)
     assert is_kind(out_dir / name, kind) and os.listdir(out_dir) == [name]
 
 

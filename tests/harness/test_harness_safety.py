@@ -25,6 +25,8 @@ from pathlib import Path
 import crc32c
 import pytest
 
+from smoe.cli.console import valid_text
+
 from fixtures_data import FIXTURES, MANIFEST, ROOT
 from helpers import SMOE_STREAM, plain_env, refused, run, strict_json
 
@@ -89,7 +91,7 @@ def test_forward_output_that_is_the_vault_is_refused(how: str, tmp_path: Path) -
         os.link(vault, out)
     before = names(tmp_path)
     r = run("forward", vault, 0, 0, x, out, command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == input_refusal(out, vault)
+    assert refused(r, 1) == input_refusal(out, vault)  # write_failed, as Python's
     assert vault.read_bytes() == GOOD.read_bytes()
     assert names(tmp_path) == before
 
@@ -100,7 +102,7 @@ def test_forward_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "y.f32"
     link.symlink_to(x)
     r = run("forward", vault, 0, 0, x, link, command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == input_refusal(link, x)
+    assert refused(r, 1) == input_refusal(link, x)
     assert x.read_bytes() == data and link.is_symlink()
 
 
@@ -111,7 +113,7 @@ def test_dequant_output_that_is_the_vault_is_refused(tensor: str, tmp_path: Path
     out_dir.mkdir()
     os.link(vault, out_dir / f"{tensor}.f32")
     r = run("dequant", vault, 0, 0, out_dir, command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == input_refusal(out_dir / f"{tensor}.f32", vault)
+    assert refused(r, 1) == input_refusal(out_dir / f"{tensor}.f32", vault)
     assert vault.read_bytes() == GOOD.read_bytes()
     assert names(out_dir) == [f"{tensor}.f32"]
 
@@ -168,7 +170,7 @@ def test_enospc_leaves_nothing_under_the_final_name(tmpfs, tmp_path: Path) -> No
     small = tmpfs("small", "size=64k")
     out = small / "t.f32"
     r = run("fp16-table", out, command=STREAM, raw_stdout=True)
-    line = refused(r, 2)
+    line = refused(r, 1)  # a failed write: write_failed (exit 1), as Python's WriteFailed
     m = re.fullmatch(
         f"smoe-stream: {re.escape(str(out))}: cannot write (\\d+) bytes at "
         "offset (\\d+): No space left on device",
@@ -183,7 +185,7 @@ def test_enospc_in_dequant_writes_none_of_the_three(tmpfs, tmp_path: Path) -> No
     vault = copy_vault(tmp_path)
     small = tmpfs("small", "size=16k")  # room for two of the three 8 KiB matrices
     r = run("dequant", vault, 0, 0, small, command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == (
+    assert refused(r, 1) == (
         f"smoe-stream: {small}/down.f32: cannot write 8192 bytes at "
         "offset 0: No space left on device"
     )
@@ -195,7 +197,7 @@ def test_enospc_in_forward(tmpfs, tmp_path: Path) -> None:
     small = tmpfs("small", "size=64k")
     fill(small)
     r = run("forward", vault, 0, 0, x, small / "y.f32", command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == (
+    assert refused(r, 1) == (
         f"smoe-stream: {small}/y.f32: cannot write 256 bytes at offset 0: No space left on device"
     )
     assert names(small) == ["filler"]
@@ -205,7 +207,7 @@ def test_read_only_filesystem(tmpfs, tmp_path: Path) -> None:
     vault = copy_vault(tmp_path)
     small = tmpfs("small", "ro,size=64k")
     r = run("dequant", vault, 0, 0, small, command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == (f"smoe-stream: {small}/gate.f32: cannot create: Read-only file system")
+    assert refused(r, 1) == (f"smoe-stream: {small}/gate.f32: cannot create: Read-only file system")
     assert names(small) == []
 
 
@@ -229,9 +231,18 @@ def fifo_cases(tmp_path: Path) -> list[tuple[tuple, Path]]:
 
 
 def test_fifo_inputs_are_refused_at_once(tmp_path: Path) -> None:
+    """Exit 2 (unreadable); a manifest that cannot be read is a finding of the deep check
+    instead (exit 1, manifest.malformed), as in `smoe verify --deep --manifest FIFO`."""
     for args, fifo in fifo_cases(tmp_path):
         r = run(*args, command=STREAM, raw_stdout=True)  # a hang would raise TimeoutExpired
-        assert refused(r, 2) == f"smoe-stream: {fifo}: not a regular file (a FIFO)", args
+        why = f"{fifo}: not a regular file (a FIFO)"
+        if "--manifest" in args:
+            vault = args[2]
+            assert refused(r, 1) == (
+                f"smoe-stream: {vault}: manifest.malformed at offset 0 (manifest): {why}"
+            )
+        else:
+            assert refused(r, 2) == f"smoe-stream: {why}", args
     assert not (tmp_path / "out").exists()
 
 
@@ -306,7 +317,8 @@ def test_vault_shrinking_under_the_reader_fails_cleanly(shrink_lib: Path, tmp_pa
             SMOE_SHRINK_TO=str(start + 1000),
         )
         r = run(*args, env=env, command=STREAM, raw_stdout=True)
-        assert refused(r, 2) == f"smoe-stream: {vault}: file shrank while reading: {what}"
+        # exit 1 (failed), as Python's pread_exact: the file was opened and read, then shrank
+        assert refused(r, 1) == f"smoe-stream: {vault}: file shrank while reading: {what}"
         assert vault.stat().st_size == start + 1000  # the shim did cut it
     assert names(tmp_path) == ["v.smoe", "x.f32"]
 
@@ -334,8 +346,11 @@ def test_check_json_is_valid_utf8_for_any_path(raw: bytes, tmp_path: Path) -> No
     r = run("check", "--json", os.fsdecode(path), command=STREAM, raw_stdout=True)
     assert r.returncode == 0, r.stderr
     out = strict_json(r.stdout)
-    assert out["vault"] == path.decode("utf-8", "replace")  # U+FFFD per ill-formed subpart
+    # U+FFFD per byte that is not well-formed UTF-8, as the Python CLI's JSON has it
+    assert out["vault"] == valid_text(os.fsdecode(path))
     assert out["valid"] is True and out["manifest"] is None
+    py = run("verify", "--json", os.fsdecode(path), raw_stdout=True)
+    assert strict_json(py.stdout)["vault"] == out["vault"]
 
 
 def test_check_json_prints_null_for_non_finite_floats(tmp_path: Path) -> None:
@@ -378,17 +393,20 @@ def test_check_json_reports_io_and_usage_errors(tmp_path: Path) -> None:
     }
 
     r = run("check", "--json", "--bogus", GOOD, command=STREAM, raw_stdout=True)
-    assert r.returncode == 2
-    assert r.stderr.startswith("smoe-stream: check: unknown option --bogus\nusage: ")
+    message = "check: unknown option --bogus (see smoe-stream --help)"
+    assert refused(r, 2) == f"error: {message}"  # one line, as Python's usage errors
     assert strict_json(r.stdout) == {
         "schema": "smoe-findings/1",
         "ok": False,
-        "error": {"message": "check: unknown option --bogus", "exit_code": 2},
+        "error": {"message": message, "exit_code": 2},
     }
 
     r = run("check", "--json", command=STREAM, raw_stdout=True)
     assert r.returncode == 2
-    assert strict_json(r.stdout)["error"] == {"message": "check: VAULT missing", "exit_code": 2}
+    assert strict_json(r.stdout)["error"] == {
+        "message": "check: VAULT missing (see smoe-stream --help)",
+        "exit_code": 2,
+    }
 
 
 def test_check_json_of_a_file_shorter_than_a_header(tmp_path: Path) -> None:
@@ -775,7 +793,7 @@ def test_size_is_bounded(vault: Path) -> None:
         "manifest.malformed",
         0,
         "manifest",
-        f"{side(vault)}: {limit + 1} bytes, more than the {limit} allowed for 8 experts",
+        f"{side(vault)} is {limit + 1} bytes, more than the {limit} bytes allowed for 8 experts",
     )
 
 
@@ -873,17 +891,19 @@ def test_manifest_option_and_no_manifest(vault: Path, tmp_path: Path) -> None:
         run("check", "--deep", "--no-manifest", vault, command=STREAM, raw_stdout=True).returncode
         == 0
     )
-    missing = tmp_path / "missing.json"
+    missing = tmp_path / "missing.json"  # a finding (exit 1), as `smoe verify --manifest` says
     r = run("check", "--deep", vault, f"--manifest={missing}", command=STREAM, raw_stdout=True)
-    assert refused(r, 2) == f"smoe-stream: {missing}: cannot open: No such file or directory"
+    assert refused(r, 1) == (
+        f"smoe-stream: {vault}: manifest.malformed at offset 0 (manifest): "
+        f"{missing}: cannot open: No such file or directory"
+    )
     for args in (
         ("--manifest", elsewhere),
         ("--no-manifest",),
         ("--deep", "--no-manifest", "--manifest", elsewhere),
     ):
         r = run("check", vault, *args, command=STREAM, raw_stdout=True)
-        assert r.returncode == 2
-        assert r.stderr.splitlines()[0].startswith("smoe-stream: check: --manifest and ")
+        assert refused(r, 2).startswith("error: check: --manifest and ")
 
 
 def test_manifest_of_another_vault(vault: Path, tmp_path: Path) -> None:
