@@ -23,6 +23,7 @@ __all__ = [
     "FormatError",
     "RefusedInput",
     "SmoeError",
+    "Terminated",
     "UnreadableInput",
     "UsageError",
     "WriteFailed",
@@ -134,4 +135,14 @@ class WriterStateError(SmoeError):
     ... except WriterStateError as e:
     ...     print(e)
     plan: the layout is planned by begin()
+    """
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised in the main thread by the CLI's handler: like Ctrl-C, every
+    writer's clean-up runs on the way out (temporary files and locks removed; a sculpt keeps
+    its partial and journal for ``--resume``), then the CLI exits 143.
+
+    >>> issubclass(Terminated, KeyboardInterrupt), str(Terminated("SIGTERM"))
+    (True, 'SIGTERM')
     """

@@ -18,7 +18,8 @@ Exit status:
   header); a :class:`~smoe.errors.UsageError`: a refused command line (``--jobs 0``).
   The kinds are raised where the problem is found; :data:`smoe.cli.failures.EXIT_STATUS`
   maps them to these numbers.
-* 130: interrupted (Ctrl-C); 141: stdout was closed (``| head``), quietly.
+* 130: interrupted (Ctrl-C); 143: terminated (SIGTERM or SIGHUP), cleaned up as for Ctrl-C;
+  141: stdout was closed (``| head``), quietly.
 
 With ``--json`` stdout holds exactly one RFC 8259 document, on success (the command's own
 shape; verify and dump: docs/JSON.md) and on failure: ``{"schema": "smoe-findings/1", "ok":
@@ -34,7 +35,7 @@ import sys
 from collections.abc import Sequence
 
 from smoe.cli.console import Stdout, to_json
-from smoe.cli.failures import fail, run
+from smoe.cli.failures import fail, run, terminate_on_signals
 from smoe.cli.parser import build_dump_parser, build_parser
 from smoe.errors import UsageError
 
@@ -49,6 +50,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)
+    terminate_on_signals()  # SIGTERM/SIGHUP clean up as Ctrl-C does, then exit 143
     try:
         try:
             args = parser.parse_args(argv)

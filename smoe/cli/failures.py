@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 
 from rich.text import Text
 
@@ -23,6 +25,7 @@ from smoe.errors import (
     FormatError,
     RefusedInput,
     SmoeError,
+    Terminated,
     UnreadableInput,
     UsageError,
     WriteFailed,
@@ -184,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         code = args.func(args)
         sys.stdout.flush()  # a full disk under a redirected stdout fails here, not at exit
         return code
+    except Terminated as e:
+        return _interrupted(args, f"terminated ({e})", exit_codes.TERMINATED.status)
     except KeyboardInterrupt:
         return _interrupted(args)
     except BrokenPipeError:  # e.g. `smoe-dump --json VAULT | head`: stop quietly
@@ -198,15 +203,40 @@ def run(args: argparse.Namespace) -> int:
         raise
 
 
-def _interrupted(args: argparse.Namespace) -> int:
-    """Ctrl-C: ``interrupted`` on stderr (how to continue, for a resumable command)."""
+def _interrupted(
+    args: argparse.Namespace, what: str = "interrupted", code: int | None = None
+) -> int:
+    """Ctrl-C (or ``what``, a SIGTERM: ``code`` 143): one line on stderr (how to continue,
+    for a resumable command)."""
     hint = (
         "; run the same command with --resume to continue"
         if getattr(args, "command", None) == _RESUMABLE
         else ""
     )
-    make_console(stderr=True).print(f"interrupted{hint}", highlight=False)
-    code = exit_codes.INTERRUPTED.status
+    make_console(stderr=True).print(f"{what}{hint}", highlight=False)
+    code = exit_codes.INTERRUPTED.status if code is None else code
     if getattr(args, "json", False):
-        print_error_json(f"interrupted{hint}", code)
+        print_error_json(f"{what}{hint}", code)
     return code
+
+
+def terminate_on_signals() -> None:
+    """From now on SIGTERM and SIGHUP raise :class:`~smoe.errors.Terminated` in the main
+    thread, so that clean-up runs as for Ctrl-C (the CLI installs this; a library caller
+    keeps its own handlers). Only from the main thread, where Python delivers signals.
+
+    >>> import signal, threading
+    >>> before = signal.getsignal(signal.SIGTERM)
+    >>> terminate_on_signals()
+    >>> signal.getsignal(signal.SIGTERM) is _raise_terminated
+    True
+    >>> _ = signal.signal(signal.SIGTERM, before)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_terminated)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signal.Signals(signum).name)
