@@ -149,8 +149,12 @@ def _sculpt_options(p: argparse.ArgumentParser) -> None:
         default=layout.VERSION_MAX,
         choices=range(layout.VERSION_MIN, layout.VERSION_MAX + 1),
     )
-    p.add_argument("--max-layers", type=int, help="only the first N MoE layers (partial vault)")
-    p.add_argument("--max-experts", type=int, help="only the first N experts of each layer")
+    p.add_argument(
+        "--max-layers", type=_positive_int, help="only the first N MoE layers (partial vault)"
+    )
+    p.add_argument(
+        "--max-experts", type=_positive_int, help="only the first N experts of each layer"
+    )
     p.add_argument(
         "--jobs",
         type=_positive_int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from smoe.errors import SmoeError, UsageError
+from smoe.errors import UsageError
 from smoe.plumbing.cpus import usable_cores
 from smoe.sculpt.options import SculptOptions
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
@@ -27,8 +27,8 @@ def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
     """
     for name in ("max_layers", "max_experts"):
         value = getattr(opts, name)
-        if value is not None and value < 1:  # exit status 1 (argparse takes any int)
-            raise SmoeError(f"--{name.replace('_', '-')}: must be at least 1, got {value}")
+        if value is not None and value < 1:  # an API caller (the CLI refuses it first)
+            raise UsageError(f"--{name.replace('_', '-')}: must be at least 1, got {value}")
     layers = ckpt.moe_layers[: opts.max_layers]
     out = []
     for lay in layers:

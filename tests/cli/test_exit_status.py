@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures_data import FIXTURES
+from fixtures_data import CKPTS, FIXTURES
 from helpers import refused, run, strict_json
 
 KINDS = ("missing", "folder", "fifo", "notdir", "loop")
@@ -257,3 +257,12 @@ def test_a_vault_shorter_than_a_header(tmp_path: Path, size: int) -> None:
         ["upgrade", vault, "--config", config, "--out", tmp_path / "v2.smoe"],
     ):
         assert failed(run(*argv), 1) == f"error: {vault}: header.size at offset 0 (header): {why}"
+
+
+@pytest.mark.parametrize("option", ["--jobs", "--max-layers", "--max-experts"])
+def test_counts_below_one_are_usage_errors(option: str, tmp_path: Path) -> None:
+    """Every count option of sculpt is refused alike: exit 2 (issue 23, case 11)."""
+    proc = run("sculpt", CKPTS / "qwen3_moe", tmp_path / "o", option, "0")
+    assert failed(proc, 2) == (
+        f"error: argument {option}: expected a whole number >= 1, got '0' (see smoe sculpt --help)"
+    )
