@@ -120,7 +120,7 @@ def fingerprint(
             shard = info.path.relative_to(ckpt.root).as_posix()
             h.update(
                 f"{info.name}|{info.dtype}|{info.shape}|{info.offset}|{idx}|{rows}|"
-                f"{shard}\n".encode()
+                f"{shard}\n".encode("utf-8", "surrogateescape")
             )
     return h.hexdigest()
 

@@ -3,6 +3,7 @@ absolute paths), and each expert tensor's provenance (docs/MANIFEST.md)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,26 @@ def provenance(
             size = shard.stat().st_size
         except OSError as e:  # exit status 1, as every failed read of a shard's size
             raise SmoeError(f"{shard}: cannot read: {e.strerror or e}") from None
-        files.append({"name": shard.relative_to(ckpt.root).as_posix(), "size": size})
+        files.append({"name": text_of(shard.relative_to(ckpt.root).as_posix()), "size": size})
     source: dict[str, Any] = {"model_type": ckpt.model_type, "files": files}
     family = ckpt.family_record()
     if family is not None:
         source["family"] = family
     if imatrix is not None:
         record = dict(imatrix)
-        record["name"] = Path(record.pop("path")).name
+        record["name"] = text_of(Path(record.pop("path")).name)
         source["imatrix"] = record
     return tool, source
+
+
+def text_of(name: str) -> str:
+    """A file name as the manifest's UTF-8 text: bytes that are not UTF-8 (which Python keeps
+    as lone surrogates, which no strict JSON reader accepts) written as ``\\xNN``.
+
+    >>> text_of(os.fsdecode(b"model-caf\\xe9.safetensors"))
+    'model-caf\\\\xe9.safetensors'
+    """
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def tensor_entries(

@@ -306,3 +306,24 @@ def test_kill_and_resume_gives_identical_bytes(tmp_path: Path) -> None:
         "big.smoe",
         "big.smoe.manifest.json",
     ]
+
+
+def test_a_shard_name_that_is_not_utf8_is_recorded_escaped(tmp_path: Path) -> None:
+    """The manifest is UTF-8 JSON: a file name's other bytes as ``\\xNN`` text, never a lone
+    surrogate (issue 23, case 11)."""
+    import os
+
+    from fixtures_data import CKPTS
+    from smoe.format import manifest
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((CKPTS / "qwen3_moe" / "config.json").read_bytes())
+    odd = os.fsdecode(b"model-caf\xe9.safetensors")
+    (folder / odd).write_bytes((CKPTS / "qwen3_moe" / "model.safetensors").read_bytes())
+    result = sculpt(folder, tmp_path / "out", SculptOptions(jobs=1))
+    raw = manifest.path_for(result.vault).read_bytes()
+    raw.decode("utf-8")  # strict
+    assert b"\\ud" not in raw
+    doc = json.loads(raw)
+    assert [f["name"] for f in doc["source"]["files"]] == ["model-caf\\xe9.safetensors"]
