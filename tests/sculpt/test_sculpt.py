@@ -313,8 +313,9 @@ def test_a_shard_name_that_is_not_utf8_is_recorded_escaped(tmp_path: Path) -> No
     surrogate (issue 23, case 11)."""
     import os
 
-    from fixtures_data import CKPTS
     from smoe.format import manifest
+
+    from fixtures_data import CKPTS
 
     folder = tmp_path / "ck"
     folder.mkdir()
