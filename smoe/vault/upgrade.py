@@ -29,7 +29,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,14 +37,22 @@ from typing import Any, Protocol
 import numpy as np
 
 from smoe.errors import FormatError, RefusedInput, SmoeError, WriteFailed
+from smoe.families.config import read_json
 from smoe.format import manifest
 from smoe.format.records import ArchInfo, arch_record
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
+from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.reader import Vault
 from smoe_gen import layout
 
-__all__ = ["FileOps", "OsOps", "UpgradeResult", "has_room", "upgrade"]
+__all__ = [
+    "FileOps",
+    "OsOps",
+    "UpgradeResult",
+    "has_room",
+    "upgrade",
+]
 
 _CHUNK = 8 << 20
 
@@ -156,12 +164,13 @@ def _arch_slot(vault: Vault) -> int:
 
 def has_room(vault: Vault) -> bool:
     """Whether a v1 vault's gap before ``data_offset`` holds the arch block (an in-place
-    upgrade), or the blobs must move (``upgrade(..., out=NEW)``).
+        upgrade), or the blobs must move (``upgrade(..., out=NEW)``).
 
-    >>> from smoe.vault.reader import Vault
-    >>> with Vault.open("fixtures/q4_v1.smoe") as a, Vault.open("fixtures/noroom_v1.smoe") as b:
-    ...     has_room(a), has_room(b)
-    (True, False)
+        >>> from smoe.vault.contradictions import refuse_contradictions, stated
+    from smoe.vault.reader import Vault
+        >>> with Vault.open("fixtures/q4_v1.smoe") as a, Vault.open("fixtures/noroom_v1.smoe") as b:
+        ...     has_room(a), has_room(b)
+        (True, False)
     """
     return _arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
 
@@ -192,6 +201,34 @@ def _check_moe_ffn(vault: Vault, arch: ArchInfo) -> None:
         )
 
 
+def _configs(inputs: Iterable[str | os.PathLike]) -> list[tuple[Path, object]]:
+    """The config.json files among ``inputs`` (a file, not a model folder), parsed."""
+    return [(Path(p), read_json(Path(p))) for p in inputs if not Path(p).is_dir()]
+
+
+def _check_against(vault: Vault, arch: ArchInfo, configs: Sequence[tuple[Path, object]]) -> None:
+    """Refuse what the vault's header, table and descriptors contradict: each config the
+    arch came from (:func:`refuse_contradictions`, not against an arch block being
+    replaced), then the arch itself: top-k above the experts per layer, fewer layers than
+    the table's highest MoE layer (plus the config's multi-token-prediction layers)."""
+    mtp = 0
+    for path, doc in configs:
+        refuse_contradictions(doc, path, vault, arch=False)
+        mtp = max(mtp, stated(doc, path).get("mtp_layers", ("", 0))[1])
+    experts = int(vault.header["max_experts_per_layer"])
+    if arch.moe_top_k > experts:
+        raise RefusedInput(
+            f"{vault.path}: arch.moe_top_k {arch.moe_top_k} is more than the vault's "
+            f"{experts} experts per layer"
+        )
+    held = vault.layers()
+    if held and max(held) >= arch.num_hidden_layers + mtp:
+        raise RefusedInput(
+            f"{vault.path}: arch.num_hidden_layers {arch.num_hidden_layers} disagrees with "
+            f"the vault's table, which holds experts of layer {max(held)}"
+        )
+
+
 def upgrade(
     path: str | os.PathLike,
     arch: ArchInfo,
@@ -203,16 +240,26 @@ def upgrade(
 ) -> UpgradeResult:
     """Upgrade ``path`` to v2 with ``arch`` (see the module docstring).
 
-    ``inputs`` are the files the arch came from (config.json, a model folder): with
-    ``out`` they, like the vault and its manifest, are refused as the output.
+    ``inputs`` are the files the arch came from (config.json, a model folder): a
+    config.json among them is checked against the vault's header, table and descriptors
+    (:func:`refuse_contradictions`); with ``out`` they, like the vault and its manifest,
+    are refused as the output. The arch itself is refused where the vault contradicts it:
+    ``moe_ffn_dim`` other than the experts' gate rows, ``moe_top_k`` above the experts per
+    layer, ``num_hidden_layers`` (plus the config's ``num_nextn_predict_layers``) not above
+    the table's highest MoE layer. Nothing is written before these checks.
 
     >>> import os, shutil, tempfile
+    >>> from dataclasses import replace
     >>> from smoe.format.records import ArchInfo
     >>> from smoe.format.verify import verify_path
-    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, moe_ffn_dim=8, num_hidden_layers=2,
+    >>> arch = ArchInfo(1e6, 4, 2, 16, 2, moe_ffn_dim=8, num_hidden_layers=3,
     ...                 rms_norm_eps=1e-6, model_type="qwen3_moe")
     >>> folder = tempfile.mkdtemp()
     >>> vault = shutil.copy("fixtures/noroom_v1.smoe", folder)
+    >>> upgrade(vault, replace(arch, num_hidden_layers=2))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    smoe.errors.RefusedInput: ...noroom_v1.smoe: arch.num_hidden_layers 2 disagrees with the \
+vault's table, which holds experts of layer 2
     >>> upgrade(vault, arch)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     smoe.errors.RefusedInput: ...noroom_v1.smoe: no room for the arch block: ...
@@ -224,13 +271,15 @@ def upgrade(
     """
     path = Path(path)
     arch.check()
+    inputs = list(inputs)
+    configs = _configs(inputs)
     if out is not None:
-        return _rewrite(path, arch, Path(out), inputs=inputs)
+        return _rewrite(path, arch, Path(out), inputs=inputs, configs=configs)
     fileio.require_regular(path)
     fd = _open_for_writing(path)  # first: a read-only vault is named as such
     try:
         with fileio.Lock(lock_path(path), path):
-            return _in_place(path, fd, arch, force, ops or OsOps())
+            return _in_place(path, fd, arch, force, ops or OsOps(), configs)
     finally:
         os.close(fd)
 
@@ -281,13 +330,21 @@ def _ops_fsync(ops: FileOps, fd: int, path: Path) -> None:
         raise WriteFailed(f"{path}: cannot flush to disk (fsync): {e.strerror or e}") from None
 
 
-def _in_place(path: Path, fd: int, arch: ArchInfo, force: bool, ops: FileOps) -> UpgradeResult:
+def _in_place(
+    path: Path,
+    fd: int,
+    arch: ArchInfo,
+    force: bool,
+    ops: FileOps,
+    configs: Sequence[tuple[Path, object]] = (),
+) -> UpgradeResult:
     vault = Vault.open(path)
     with fileio.reading():
         now = os.stat(path)
     if not fileio.same_file(os.fstat(fd), now):
         raise WriteFailed(f"{path}: was replaced by another file while opening; nothing written")
     _check_moe_ffn(vault, arch)
+    _check_against(vault, arch, configs)
     g = vault.geometry
     if g.version >= layout.VERSION_WITH_ARCH and not force:
         raise RefusedInput(f"{path}: already version {g.version}; --force re-stamps its arch block")
@@ -441,7 +498,11 @@ def _options(old: dict[str, Any] | None, bits: int) -> dict[str, Any]:
 
 
 def _rewrite(
-    path: Path, arch: ArchInfo, out: Path, inputs: Iterable[str | os.PathLike] = ()
+    path: Path,
+    arch: ArchInfo,
+    out: Path,
+    inputs: Iterable[str | os.PathLike] = (),
+    configs: Sequence[tuple[Path, object]] = (),
 ) -> UpgradeResult:
     """A v2 copy in a new file, blobs shifted by whole pages; the original is untouched."""
     man_out = manifest.path_for(out)
@@ -456,6 +517,7 @@ def _rewrite(
         vault = Vault.open(path)
         _check_moe_ffn(vault, arch)
         old = _old_manifest(path, vault)
+        _check_against(vault, arch, configs)
         g = vault.geometry
         slot = _arch_slot(vault)
         shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset, 0)

@@ -51,7 +51,13 @@ def failed(proc: subprocess.CompletedProcess, code: int) -> str:
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(
-        tmp_path_factory.mktemp("ckpt") / "qwen", layers=2, experts=4, d_model=64, ffn=32, seed=1
+        tmp_path_factory.mktemp("ckpt") / "qwen",
+        layers=2,
+        experts=4,
+        d_model=64,
+        ffn=32,
+        seed=1,
+        vocab=320,  # the q4_v1 fixture's, which upgrade --model checks
     )
 
 

@@ -418,7 +418,17 @@ def test_a_held_lock_refuses_a_second_upgrade(tmp_path: Path) -> None:
 def test_upgrade_out_writes_a_checked_manifest(tmp_path: Path) -> None:
     src = copy_of("noroom_v1.smoe", tmp_path)
     cfg = tmp_path / "c.json"
-    cfg.write_text(json.dumps({**CONFIG, "moe_intermediate_size": 8, "hidden_size": 8}))
+    cfg.write_text(  # noroom's own shapes: 30 experts in 3 layers, d_model 8
+        json.dumps(
+            {
+                **CONFIG,
+                "moe_intermediate_size": 8,
+                "hidden_size": 8,
+                "num_experts": 30,
+                "num_hidden_layers": 3,
+            }
+        )
+    )
     out = tmp_path / "new.smoe"
     proc = run("upgrade", src, "--config", cfg, "--out", out)
     assert proc.returncode == 0, proc.stderr

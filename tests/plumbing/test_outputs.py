@@ -28,7 +28,7 @@ from smoe.errors import WriteFailed
 from smoe.plumbing.atomic import AtomicFile
 from smoe.sculpt import SculptOptions, sculpt
 
-from fixtures_data import CKPTS, FIXTURES
+from fixtures_data import CKPTS, FIXTURES, OLMOE_CONFIG
 from helpers import Arg, refused, run
 
 ROOT_ONLY = pytest.mark.skipif(
@@ -62,7 +62,7 @@ def vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("config") / "config.json"
-    path.write_bytes((CKPTS / "qwen3_moe" / "config.json").read_bytes())
+    path.write_text(json.dumps(OLMOE_CONFIG))  # the q4_v1 fixture's model, as upgrade checks
     return path
 
 

@@ -204,7 +204,13 @@ def test_export_bytes_do_not_depend_on_the_kernel(
     from smoe.export.hf.checkpoint import export_hf
 
     scout = tmp_path / "scout.st"
-    save_file({"model.embed_tokens.weight": np.zeros((320, 64), np.float32)}, str(scout))
+    save_file(  # what the vault's header and table say a scout of its model holds
+        {
+            "model.embed_tokens.weight": np.zeros((320, 64), np.float32),
+            **{f"model.layers.{n}.mlp.gate.weight": np.zeros((4, 64), np.float32) for n in (0, 1)},
+        },
+        str(scout),
+    )
     for name in ("q4_v2.smoe", "q2_v2.smoe"):
         files = []
         for kernel in ("numpy", "fast"):

@@ -78,7 +78,7 @@ def test_no_room_refused_in_place_then_rewritten(tmp_path: Path) -> None:
     p = copy_of("noroom_v1.smoe", tmp_path)
     assert not has_room(Vault.open(p))
     before = p.read_bytes()
-    arch = replace(ARCH, moe_ffn_dim=8)
+    arch = replace(ARCH, moe_ffn_dim=8, num_hidden_layers=3)  # its MoE layers are 0..2
     with pytest.raises(SmoeError) as info:
         upgrade(p, arch)
     assert str(info.value) == (
@@ -230,7 +230,17 @@ def test_cli_upgrade_with_config_and_model(tmp_path: Path) -> None:
     assert "already version 2; --force re-stamps its arch block" in again.stderr
     noroom = copy_of("noroom_v1.smoe", tmp_path)
     cfg2 = tmp_path / "c2.json"
-    cfg2.write_text(json.dumps({**CONFIG, "moe_intermediate_size": 8, "hidden_size": 8}))
+    cfg2.write_text(  # noroom_v1's shapes: 30 experts per layer in MoE layers 0..2
+        json.dumps(
+            {
+                **CONFIG,
+                "moe_intermediate_size": 8,
+                "hidden_size": 8,
+                "num_experts": 30,
+                "num_hidden_layers": 3,
+            }
+        )
+    )
     no_room = run("upgrade", noroom, "--config", cfg2)
     assert no_room.returncode == 1 and "use --out NEW" in no_room.stderr
     out = tmp_path / "converted.smoe"

@@ -18,6 +18,12 @@ several (as ``save_pretrained`` writes them), and ``config.json``
 * **Only whole models**: a partial vault (``sculpt --max-layers/--max-experts``) is
   refused, naming the layers and experts it lacks; a manifest that describes another vault
   is refused; each blob's CRC-32C is checked against the manifest as it is read.
+* **Another model's inputs refused**: before anything is written, the config
+  (:func:`smoe.vault.contradictions.refuse_contradictions`: model type, widths, layer, head and
+  expert counts against the arch block, header and descriptors) and the scout
+  (:func:`_check_scout`: embedding ``[vocab, d_model]``, the model's layers and no more,
+  each MoE layer's router ``[experts, d_model]`` in the block the experts go to), each
+  contradiction naming both values.
 * **config.json**: copied (``--config``, else ``<stem>.config.json`` beside the vault), or
   rebuilt from the arch block and the scout; a family whose config a vault cannot give
   exactly (``Family.rebuild`` false) is rebuilt only when asked (``rebuild_config``).
@@ -48,6 +54,8 @@ from smoe import quant
 from smoe.errors import FormatError, RefusedInput, UsageError, WriteFailed
 from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
+from smoe.families.config import parse_json
+from smoe.families.registry import CONTAINERS, EMBEDDINGS, family_of, generic, split_layer
 from smoe.format import manifest
 from smoe.format.records import model_type_str
 from smoe.interop.fp8 import FP8_DTYPES
@@ -63,6 +71,7 @@ from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 from smoe.plumbing.cpus import usable_cores
 from smoe.vault.companions import companions
+from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.reader import ExpertView, Vault
 
 __all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
@@ -80,11 +89,13 @@ class HfExportResult:
     >>> import tempfile, numpy as np
     >>> from safetensors.numpy import save_file
     >>> d = tempfile.mkdtemp()
-    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> scout = {"model.embed_tokens.weight": np.zeros((320, 64), np.float32)}  # [vocab, H]
+    >>> scout |= {f"model.layers.{i}.mlp.gate.weight": np.zeros((4, 64), np.float32)
+    ...           for i in (0, 1)}  # the routers [experts, H]
     >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
     >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
     >>> result.files, result.tensors, result.expert_tensors, result.dtype
-    (['model.safetensors', 'config.json'], 25, 24, 'F32')
+    (['model.safetensors', 'config.json'], 27, 24, 'F32')
     >>> result.config, result.config_path, result.assumed[1]
     ('rebuilt', None, 'max_position_embeddings 4096')
     """
@@ -108,12 +119,14 @@ class HfExportResult:
         >>> import tempfile, numpy as np
         >>> from safetensors.numpy import save_file
         >>> d = tempfile.mkdtemp()
-        >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+        >>> scout = {"model.embed_tokens.weight": np.zeros((320, 64), np.float32)}
+        >>> scout |= {f"model.layers.{i}.mlp.gate.weight": np.zeros((4, 64), np.float32)
+        ...           for i in (0, 1)}
         >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
         >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
         >>> doc = result.summary()
         >>> doc["bytes_out"], doc["config"], doc["config_path"], doc["throughput_mb_s"] > 0
-        (229376, 'rebuilt', None, True)
+        (280576, 'rebuilt', None, True)
         >>> doc["assumed"][0]
         "rope_type 'default' (no rope scaling)"
         """
@@ -648,7 +661,9 @@ def export_hf(
     >>> import tempfile, numpy as np
     >>> from safetensors.numpy import save_file
     >>> d = tempfile.mkdtemp()
-    >>> scout = {"model.embed_tokens.weight": np.zeros((128, 64), np.float32)}
+    >>> scout = {"model.embed_tokens.weight": np.zeros((320, 64), np.float32)}  # [vocab, H]
+    >>> scout |= {f"model.layers.{i}.mlp.gate.weight": np.zeros((4, 64), np.float32)
+    ...           for i in (0, 1)}  # the routers [experts, H]
     >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
     >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", dtype="bf16")
     >>> sorted(os.listdir(result.out)), result.expert_bytes_out
@@ -679,6 +694,7 @@ again without --max-layers/--max-experts
             n: explicit or o.dtype or ("BF16" if n in fp8 else fallback) for n, o in experts.items()
         }
         cfg = _config_file(vault, src, config, explicit, fallback, notes, rebuild_config)
+        _check_scout(vault, src, experts, cfg.facts)
         inputs = [vault_path, src.manifest_path, src.scout_path, cfg.path]
         _refuse_outputs(out_dir, inputs)
         plan = _Plan.build(src.scout, experts, dtypes, max_shard_size)
@@ -769,8 +785,9 @@ def _refuse_fp8_scout(src: _Sources) -> None:
 
 
 def _open_sources(vault: Vault, vault_path: Path, scout: str | os.PathLike | None) -> _Sources:
-    """The manifest (checked to describe ``vault``, which must be whole) and the scout
-    (``scout``, default the one beside the vault; checked to belong to its model)."""
+    """The manifest (checked to describe ``vault``, which must be whole) and the scout's
+    header (``scout``, default the one beside the vault; checked to belong to its model
+    by :func:`_check_scout` once the config is known)."""
     doc, manifest_path = _load_manifest(vault)
     _refuse_partial(vault, doc)
     scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
@@ -779,16 +796,7 @@ def _open_sources(vault: Vault, vault_path: Path, scout: str | os.PathLike | Non
             f"{vault_path}: no scout beside it (looked for {scout_path.name}, "
             "which the sculptor writes); name it with --scout"
         )
-    scout_info = read_header(scout_path)
-    emb = scout_info.get("model.embed_tokens.weight")
-    d_model = int(vault.header["d_model"])
-    if emb is not None and emb.shape[-1] != d_model:
-        raise RefusedInput(
-            f"{scout_path}: model.embed_tokens.weight has {emb.shape[-1]} "
-            f"columns, but {vault_path} has d_model {d_model}: the scout "
-            "belongs to another model"
-        )
-    return _Sources(vault_path, doc, manifest_path, scout_path, scout_info)
+    return _Sources(vault_path, doc, manifest_path, scout_path, read_header(scout_path))
 
 
 def _expert_layout(vault: Vault, src: _Sources, notes: list[str]) -> dict[str, OutTensor]:
@@ -817,6 +825,146 @@ def _expert_layout(vault: Vault, src: _Sources, notes: list[str]) -> dict[str, O
     return experts
 
 
+# ---- the scout checked against the vault ----------------------------------------------------
+_OTHER_MODEL = "the scout belongs to another model"
+
+
+def _moe_blocks(experts: dict[str, OutTensor]) -> tuple[str, dict[int, str]]:
+    """The language model's layer stem (``model.layers.``) and, per layer, the prefix of
+    its MoE block (``model.layers.3.mlp.``): where the expert tensors written go, so where
+    the scout must hold that layer's router."""
+    stem, blocks = "", dict[int, str]()
+    for name in sorted(experts, key=_natural_key):
+        split = split_layer(name)
+        if split is None:
+            continue
+        _, layer, rest = split
+        head = name[: len(name) - len(rest)]
+        stem = stem or head[: -len(f"{layer}.")]
+        first = rest.split(".", 1)[0]
+        blocks.setdefault(layer, head + (f"{first}." if first in CONTAINERS else ""))
+    return stem, blocks
+
+
+def _check_embedding(vault: Vault, src: _Sources, stem: str) -> None:
+    """The token embedding beside the layers (``model.embed_tokens.weight`` or another
+    known spelling) is ``[vocab_size, d_model]`` of the vault (vocab_size when recorded)."""
+    prefix = stem.removesuffix("layers.").removesuffix("blocks.")
+    names = [prefix + e for e in EMBEDDINGS]
+    name = next((n for n in names if n in src.scout), None)
+    where, vault_path = src.scout_path, src.vault_path
+    if name is None:
+        raise RefusedInput(
+            f"{where}: has no token embedding (looked for {', '.join(names)}): {_OTHER_MODEL}"
+        )
+    shape = src.scout[name].shape
+    d_model, vocab = int(vault.header["d_model"]), int(vault.header["vocab_size"])
+    if len(shape) != 2:
+        raise RefusedInput(
+            f"{where}: {name} has shape {list(shape)}, but {vault_path} needs [vocab_size, "
+            f"d_model {d_model}]: {_OTHER_MODEL}"
+        )
+    if shape[1] != d_model:
+        raise RefusedInput(
+            f"{where}: {name} has {shape[1]} columns, but {vault_path} has d_model "
+            f"{d_model}: {_OTHER_MODEL}"
+        )
+    if vocab and shape[0] != vocab:
+        raise RefusedInput(
+            f"{where}: {name} has {shape[0]} rows, but {vault_path} has vocab_size "
+            f"{vocab}: {_OTHER_MODEL}"
+        )
+
+
+def _check_layers(src: _Sources, stem: str, count: int | None, mtp: int) -> None:
+    """The scout holds tensors of each of the model's ``count`` layers under ``stem``, and
+    of no layer beyond them but ``mtp`` multi-token-prediction layers."""
+    if count is None:
+        return
+    present = set()
+    for name in src.scout:
+        head = name[len(stem) :].split(".", 1)[0] if name.startswith(stem) else ""
+        if head.isdigit():
+            present.add(int(head))
+    said = f"{src.vault_path} has num_hidden_layers {count}"
+    missing = sorted(set(range(count)) - present)
+    if missing:
+        raise RefusedInput(
+            f"{src.scout_path}: has no tensor of {stem}{missing[0]}, but {said}: {_OTHER_MODEL}"
+        )
+    beyond = max(present, default=-1)
+    if beyond >= count + mtp:
+        also = f" (and num_nextn_predict_layers {mtp})" if mtp else ""
+        raise RefusedInput(
+            f"{src.scout_path}: has tensors of {stem}{beyond}, but {said}{also}: {_OTHER_MODEL}"
+        )
+
+
+def _router_like(rest: str) -> bool:
+    return "gate" in rest or "router" in rest
+
+
+def _check_routers(vault: Vault, src: _Sources, blocks: dict[int, str], mlp_router: bool) -> None:
+    """Each MoE layer's router is in its MoE block: a 2-D tensor there whose name holds
+    ``gate`` or ``router``, ``[experts per layer, d_model]``; a family whose router is a
+    small MLP of its own width (``router_hidden_size`` beyond the arch block: zaya) needs
+    only a tensor there so named."""
+    experts, d_model = int(vault.header["max_experts_per_layer"]), int(vault.header["d_model"])
+    want = (experts, d_model)
+    found: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+    for name in sorted(src.scout, key=_natural_key):
+        split = split_layer(name)
+        at = blocks.get(split[1], "") if split is not None else ""
+        if split is not None and at and name.startswith(at) and _router_like(name[len(at) :]):
+            found.setdefault(split[1], []).append((name, src.scout[name].shape))
+    for layer in sorted(vault.layers()):
+        block = blocks.get(layer)
+        if block is None:
+            continue
+        near = found.get(layer, [])
+        if any(tuple(shape) == want for _, shape in near) or (mlp_router and near):
+            continue
+        router = f"[{experts}, {d_model}] ({experts} experts per layer, d_model {d_model})"
+        other = [
+            (n, shape)
+            for n, shape in near
+            if len(shape) == 2
+            and "shared" not in n[len(block) :]
+            and "_proj" not in n[len(block) :]
+        ]
+        if other:
+            name, shape = other[0]
+            raise RefusedInput(
+                f"{src.scout_path}: {name} is {list(shape)}, but a router of "
+                f"{src.vault_path} is {router}: {_OTHER_MODEL}"
+            )
+        raise RefusedInput(
+            f"{src.scout_path}: has no router for MoE layer {layer} (a 2-D tensor under "
+            f"{block} whose name holds 'gate' or 'router', for {src.vault_path} "
+            f"{router}): {_OTHER_MODEL}"
+        )
+
+
+def _check_scout(
+    vault: Vault, src: _Sources, experts: dict[str, OutTensor], facts: dict[str, tuple[str, Any]]
+) -> None:
+    """Refuse a scout that belongs to another model, naming its tensor and the vault's
+    value: the token embedding ``[vocab_size, d_model]``, a tensor of every one of the
+    model's layers and of none beyond them (but the config's multi-token-prediction
+    layers), and each MoE layer's router ``[experts per layer, d_model]`` where the experts
+    written go (``facts``: what the config says, :func:`smoe.vault.contradictions.stated`)."""
+    stem, blocks = _moe_blocks(experts)
+    _check_embedding(vault, src, stem)
+    count: int | None = facts.get("num_hidden_layers", ("", None))[1]
+    model_type: str = facts.get("model_type", ("", ""))[1]
+    if vault.arch is not None:
+        count = int(vault.arch["num_hidden_layers"])
+        model_type = model_type_str(vault.arch["model_type"])
+    _check_layers(src, stem, count, facts.get("mtp_layers", ("", 0))[1])
+    family = family_of(model_type) or generic(model_type)
+    _check_routers(vault, src, blocks, "router_hidden_size" in family.beyond)
+
+
 def _common_dtype(dtypes: dict[str, str]) -> str:
     """The experts' one dtype, or ``mixed``."""
     return dtypes[next(iter(dtypes))] if len(set(dtypes.values())) == 1 else "mixed"
@@ -825,13 +973,14 @@ def _common_dtype(dtypes: dict[str, str]) -> str:
 @dataclass
 class _ConfigFile:
     """The config.json to write: its bytes, where they came from (``copied`` or
-    ``rebuilt``), the path of the copied (or looked-for) config, and what a rebuild
-    assumed."""
+    ``rebuilt``), the path of the copied (or looked-for) config, what a rebuild assumed,
+    and what the config says of the vault's shapes (:func:`smoe.vault.contradictions.stated`)."""
 
     data: bytes
     origin: str
     path: Path
     assumed: list[str] = field(default_factory=list)
+    facts: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
 
 def _config_file(
@@ -844,16 +993,20 @@ def _config_file(
     rebuild_config: bool = False,
 ) -> _ConfigFile:
     """``config`` (default the one beside the vault) copied, its dtype set to ``explicit``
-    (``--dtype``) if given and its ``quantization_config`` dropped for FP8 sources; without
-    one, or with ``rebuild_config``, rebuilt from the arch block and the scout for
+    (``--dtype``) if given and its ``quantization_config`` dropped for FP8 sources, and
+    refused where it contradicts the vault
+    (:func:`smoe.vault.contradictions.refuse_contradictions`);
+    without one, or with ``rebuild_config``, rebuilt from the arch block and the scout for
     ``explicit`` or else ``fallback`` (noting what it assumed; refused for a family whose
     config cannot be rebuilt exactly unless ``rebuild_config``)."""
     vault_path = src.vault_path
     cfg_path = Path(config) if config is not None else companions(vault_path)[1]
     if not rebuild_config and (config is not None or os.path.lexists(cfg_path)):
         data, more = hf_config.copied(cfg_path, explicit, unquantised=bool(src.fp8_sources))
+        doc = parse_json(data, cfg_path)
+        refuse_contradictions(doc, cfg_path, vault)
         notes += more
-        return _ConfigFile(data, "copied", cfg_path)
+        return _ConfigFile(data, "copied", cfg_path, facts=stated(doc, cfg_path))
     cfg, assumed = hf_config.rebuild(vault, src.scout, explicit or fallback, inexact=rebuild_config)
     why = (
         "--rebuild-config"
@@ -864,7 +1017,9 @@ def _config_file(
         f"config.json rebuilt from {vault_path.name}'s arch block and the "
         f"scout's shapes ({why}); assumed: {', '.join(assumed)}"
     )
-    return _ConfigFile(hf_config.json_bytes(cfg), "rebuilt", cfg_path, assumed)
+    return _ConfigFile(
+        hf_config.json_bytes(cfg), "rebuilt", cfg_path, assumed, stated(cfg, cfg_path)
+    )
 
 
 def _write_checkpoint(
