@@ -73,6 +73,7 @@ from smoe.plumbing.cpus import usable_cores
 from smoe.vault.companions import companions
 from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.reader import ExpertView, Vault
+from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
 
@@ -290,6 +291,13 @@ class _Slot:
         :func:`smoe.quant.decode_bf16`, in the decoding pass when compiled)."""
         out, piece, dtype = task
         view = self._expert(piece.key).tensors[piece.tensor]
+        if not np.isfinite(view.scales).all():  # only an unverified vault holds one
+            layer, expert = piece.key
+            raise RefusedInput(
+                f"{self.vault.path}: layer {layer} expert {expert} "
+                f"{TENSOR_NAMES[piece.tensor]}: a scale is not finite (NaN or inf), so its "
+                "weights would be; refused (smoe verify --deep names the damage)"
+            )
         n = view.rows * view.cols
         if dtype != "F32" and self._u16.size < n:
             self._u16 = np.empty(n, np.uint16)
