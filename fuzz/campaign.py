@@ -14,8 +14,11 @@
 5. Structure-aware mutations of the safetensors shard headers of the bundled checkpoints,
    judged against the `safetensors` library (fuzz/st_target.py).
 6. Mutations of their config.json, each with the verdict it must get (fuzz/config_target.py).
+7. Structure-aware mutations of the sidecars (manifest, resume journal, importance matrix),
+   each read by the commands that read it in a child process under a memory cap and a time
+   limit (fuzz/sidecar_target.py).
 
-Failing cases of 5 and 6 are saved under build/fuzz/<target>/ with a replay command.
+Failing cases of 5, 6 and 7 are saved under build/fuzz/<target>/ with a replay command.
 
 Counts go to build/fuzz.json; any failure makes the exit status 1.
 """
@@ -267,6 +270,16 @@ def fuzz_inputs(target: str, cases: int, seconds: float, cli_every: int, seed: i
         return run(target, cases, seconds, seed, Path(tmp), cli_every=cli_every)
 
 
+def fuzz_sidecars(cases: int, seconds: float, fresh_every: int, seed: int) -> dict:
+    """Seeded sidecar mutations (fuzz/sidecar_target.py): ``cases`` cases, fewer if
+    ``seconds`` run out first; every ``fresh_every``-th case in new interpreters (0: none);
+    reproducers of failures in build/fuzz/sidecar/."""
+    from fuzz.sidecar_target import run, scratch
+
+    with tempfile.TemporaryDirectory(prefix="smoe-fuzz-sidecar-", dir=scratch()) as tmp:
+        return run(cases, seconds, seed, Path(tmp), fresh_every=fresh_every)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short run (used by make test)")
@@ -300,6 +313,12 @@ def main() -> int:
                 "config_mutations",
                 lambda d: fuzz_inputs(
                     "config", 350 if q else 10**9, 8 if q else 180, 100 if q else 50, args.seed
+                ),
+            ),
+            (
+                "sidecar_mutations",
+                lambda d: fuzz_sidecars(
+                    30 if q else 10**9, 6 if q else 180, 0 if q else 50, args.seed
                 ),
             ),
         ]

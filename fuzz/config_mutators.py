@@ -410,7 +410,10 @@ def mutate(rng: random.Random, cfg: dict) -> tuple[str, ConfigCase]:
     text, expect, key, what = MUTATORS[name](rng, cfg)
     if nested:
         inner = text if isinstance(text, str) else text.decode("utf-8", "surrogatepass")
-        text = '{"model_type": "fuzz_vl", "architectures": ["X"], "text_config": ' + inner + "}"
+        # the wrapper is named as its text model (the arch block records the outer type,
+        # ruling R6): the mutation, not the wrapper's name, must decide the output
+        outer = json.dumps(cfg.get("model_type", "fuzz_vl"))
+        text = '{"model_type": ' + outer + ', "architectures": ["X"], "text_config": ' + inner + "}"
         what += " (inside text_config)"
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     return name, ConfigCase(raw, expect, key, what, nested)

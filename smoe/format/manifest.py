@@ -351,7 +351,11 @@ def source_fault(
         and _uint_below(span[1], expert_rows + 1)
         and span[1] - span[0] == rows
     ):
-        return None if place is None else source_name_fault(entry.get("source"), index, *place)
+        if place is None:
+            return None
+        return _halves_fault(span, rows, place[2]) or source_name_fault(
+            entry.get("source"), index, *place
+        )
     why = f"expected [start, start + {rows}] within the expert's {expert_rows} rows"
     return "rows", f"is {json_excerpt(span)}, {why}"
 
@@ -397,6 +401,19 @@ def source_name_fault(
         what = "a gate/up tensor" if tensor == 2 else "a down tensor"
         return "source", f"names {what} ({source!r}) for {name}"
     return None
+
+
+def _halves_fault(span: object, rows: int, tensor: int) -> tuple[str, str] | None:
+    """A fused gate/up source holds the gate's rows first, then the up's: a gate entry
+    must start at 0 and an up entry at the gate's height (swapped halves would export each
+    matrix in the other's place)."""
+    if not isinstance(span, list) or tensor not in (0, 1):
+        return None
+    start = 0 if tensor == 0 else rows
+    if span[0] == start:
+        return None
+    role = "gate rows come first" if tensor == 0 else "up rows follow the gate's"
+    return "rows", f"is {json_excerpt(span)}, expected [{start}, {start + rows}] ({role})"
 
 
 def _uint_below(v: object, top: int) -> bool:

@@ -127,7 +127,10 @@ def fingerprint(
 
 def _parse_line(line: str) -> tuple[tuple[int, int], Entry] | None:
     parts = line.split(" ")
-    if len(parts) not in (9, 12) or not all(p.isdigit() for p in parts[:6]):
+    numbers = parts[:6]  # layer, expert and 32-bit CRCs: ASCII digits, at most 10 of them
+    if len(parts) not in (9, 12) or not all(
+        p.isascii() and p.isdigit() and len(p) <= 10 for p in numbers
+    ):
         return None
     snrs: list[float | None] = []
     for p in parts[6:]:

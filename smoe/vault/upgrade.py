@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -429,12 +430,18 @@ def _old_manifest(path: Path, vault: Vault) -> dict[str, Any] | None:
     except SmoeError as e:
         raise RefusedInput(f"{where}: the old vault's manifest is unusable ({e}); {hint}") from None
     size = len(vault.data)
-    if doc["vault"]["size"] != size or len(doc["experts"]) != len(vault):
+    said = doc["vault"]["experts"]
+    if doc["vault"]["size"] != size or len(doc["experts"]) != len(vault) or said != len(vault):
+        rows = len(doc["experts"])
+        count = f"{said} experts" + ("" if said == rows else f" ({rows} rows)")
         raise RefusedInput(
-            f"{where}: describes a vault of {doc['vault']['size']} bytes with "
-            f"{len(doc['experts'])} experts, {path} has {size} bytes and {len(vault)}; "
-            f"it belongs to another file; {hint}"
+            f"{where}: describes a vault of {doc['vault']['size']} bytes with {count}, "
+            f"{path} has {size} bytes and {len(vault)}; it belongs to another file; {hint}"
         )
+    found = manifest.check(doc, size, vault.table, lambda o, n: vault.data[o : o + n])
+    problems = [f for f in found if f.code != "manifest.checksum"]  # blobs: checked on copy
+    if problems:
+        raise RefusedInput(f"{where}: {problems[0].message}; {hint}")
     for i, row in enumerate(doc["experts"]):
         entry = vault.table[i]
         want = (entry["layer_id"], entry["expert_id"], entry["byte_offset"], entry["raw_size"])
@@ -473,18 +480,27 @@ def _copy_blobs(vault: Vault, dst: AtomicFile, end: int, shift: int) -> list[int
     return crcs
 
 
+_TENSOR_KEYS = (
+    "name", "source", "index", "rows", "source_crc32c", "snr_db", "weighted_snr_db",
+    "dtype", "fp8", "transposed",
+)  # fmt: skip
+"""What an ``experts[].tensors[]`` entry may record (docs/MANIFEST.md): only these are
+copied, so a value the manifest cannot hold (an unknown key's 1e400) is never written."""
+
+
 def _tensors(row: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """An old manifest row's per-tensor provenance, if well formed (else dropped)."""
+    """An old manifest row's per-tensor provenance (checked against the vault before), its
+    known keys only; None when it records none, or its SNRs are not finite numbers."""
     tensors = row.get("tensors")
     if isinstance(tensors, list) and all(
         isinstance(x, dict)
         and all(
-            x.get(k) is None or type(x.get(k)) in (int, float)
+            x.get(k) is None or (type(x.get(k)) in (int, float) and math.isfinite(x[k]))
             for k in ("snr_db", "weighted_snr_db")
         )
         for x in tensors
     ):
-        return tensors
+        return [{k: x[k] for k in _TENSOR_KEYS if k in x} for x in tensors]
     return None
 
 

@@ -212,9 +212,12 @@ def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
         raise FormatError(f"{path}: {e.finding.message}") from None
     rows = doc["experts"]
     size = doc["vault"]["size"]
-    if size != len(vault.data) or len(rows) != len(vault):
+    said = doc["vault"]["experts"]
+    if size != len(vault.data) or len(rows) != len(vault) or said != len(vault):
         raise RefusedInput(
-            f"{path}: describes another vault ({size} bytes, {len(rows)} experts; "
+            f"{path}: describes another vault ({size} bytes, {said} experts"
+            + ("" if said == len(rows) else f", {len(rows)} rows")
+            + "; "
             f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)"
         )
     table = vault.table

@@ -18,7 +18,7 @@ from typing import Any
 
 from smoe.errors import FormatError
 from smoe.format.manifest import source_fault
-from smoe.interop.safetensors_io import FLOAT_DTYPES
+from smoe.interop.safetensors_io import FLOAT_DTYPES, json_excerpt
 from smoe.vault.reader import Vault
 from smoe_gen.layout import TENSOR_NAMES
 
@@ -131,8 +131,14 @@ def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, 
     >>> vault.close()
     """
     rows_of = doc["experts"]
-    if not all(isinstance(r.get("tensors"), list) for r in rows_of):
-        return None
+    if all(r.get("tensors") is None for r in rows_of):
+        return None  # no row records its sources (an old tool's manifest)
+    for i, row in enumerate(rows_of):  # some do: every row must, as a list
+        if not isinstance(row.get("tensors"), list):
+            raise FormatError(
+                f"{_where(path, i)}.tensors is {json_excerpt(row.get('tensors'))}, expected "
+                "the expert's 3 source tensors, as the other rows record them"
+            )
     out: dict[str, OutTensor] = {}
     for i, row in enumerate(rows_of):
         key = (row["layer"], row["expert"])
