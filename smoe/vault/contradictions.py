@@ -57,6 +57,7 @@ def stated(doc: object, path: Path) -> dict[str, tuple[str, Any]]:
     (``Family.experts``, ``top_k``, ``moe_ffn``, then every other known one) ``experts``,
     ``top_k`` and ``moe_ffn``. Values of a wrong type are refused (:func:`get_int`).
 
+    >>> from smoe.families.config import read_json
     >>> doc = read_json(Path("fixtures/checkpoints/mixtral/config.json"))
     >>> facts = stated(doc, Path("config.json"))
     >>> facts["model_type"], facts["experts"], facts["top_k"], facts["moe_ffn"]

@@ -165,13 +165,12 @@ def _arch_slot(vault: Vault) -> int:
 
 def has_room(vault: Vault) -> bool:
     """Whether a v1 vault's gap before ``data_offset`` holds the arch block (an in-place
-        upgrade), or the blobs must move (``upgrade(..., out=NEW)``).
+    upgrade), or the blobs must move (``upgrade(..., out=NEW)``).
 
-        >>> from smoe.vault.contradictions import refuse_contradictions, stated
-    from smoe.vault.reader import Vault
-        >>> with Vault.open("fixtures/q4_v1.smoe") as a, Vault.open("fixtures/noroom_v1.smoe") as b:
-        ...     has_room(a), has_room(b)
-        (True, False)
+    >>> from smoe.vault.reader import Vault
+    >>> with Vault.open("fixtures/q4_v1.smoe") as a, Vault.open("fixtures/noroom_v1.smoe") as b:
+    ...     has_room(a), has_room(b)
+    (True, False)
     """
     return _arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
 
