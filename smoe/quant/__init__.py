@@ -96,6 +96,7 @@ from smoe.quant.decoder import decode, decode_bf16
 from smoe.quant.dispatch import fast_kernels
 from smoe.quant.encoder import encode, encode_into, prepare_fast
 from smoe.quant.errors import NonFiniteWeights, ScaleOverflow, UnrepresentableWeights
+from smoe.quant.hessian import HessianReport, encode_hessian, encode_hessian_into, hessian_error
 from smoe.quant.inputs import bf16_to_f32
 from smoe.quant.stats import QuantStats, snr_db
 from smoe.quant.traits import (
@@ -118,6 +119,7 @@ __all__ = [
     "FP16_MAX",
     "KERNEL_ENV",
     "SNR_FLOOR_DB",
+    "HessianReport",
     "Kernel",
     "NonFiniteWeights",
     "Overflow",
@@ -130,8 +132,11 @@ __all__ = [
     "decode",
     "decode_bf16",
     "encode",
+    "encode_hessian",
+    "encode_hessian_into",
     "encode_into",
     "fast_kernels",
+    "hessian_error",
     "level_center",
     "num_groups",
     "packed_size",
