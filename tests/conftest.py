@@ -2,6 +2,7 @@
 
 * ``make``: ``make("build/smoe-stream")`` builds targets in the checkout, once a session;
 * ``smoe_stream``: the C++ harness, built (use it, or ``usefixtures("smoe_stream")``);
+* ``slow_fsync``: a preload library holding a command at its first fsync (signal tests);
 * ``tmpfs``: ``tmpfs("name", "size=64k")`` mounts a tmpfs for one test (the tests run as
   root; skipped where mounting is not permitted), unmounted afterwards.
 """
@@ -78,3 +79,15 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
     for point in reversed(mounted):
         proc = run(str(point), command=["umount"])
         assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="session")
+def slow_fsync(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """harness/tests/slow_fsync_preload.c built for LD_PRELOAD: the first fsync (of a file
+    whose path holds ``$SMOE_FSYNC_MATCH``, when set) creates ``$SMOE_FSYNC_MARK`` and then
+    waits a minute, so that a test can signal a command while it writes."""
+    lib = tmp_path_factory.mktemp("preload") / "slow_fsync.so"
+    src = ROOT / "harness" / "tests" / "slow_fsync_preload.c"
+    proc = run("-shared", "-fPIC", "-O1", "-o", lib, src, "-ldl", command=["cc"])
+    assert proc.returncode == 0, proc.stderr
+    return lib

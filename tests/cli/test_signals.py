@@ -22,15 +22,6 @@ from helpers import plain_env, run
 SMOE = [sys.executable, "-m", "smoe"]
 
 
-@pytest.fixture(scope="module")
-def slow_fsync(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = tmp_path_factory.mktemp("preload") / "slow_fsync.so"
-    src = ROOT / "harness" / "tests" / "slow_fsync_preload.c"
-    proc = run("-shared", "-fPIC", "-O1", "-o", lib, src, "-ldl", command=["cc"])
-    assert proc.returncode == 0, proc.stderr
-    return lib
-
-
 def signalled(
     argv: list[str | Path], slow_fsync: Path, mark: Path, sig: int, match: Path
 ) -> tuple[int, str]:

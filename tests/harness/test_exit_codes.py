@@ -414,16 +414,6 @@ def test_shown_and_fold_lines_agree_with_python_on_any_bytes(tmp_path: Path) -> 
 
 
 # ---- signals ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def slow_fsync(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """harness/tests/slow_fsync_preload.c: the first fsync marks a file and waits a minute."""
-    lib = tmp_path_factory.mktemp("preload") / "slow_fsync.so"
-    src = ROOT / "harness" / "tests" / "slow_fsync_preload.c"
-    proc = run("-shared", "-fPIC", "-O1", "-o", lib, src, "-ldl", command=["cc"])
-    assert proc.returncode == 0, proc.stderr
-    return lib
-
-
 @pytest.mark.parametrize(
     ("sig", "kind"), [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")]
 )
