@@ -21,7 +21,7 @@ HARNESS_HDR := $(wildcard harness/*.hpp)
 ASAN_FLAGS := -std=c++20 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefined \
 	-fno-omit-frame-pointer -fno-sanitize-recover=all
 
-.PHONY: all setup setup-node gen check-gen fixtures build build-asan lint test fuzz demo bench clean
+.PHONY: all setup setup-node gen check-gen fixtures build build-asan lint test test-all fuzz demo bench clean
 
 all: test
 
@@ -97,6 +97,11 @@ lint: setup
 	clang-format --dry-run --Werror $(CXX_SOURCES)
 
 test: setup check-gen build build-asan lint $(FUZZ_STAMP)
+	$(PY) -m fuzz.campaign --quick
+	$(PY) -m pytest -q -m "not slow"
+
+# every test, the slow family-wide runs too (--calibrate on every family)
+test-all: setup check-gen build build-asan lint $(FUZZ_STAMP)
 	$(PY) -m fuzz.campaign --quick
 	$(PY) -m pytest -q
 

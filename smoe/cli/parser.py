@@ -185,6 +185,38 @@ def _sculpt_options(p: argparse.ArgumentParser) -> None:
 def _add_verify(sub: _Subparsers) -> None:
     p = sub.add_parser("verify", help="check every rule of the format")
     p.add_argument("vault", type=Path)
+    cal = p.add_argument_group(
+        "calibration (needs smoe[calibrate]: torch and transformers)",
+        "Run the model over DATA one decoder layer at a time and quantise every routed "
+        "expert for the least error of its output on the tokens routed to it (GPTQ-style, "
+        "inside the format's own codes and scales: any reader reads the vault).",
+    )
+    cal.add_argument(
+        "--calibrate",
+        type=Path,
+        metavar="DATA",
+        help="token ids (.npy, or .safetensors with input_ids; 1-D or [sequences, tokens]) "
+        "or UTF-8 text, tokenised with the checkpoint's own tokenizer",
+    )
+    cal.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEV",
+        help="where the calibration's forward passes run: cpu (default), cuda or cuda:N",
+    )
+    cal.add_argument(
+        "--calib-seq-len",
+        type=_positive_int,
+        default=512,
+        metavar="N",
+        help="tokens per sequence for text and 1-D ids (default 512; 2-D ids keep theirs)",
+    )
+    cal.add_argument(
+        "--calib-max-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="use at most N tokens of DATA, whole sequences (default: all)",
+    )
     p.add_argument(
         "--deep",
         action="store_true",

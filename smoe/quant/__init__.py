@@ -97,7 +97,7 @@ from smoe.quant.dispatch import fast_kernels
 from smoe.quant.encoder import encode, encode_into, prepare_fast
 from smoe.quant.errors import NonFiniteWeights, ScaleOverflow, UnrepresentableWeights
 from smoe.quant.hessian import HessianReport, encode_hessian, encode_hessian_into, hessian_error
-from smoe.quant.inputs import bf16_to_f32
+from smoe.quant.inputs import as_float32, bf16_to_f32
 from smoe.quant.stats import QuantStats, snr_db
 from smoe.quant.traits import (
     CHUNK_WEIGHTS,
@@ -128,6 +128,7 @@ __all__ = [
     "ScaleOverflow",
     "SrcDtype",
     "UnrepresentableWeights",
+    "as_float32",
     "bf16_to_f32",
     "decode",
     "decode_bf16",

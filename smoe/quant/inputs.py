@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SRC_DTYPES", "bf16_to_f32", "flat_source", "read_chunk", "source_kind"]
+__all__ = ["SRC_DTYPES", "as_float32", "bf16_to_f32", "flat_source", "read_chunk", "source_kind"]
 
 SRC_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None}
 """The ``src_dtype`` names and the numpy dtype each reads (bfloat16: raw ``uint16`` bits)."""
@@ -53,6 +53,22 @@ def source_kind(weights: np.ndarray, src_dtype: str | None) -> str:
     if src_dtype is not None and np.dtype(SRC_DTYPES[src_dtype] or np.uint16) != dt:
         raise TypeError(f"src_dtype={src_dtype!r} does not match the array dtype {dt}")
     return "float"
+
+
+def as_float32(weights: np.ndarray, src_dtype: str | None = None) -> np.ndarray:
+    """``weights`` (a float array, or 16-bit patterns read as ``src_dtype``) as the float32
+    values every encoder reads: what the Hessian-aware encoder, which works on whole
+    matrices, is given.
+
+    >>> as_float32(np.array([0x3F80, 0xC000], np.uint16), "bf16")
+    array([ 1., -2.], dtype=float32)
+    """
+    kind = source_kind(weights, src_dtype)
+    if kind == "bf16":
+        return bf16_to_f32(weights.view(np.uint16) if weights.dtype.kind != "u" else weights)
+    if kind == "f16bits":
+        return weights.view(np.float16).astype(np.float32)
+    return np.asarray(weights, np.float32)
 
 
 def flat_source(weights: np.ndarray, kind: str) -> np.ndarray:

@@ -18,7 +18,13 @@ from smoe.format.records import ArchInfo, ModelInfo, metadata_bytes
 from smoe.interop.safetensors_io import write_streaming
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, sweep_stale
-from smoe.sculpt.inputs import open_imatrix, resolve_jobs, select
+from smoe.sculpt.inputs import (
+    check_calibrate_options,
+    open_calibration,
+    open_imatrix,
+    resolve_jobs,
+    select,
+)
 from smoe.sculpt.journal import Entry, Journal, Resumed, fingerprint, keep_verified
 from smoe.sculpt.options import SculptOptions, SculptResult
 from smoe.sculpt.paths import Paths, checkpoint_inputs
@@ -30,6 +36,7 @@ from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
 if TYPE_CHECKING:
+    from smoe.sculpt.calibrate.data import CalibrationData
     from smoe.sculpt.source.imatrix import ImportanceMatrix
 
 __all__ = ["Run", "dry_run_plan", "sculpt", "stage_config"]
@@ -91,6 +98,9 @@ class Run:
     t0: float = field(default_factory=time.perf_counter)
     imatrix: ImportanceMatrix | None = None
     imatrix_warning: str | None = None
+    calibration: CalibrationData | None = None
+    source: dict[str, Any] | None = None
+    """The manifest's ``source`` record (the calibration's counts join it at the end)."""
 
     @classmethod
     def open(
@@ -108,6 +118,7 @@ class Run:
         >>> Run.open(Path("fixtures/checkpoints/olmoe"), SculptOptions(), 1).imatrix is None
         True
         """
+        check_calibrate_options(opts)
         ckpt = Checkpoint.open(model_dir)
         refs = select(ckpt, opts)
         model = ckpt.model_info()
@@ -118,6 +129,8 @@ class Run:
             run.imatrix, run.imatrix_warning = open_imatrix(
                 opts.imatrix, refs, model.max_experts_per_layer
             )
+        if opts.calibrate is not None:
+            run.calibration = open_calibration(ckpt, opts, model.vocab_size)
         return run
 
     @property
@@ -128,6 +141,16 @@ class Run:
         False
         """
         return self.imatrix is not None
+
+    @property
+    def calibration_record(self) -> dict[str, Any] | None:
+        """The calibration data's record and how it runs, or None.
+
+        >>> Run.open(Path("fixtures/checkpoints/olmoe"), SculptOptions(), 1).calibration_record
+        """
+        if self.calibration is None:
+            return None
+        return self.calibration.record() | {"device": self.opts.device}
 
     @property
     def record(self) -> dict[str, Any] | None:
@@ -147,6 +170,8 @@ class Run:
         ['config.json', 'model.safetensors']
         """
         extra = [self.imatrix.path] if self.imatrix is not None else []
+        if self.calibration is not None:
+            extra.append(self.calibration.path)
         return checkpoint_inputs(self.ckpt) + extra
 
     def warnings(self) -> list[str]:
@@ -191,6 +216,7 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
             metadata_bytes(plan0, run.model, arch),
             opts,
             run.imatrix.info.sha256 if run.imatrix is not None else None,
+            run.calibration_record,
         )
         result = _sculpt_locked(run, writer, paths, fp)
     result.warnings = warnings + result.warnings  # then the resume's own
@@ -203,7 +229,8 @@ def _new_writer(
 ) -> VaultWriter:
     """The vault's writer, every chosen expert declared, its manifest's provenance set."""
     opts = run.opts
-    tool, source = provenance(run.ckpt, opts, record)
+    tool, source = provenance(run.ckpt, opts, record, run.calibration_record)
+    run.source = source
     writer = VaultWriter(
         paths.vault,
         run.model,
@@ -234,6 +261,8 @@ def _dry_run(
     info["model"] = asdict(run.model)
     if record is not None:
         info["imatrix"] = record
+    if run.calibration is not None:
+        info["calibration"] = run.calibration_record
     info["warnings"] = warnings
     return info
 
@@ -351,7 +380,7 @@ class _Locked:
         tally = _Tally.of(resumed)
         results = run_jobs(todo, run.jobs, target, marks)
         try:
-            for key, crc, srcs, snrs, wsnrs, nbytes in results:
+            for key, crc, srcs, snrs, wsnrs, nbytes, _ in results:
                 w = tuple(wsnrs) if run.weighted else None
                 writer.adopt(*key, crc, tensor_entries(by_key[key], srcs, snrs, w))
                 journal.append(Entry(crc, srcs, tuple(snrs), w).line(key))
@@ -361,6 +390,64 @@ class _Locked:
         finally:
             results.close()  # stops the worker pool at once on an error
         return tally
+
+    def quantise_calibrated(
+        self, todo: list[Job], resumed: Resumed, marks: dict[str, float], plan: Plan
+    ) -> tuple[_Tally, dict[str, Any]]:
+        """``--calibrate``: layer by layer, the runner's statistics of every expert, then
+        its blob by the Hessian-aware encoder (workers as for any run), then the layer run
+        again on the blobs as written, for the next layer's inputs. A resume's kept experts
+        are read back from the partial and their estimates recomputed. Returns the tally and
+        the calibration's record."""
+        from smoe.sculpt.calibrate.run import calibrate_layers
+
+        run, writer, journal = self.run, self.writer, self.journal
+        assert journal is not None and run.calibration is not None
+        target = Target(str(writer.partial_path), str(self.paths.vault), writer.partial_identity)
+        by_key = {(r.layer, r.expert): r for r in run.refs}
+        tally = _Tally.of(resumed)
+        slots = {e.key: e for e in plan.experts}
+
+        def write(jobs: list[Job]) -> dict[tuple[int, int], list[Any]]:
+            reports: dict[tuple[int, int], list[Any]] = {}
+            results = run_jobs(jobs, run.jobs, target)
+            try:
+                for key, crc, srcs, snrs, _, nbytes, calib in results:
+                    reports[key] = calib or [None, None, None]
+                    pending[key] = (crc, srcs, snrs, nbytes)
+            finally:
+                results.close()
+            return reports
+
+        pending: dict[tuple[int, int], tuple[int, tuple[int, ...], list[float | None], int]] = {}
+
+        def entries(key: tuple[int, int], srcs: Any, snrs: Any, estimates: list[Any]) -> list:
+            out = tensor_entries(by_key[key], srcs, snrs)
+            for entry, est in zip(out, estimates):
+                if est is not None:
+                    entry.update(est.entry())
+            return out
+
+        def adopt(key: tuple[int, int], estimates: list[Any]) -> None:
+            crc, srcs, snrs, nbytes = pending.pop(key)
+            writer.adopt(*key, crc, entries(key, srcs, snrs, estimates))
+            journal.append(Entry(crc, srcs, tuple(snrs), None).line(key))
+            tally.add(key, snrs, [None, None, None], nbytes)
+            if run.progress:
+                run.progress(tally.done, len(run.refs), tally.bytes_in)
+
+        def annotate(key: tuple[int, int], estimates: list[Any]) -> None:
+            kept = resumed.kept[key]  # adopted by the resume: its entries gain the estimates
+            writer.annotate(*key, entries(key, kept.sources, kept.snrs, estimates))
+
+        marks["experts"] = time.perf_counter()  # the calibration's passes are the work
+        record = calibrate_layers(
+            run, todo, resumed, slots, writer.partial_path, write, adopt, annotate
+        )
+        record = (run.calibration_record or {}) | record
+        if run.source is not None:
+            run.source["calibration"] = record
+        return tally, record
 
     def commit(self) -> int:
         """Stage the scout and the config copy and commit them with the vault; the scout's
@@ -414,7 +501,10 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
             if (ref.layer, ref.expert) not in kept
         ]
         marks: dict[str, float] = {}
-        tally = locked.quantise(todo, resumed, marks)
+        if run.calibration is not None:
+            tally, calibrated = locked.quantise_calibrated(todo, resumed, marks, plan)
+        else:
+            tally, calibrated = locked.quantise(todo, resumed, marks), None
         marks["commit"] = time.perf_counter()
         scout_bytes = locked.commit()
     except KeyboardInterrupt:
@@ -442,6 +532,7 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
         weighted_snr=tally.wsnr if run.weighted else None,
         config=paths.config,
         placement=run.ckpt.placement(),
+        calibration=calibrated,
         phases={
             "setup": start - run.t0,
             "experts": marks["commit"] - start,

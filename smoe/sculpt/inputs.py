@@ -13,9 +13,10 @@ from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe_gen.layout import TENSOR_NAMES
 
 if TYPE_CHECKING:
+    from smoe.sculpt.calibrate.data import CalibrationData
     from smoe.sculpt.source.imatrix import ImportanceMatrix
 
-__all__ = ["open_imatrix", "resolve_jobs", "select"]
+__all__ = ["check_calibrate_options", "open_calibration", "open_imatrix", "resolve_jobs", "select"]
 
 
 def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
@@ -77,3 +78,48 @@ def open_imatrix(
         matrix.close()
         raise
     return matrix, matrix.warning(fallbacks, len(TENSOR_NAMES) * len(refs))
+
+
+def check_calibrate_options(opts: SculptOptions) -> None:
+    """Refuse the options ``--calibrate`` cannot go with, before any input is read.
+
+    >>> check_calibrate_options(SculptOptions(calibrate="x.npy", imatrix="m.dat"))
+    Traceback (most recent call last):
+    smoe.errors.UsageError: --calibrate and --imatrix: give one (the calibration's ...
+    """
+    if opts.calibrate is None:
+        return
+    if opts.scale != "optimal":
+        raise UsageError(
+            f"--calibrate chooses codes and scales itself; it cannot be given --scale {opts.scale}"
+        )
+    if opts.imatrix is not None:
+        raise UsageError(
+            "--calibrate and --imatrix: give one (the calibration's statistics hold the "
+            "importance matrix's and more)"
+        )
+
+
+def open_calibration(ckpt: Checkpoint, opts: SculptOptions, vocab_size: int) -> CalibrationData:
+    """``--calibrate``'s DATA, read and checked before any work: the options it cannot go
+    with refused (usage errors), torch and transformers present, every id in the model's
+    vocabulary.
+
+    >>> ck = Checkpoint.open("fixtures/checkpoints/olmoe")
+    >>> open_calibration(ck, SculptOptions(calibrate="x.npy", scale="absmax"), 320)
+    Traceback (most recent call last):
+    smoe.errors.UsageError: --calibrate chooses codes and scales itself; it cannot be ...
+    """
+    from smoe.sculpt.calibrate.data import load_calibration
+    from smoe.sculpt.calibrate.runner import import_torch
+
+    check_calibrate_options(opts)
+    import_torch()
+    assert opts.calibrate is not None
+    return load_calibration(
+        opts.calibrate,
+        vocab_size=vocab_size,
+        model_dir=ckpt.root,
+        seq_len=opts.calib_seq_len,
+        max_tokens=opts.calib_max_tokens,
+    )

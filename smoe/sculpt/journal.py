@@ -91,9 +91,11 @@ def fingerprint(
     meta: bytes,
     opts: SculptOptions,
     imatrix_sha256: str | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> str:
     """Identifies one planned run by its inputs' layout and the outputs' shape (no mtimes),
-    and the importance matrix's content.
+    and the importance matrix's content, or the calibration data's (its record: hash,
+    shape, device).
 
     >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
     >>> refs = list(ck.experts.values())
@@ -106,6 +108,8 @@ def fingerprint(
     shaping: dict[str, Any] = {"scale": opts.scale, "bits": opts.bits, "version": opts.version}
     if imatrix_sha256 is not None:
         shaping["imatrix"] = imatrix_sha256
+    if calibration is not None:
+        shaping["calibration"] = {k: v for k, v in calibration.items() if k != "file"}
     h.update(json.dumps(shaping).encode())
     for ref in refs:
         if ref.transposed:
@@ -343,7 +347,7 @@ def keep_verified(
     >>> blob = np.zeros(slot.raw_size, np.uint8)
     >>> sources = tuple(checksum(a) for a, _ in ref.load())
     >>> job = Job(ref, slot, 4, "optimal")
-    >>> key, crc, _, snrs, _, _ = quantise_expert(job, ref.load(), sources, blob)
+    >>> key, crc, _, snrs, _, _, _ = quantise_expert(job, ref.load(), sources, blob)
     >>> hole = Entry(checksum(bytes(slot.raw_size)), sources, tuple(snrs))  # never written
     >>> keep_verified(w, [ref], {key: hole}, threads=1).contradicted
     [(0, 0)]
@@ -510,7 +514,7 @@ def blob_stats(
     >>> slot = make_plan({(0, 1): ref.shapes}, 4, 2).experts[0]
     >>> blob = np.zeros(slot.raw_size, np.uint8)
     >>> job = Job(ref, slot, 4, "optimal")
-    >>> _, crc, srcs, snrs, _, _ = quantise_expert(job, ref.load(), (1, 2, 3), blob)
+    >>> _, crc, srcs, snrs, _, _, _ = quantise_expert(job, ref.load(), (1, 2, 3), blob)
     >>> [s.finite_snr_db for s in blob_stats(slot, ref.load(), 4, "optimal", blob)] == snrs
     True
     >>> edited = Entry(crc, srcs, (99.5, *snrs[1:]))

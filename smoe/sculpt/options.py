@@ -37,6 +37,17 @@ class SculptOptions:
     imatrix: str | Path | None = None
     """A llama.cpp importance matrix (GGUF or legacy ``.dat``): ``optimal`` scales minimise
     the error weighted by each input channel's mean square; None: the plain error."""
+    calibrate: str | Path | None = None
+    """Calibration data (token ids ``.npy``/``.safetensors``, or text for the checkpoint's
+    tokenizer): the model runs over it layer by layer and every expert with routed tokens is
+    quantised for the least output error (:mod:`smoe.sculpt.calibrate`); None: the plain
+    encoder."""
+    device: str = "cpu"
+    """Where the calibration's forward passes run (``cpu``, ``cuda``, ``cuda:N``)."""
+    calib_seq_len: int = 512
+    """Tokens per calibration sequence, for text and 1-D ids (2-D ids give their own)."""
+    calib_max_tokens: int | None = None
+    """At most this many calibration tokens (whole sequences); None: all."""
 
 
 @dataclass
@@ -76,6 +87,10 @@ class SculptResult:
     placement: dict[str, Any] | None = None
     """What went where (:meth:`Checkpoint.placement`): experts to the vault, the rest to
     the scout by part of the model."""
+    calibration: dict[str, Any] | None = None
+    """With ``--calibrate``: the data (file, format, bytes, SHA-256, sequences, tokens), the
+    device, the counts (experts calibrated, unrouted, tensors that fell back to the plain
+    encoder), the median output-SNR gain over the plain encoder, seconds and peak memory."""
     phases: dict[str, float] | None = None
     """Seconds of ``setup`` (checkpoint, plan, resume checks, compiled kernels loaded),
     ``experts`` (reading, quantising and writing them) and ``commit`` (scout, fsyncs,
@@ -144,6 +159,7 @@ class SculptResult:
             "imatrix": self.imatrix,
             "weighted_snr_db": weighted,
             "placement": self.placement,
+            "calibration": self.calibration,
             "warnings": self.warnings + self.snr_warnings(),
         }
 

@@ -18,10 +18,14 @@ __all__ = ["provenance", "tensor_entries"]
 
 
 def provenance(
-    ckpt: Checkpoint, opts: SculptOptions, imatrix: dict[str, Any] | None = None
+    ckpt: Checkpoint,
+    opts: SculptOptions,
+    imatrix: dict[str, Any] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest's ``tool`` and ``source``: no time stamps, no absolute paths
-    (``imatrix``: the importance matrix's record, kept in ``source`` by file name).
+    (``imatrix``: the importance matrix's record, kept in ``source`` by file name;
+    ``calibration``: the calibration data's record, likewise).
 
     >>> ck = Checkpoint.open("fixtures/checkpoints/qwen3_moe_sharded")
     >>> tool, source = provenance(ck, SculptOptions(bits=2))
@@ -53,6 +57,8 @@ def provenance(
         record = dict(imatrix)
         record["name"] = text_of(Path(record.pop("path")).name)
         source["imatrix"] = record
+    if calibration is not None:
+        source["calibration"] = dict(calibration)
     return tool, source
 
 

@@ -65,6 +65,10 @@ class Job:
     scale: str
     imatrix: ImportanceMatrix | None = None
     """Read for this expert's importance (positioned reads: a forked worker shares it)."""
+    hessians: tuple[np.ndarray | None, ...] | None = None
+    """``--calibrate``: per matrix (gate, up, down) the second moments of its routed inputs
+    (None: that matrix got no calibration token); the matrices with one are encoded by
+    :func:`smoe.quant.encode_hessian_into`."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,17 @@ class Target:
     ident: tuple[int, int]  # st_dev, st_ino of the file the parent created
 
 
-# key, blob crc32c, source crc32c per tensor, SNR and weighted SNR per tensor, bytes in
-Result = tuple[tuple[int, int], int, tuple[int, ...], list[float | None], list[float | None], int]
+# key, blob crc32c, source crc32c per tensor, SNR and weighted SNR per tensor, bytes in,
+# per tensor the Hessian-aware encoder's report (None: not calibrated)
+Result = tuple[
+    tuple[int, int],
+    int,
+    tuple[int, ...],
+    list[float | None],
+    list[float | None],
+    int,
+    "list[quant.HessianReport | None] | None",
+]
 BATCH = 4  # no worker process is started for fewer experts than this
 
 
@@ -132,12 +145,15 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
     >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)]
     >>> job = Job(ref, make_plan({(0, 1): ref.shapes}, 4, 2).experts[0], 4, "optimal")
     >>> out = np.zeros(job.slot.raw_size, np.uint8)
-    >>> key, crc, srcs, snrs, weighted, nbytes = quantise_expert(job, ref.load(), (1, 2, 3), out)
-    >>> key, srcs, weighted, nbytes, crc == checksum(out)
-    ((0, 1), (1, 2, 3), [None, None, None], 18432, True)
+    >>> key, crc, srcs, snrs, weighted, nbytes, calib = quantise_expert(
+    ...     job, ref.load(), (1, 2, 3), out)
+    >>> key, srcs, weighted, nbytes, calib, crc == checksum(out)
+    ((0, 1), (1, 2, 3), [None, None, None], 18432, None, True)
     """
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     importance = expert_importance(job.ref, job.imatrix)
+    hessians = job.hessians
+    reports = [quant.HessianReport() for _ in mats] if hessians else None
     encode_blob(
         job.slot,
         [a for a, _ in mats],
@@ -147,7 +163,18 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
         stats,
         importance,
         out=out,
+        hessians=hessians,
+        reports=reports,
     )
+    if hessians:  # its SNR from the codes, as a resume recomputes it (numpy's order)
+        from smoe.sculpt.journal import tensor_stats  # (journal imports this module)
+
+        for i, (t, (w, src)) in enumerate(zip(job.slot.tensors, mats)):
+            if hessians[i] is not None:
+                packed = out[t.packed_offset : t.packed_offset + t.packed_size]
+                scales = out[t.scales_offset : t.scales_offset + t.scales_size]
+                got = tensor_stats(w, src, job.bits, packed, scales)
+                stats[i] = got if got is not None else quant.QuantStats()
     return (
         (job.ref.layer, job.ref.expert),
         checksum(out),
@@ -155,6 +182,9 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
         [s.finite_snr_db for s in stats],
         [s.weighted_snr_db for s in stats],
         sum(a.nbytes for a, _ in mats),
+        None
+        if reports is None or hessians is None
+        else [r if h is not None else None for r, h in zip(reports, hessians)],
     )
 
 

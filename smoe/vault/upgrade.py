@@ -481,7 +481,7 @@ def _copy_blobs(vault: Vault, dst: AtomicFile, end: int, shift: int) -> list[int
 
 _TENSOR_KEYS = (
     "name", "source", "index", "rows", "source_crc32c", "snr_db", "weighted_snr_db",
-    "dtype", "fp8", "transposed",
+    "dtype", "fp8", "transposed", "calib_tokens", "calib_snr_db", "calib_gain_db",
 )  # fmt: skip
 """What an ``experts[].tensors[]`` entry may record (docs/MANIFEST.md): only these are
 copied, so a value the manifest cannot hold (an unknown key's 1e400) is never written."""
@@ -495,7 +495,7 @@ def _tensors(row: dict[str, Any]) -> list[dict[str, Any]] | None:
         isinstance(x, dict)
         and all(
             x.get(k) is None or (type(x.get(k)) in (int, float) and math.isfinite(x[k]))
-            for k in ("snr_db", "weighted_snr_db")
+            for k in ("snr_db", "weighted_snr_db", "calib_tokens", "calib_snr_db", "calib_gain_db")
         )
         for x in tensors
     ):

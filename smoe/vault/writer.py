@@ -86,9 +86,17 @@ def encode_blob(
     stats: Sequence[quant.QuantStats] | None = None,
     importance: Sequence[np.ndarray | None] | None = None,
     out: _Out | None = None,
+    hessians: Sequence[np.ndarray | None] | None = None,
+    reports: Sequence[quant.HessianReport] | None = None,
 ) -> _Out | bytearray:
     """One expert's blob (D3): each matrix quantised straight into its planned slices
     (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
+
+    ``hessians``: per matrix, the second moments of its inputs (``--calibrate``) or None; a
+    matrix with one is encoded by :func:`smoe.quant.encode_hessian_into` (the same codes and
+    scales the format always holds, chosen for the least output error), its
+    :class:`~smoe.quant.HessianReport` filled into ``reports[i]``, and its ``stats`` left
+    untouched (the caller measures them from the codes).
 
     ``out``: a blob of ``slot.raw_size`` bytes to reuse (a ``bytearray`` or a ``uint8``
     array, e.g. the previous expert's): encoded in place and returned, byte for byte the
@@ -130,7 +138,19 @@ def encode_blob(
             at = max(at, hi)
         view[at:] = 0
     for i, (t, w) in enumerate(zip(slot.tensors, weights)):
+        h = hessians[i] if hessians else None
         try:
+            if h is not None:
+                quant.encode_hessian_into(
+                    quant.as_float32(w, kinds[i]),
+                    h,
+                    bits,
+                    view[t.packed_offset : t.packed_offset + t.packed_size],
+                    view[t.scales_offset : t.scales_offset + t.scales_size],
+                    overflow="raise",
+                    report=reports[i] if reports else None,
+                )
+                continue
             quant.encode_into(
                 w,
                 bits,
@@ -497,6 +517,28 @@ of gate_proj shape (32, 64)
         """
         key, _ = self._slot(layer, expert)
         self._record(key, crc, tensors)
+
+    def annotate(self, layer: int, expert: int, tensors: list[dict[str, Any]]) -> None:
+        """Replace the manifest's per-tensor provenance of a blob already counted as written
+        (its CRC-32C stays): what a calibrated resume learns about the experts it kept only
+        once the calibration has reached their layer.
+
+        >>> import tempfile
+        >>> from smoe.format.records import ModelInfo
+        >>> path = tempfile.mkdtemp() + "/tiny.smoe"
+        >>> w = VaultWriter(path, ModelInfo(1, 2, 64, 128, 32), version=1)
+        >>> w.add_expert(0, 0, [(32, 64), (32, 64), (64, 32)])
+        >>> plan = w.begin()
+        >>> w.adopt(0, 0, 7, [{"name": "gate_proj", "snr_db": 9.0}])
+        >>> w.annotate(0, 0, [{"name": "gate_proj", "snr_db": 9.0, "calib_tokens": 3}])
+        >>> w.abort()
+        """
+        self._require(State.STREAMING, action="annotate")
+        key = (int(layer), int(expert))
+        if key not in self._written:
+            raise WriterStateError(f"{expert_name(layer, expert)}: annotated before it is written")
+        if self._manifest is not None:
+            self._manifest.add(*key, self._manifest.experts[key]["crc32c"], tensors)
 
     def stored_crc(self, layer: int, expert: int) -> int | None:
         """CRC-32C of the blob bytes now in the temporary file (None if it is too short).

@@ -257,3 +257,46 @@ def test_round_trip_through_transformers(mt: str, written: Any, tmp_path: Path) 
         else:
             assert torch.equal(after[name], p), name
     assert _rel(_logits(back, mt), _logits(original, mt)) < 0.3
+
+
+_NO_WEIGHT = "--calibrate: the checkpoint has no weight for "
+# --calibrate runs transformers' own modeling code layer by layer; these families cannot be
+# run so, each for its reason (the refusal's words after the checkpoint's path)
+CALIBRATE_REFUSED = {
+    "bailing_hybrid": _NO_WEIGHT + "model.layers.0.self_attn.conv1d",
+    "kimi_linear": _NO_WEIGHT + "model.layers.0.self_attn.conv1d",
+    "lara_mini": _NO_WEIGHT + "model.layers.0.linear_attn.",
+    "llama4": _NO_WEIGHT + "model.embed_tokens.weight",
+    "zaya": "--calibrate: the model's embedding pass failed: ",
+}
+
+
+CALIBRATE_DEFAULT = {"qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "qwen3_vl_moe", "llama4"}
+"""Calibrated in every ``make test``; the other families are marked slow (``make test-all``)."""
+
+
+@pytest.mark.parametrize(
+    "mt",
+    [
+        mt if mt in CALIBRATE_DEFAULT else pytest.param(mt, marks=pytest.mark.slow)
+        for mt in CONVERTED
+    ],
+)
+def test_calibrated(mt: str, written: Any, tmp_path: Path) -> None:
+    """Every converted family sculpts with --calibrate (its own forward pass, one layer at
+    a time) to a vault that verifies, its routed experts calibrated; or is refused in one
+    line naming what it lacks, with nothing written."""
+    import numpy as np
+
+    np.save(tmp_path / "c.npy", np.array(IDS, np.int64))
+    opts = SculptOptions(bits=4, jobs=1, calibrate=tmp_path / "c.npy")
+    if mt in CALIBRATE_REFUSED:
+        with pytest.raises(SmoeError) as err:
+            sculpt(written(mt), tmp_path / "o", opts)
+        assert str(err.value).startswith(f"{written(mt)}: {CALIBRATE_REFUSED[mt]}")
+        assert len(str(err.value).splitlines()) == 1
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+        return
+    res = sculpt(written(mt), tmp_path / "o", opts)
+    assert verify_path(res.vault, deep=True).ok
+    assert res.calibration["experts_calibrated"] > 0

@@ -1,0 +1,119 @@
+"""The calibrated run, layer by layer (called by :mod:`smoe.sculpt.driver` under the lock):
+statistics of every routed expert from the runner, the blobs by the Hessian-aware encoder
+(the driver's workers), then the layer run again on the blobs as the vault holds them, so
+that the next layer is calibrated on the quantised model's hidden states."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from smoe.format.plan import ExpertSlot
+from smoe.sculpt.calibrate.layers import Estimate, Tally, decode_blob, estimate, partial_fd
+from smoe.sculpt.calibrate.runner import LayerRunner, import_torch, source_weights, threads
+from smoe.sculpt.workers import Job
+
+if TYPE_CHECKING:
+    from smoe.sculpt.driver import Run
+    from smoe.sculpt.journal import Resumed
+
+__all__ = ["TOKENS_PER_BATCH", "calibrate_layers"]
+
+TOKENS_PER_BATCH = 8192
+"""Tokens per forward call (whole sequences; at least one): the activations of one call
+stay small beside the carried hidden states."""
+
+Key = tuple[int, int]
+Write = Callable[[list[Job]], dict[Key, list[Any]]]
+Adopt = Callable[[Key, list[Estimate | None]], None]
+
+
+def calibrate_layers(
+    run: Run,
+    todo: list[Job],
+    resumed: Resumed,
+    slots: dict[Key, ExpertSlot],
+    partial: Path,
+    write: Write,
+    adopt: Adopt,
+    annotate: Adopt,
+) -> dict[str, Any]:
+    """Every decoder layer up to the last with a chosen expert: collect, ``write`` the
+    layer's jobs with their statistics (the encoder's reports per key come back),
+    ``adopt`` each new expert with its estimates (``annotate`` a kept one), propagate.
+    Returns the calibration's counts, seconds and peak memory. :func:`smoe.sculpt.sculpt`
+    calls it with ``--calibrate``:
+
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from smoe.sculpt import SculptOptions, sculpt
+    >>> d = Path(tempfile.mkdtemp())
+    >>> np.save(d / "c.npy", np.arange(48).reshape(4, 12) % 128)
+    >>> res = sculpt("fixtures/checkpoints/qwen3_moe", d, SculptOptions(calibrate=d / "c.npy"))
+    >>> res.calibration["experts_calibrated"] + res.calibration["experts_unrouted"]
+    16
+    """
+    assert run.calibration is not None
+    t0 = time.perf_counter()
+    torch = import_torch()
+    torch.set_num_threads(threads())
+    ckpt, bits = run.ckpt, run.opts.bits
+    seq_len = run.calibration.ids.shape[1]
+    runner = LayerRunner(
+        ckpt, run.calibration.ids, run.opts.device, max(1, TOKENS_PER_BATCH // seq_len)
+    )
+    runner.start()
+    jobs_of: dict[int, list[Job]] = defaultdict(list)
+    for job in todo:
+        jobs_of[job.ref.layer].append(job)
+    chosen = {(r.layer, r.expert) for r in run.refs}
+    moe = set(ckpt.moe_layers)
+    tally = Tally()
+    fd = partial_fd(partial)
+    try:
+        for n in range(max(r.layer for r in run.refs) + 1):
+            refs = [ckpt.experts[(n, e)] for e in ckpt.layer_experts(n)] if n in moe else []
+            weights = source_weights(refs)
+            stats = runner.collect(n, weights)
+            jobs = []
+            for job in jobs_of.get(n, []):
+                st = stats.get(job.ref.expert)
+                if st is None or st.tokens == 0:
+                    tally.unrouted.append((n, job.ref.expert))
+                    jobs.append(job)
+                else:
+                    tally.calibrated += 1
+                    jobs.append(replace(job, hessians=st.hessians()))
+            reports = write(jobs) if jobs else {}
+            tally.failed += sum(
+                1 for rows in reports.values() for r in rows if r is not None and r.fallback
+            )
+            quantised = dict(weights)
+            for e in ckpt.layer_experts(n) if n in moe else []:
+                key = (n, e)
+                if key not in chosen:
+                    continue
+                quantised[e] = decode_blob(fd, partial, slots[key], bits)
+                st = stats.get(e)
+                hs = st.hessians() if st is not None else (None, None, None)
+                tokens = st.tokens if st is not None else 0
+                ests = [
+                    None if h is None else estimate(w, w_hat, h, bits, tokens)
+                    for w, w_hat, h in zip(weights[e], quantised[e], hs)
+                ]
+                tally.estimates[key] = ests
+                (annotate if key in resumed.kept else adopt)(key, ests)
+            del stats, jobs, reports
+            runner.propagate(n, quantised if n in moe else None)
+    finally:
+        os.close(fd)
+    tally.seconds = time.perf_counter() - t0
+    record = tally.record() | {"seconds": round(tally.seconds, 3)}
+    record["peak_device_bytes"] = runner.peak_bytes or None
+    record["sequential"] = True
+    return record

@@ -1,0 +1,331 @@
+"""``smoe sculpt --calibrate`` (issue 24) on tiny checkpoints that transformers writes.
+
+The calibrated vault is checked against the plain one: its experts' output error on
+*held-out* inputs (second moments of routed hidden states the calibration never saw) is no
+larger; a run is deterministic and resumable to the same bytes; experts no calibration
+token reached keep the plain encoder's bytes and are counted; the forward pass holds one
+decoder layer at a time; bad DATA and options are refused in one line with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from smoe import quant
+from smoe.format.verify import verify_path
+from smoe.sculpt import SculptOptions, sculpt
+from smoe.vault.reader import Vault
+
+torch = pytest.importorskip("torch", reason="the calibrate extra (torch) is not installed")
+pytest.importorskip("transformers", reason="the calibrate extra (transformers) is not installed")
+
+from smoe.sculpt.calibrate.runner import LayerRunner, source_weights  # noqa: E402
+from smoe.sculpt.source.checkpoint import Checkpoint  # noqa: E402
+from smoe_testkit import tiny  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+VOCAB = 96  # the tiny checkpoints' vocabulary (tiny.shrink's vocab_size)
+
+
+def _ids(seed: int, rows: int, cols: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, (rows, cols), dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny Qwen3-MoE (8 experts, top-2) as transformers writes it, with calibration and
+    held-out ids from its vocabulary."""
+    root = tmp_path_factory.mktemp("calibrate")
+    ck = root / "qwen3"
+    m = tiny.write("qwen3_moe", ck, overrides={"num_local_experts": 8, "num_experts_per_tok": 2})
+    vocab = m.config.vocab_size
+    np.save(root / "calib.npy", _ids(1, 24, 32, vocab))
+    np.save(root / "heldout.npy", _ids(2, 24, 32, vocab))
+    np.save(root / "two.npy", _ids(3, 1, 2, vocab))  # 2 tokens x top-2: at most 4 of 8 experts
+    return {"ck": ck, "root": root, "vocab": vocab}
+
+
+def _sculpt(model: dict, out: Path, bits: int = 2, **kw: Any) -> Any:
+    return sculpt(model["ck"], out, SculptOptions(bits=bits, jobs=1, **kw))
+
+
+@pytest.fixture(scope="module")
+def vaults(model: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The plain and the calibrated Q2 vaults (each sculpted once)."""
+    root = tmp_path_factory.mktemp("vaults")
+    plain = _sculpt(model, root / "plain")
+    calib = _sculpt(model, root / "calib", calibrate=model["root"] / "calib.npy")
+    return {"plain": plain, "calib": calib}
+
+
+def _heldout_hessians(model: dict) -> dict[tuple[int, int], tuple]:
+    """Per expert, its routed inputs' second moments over the held-out ids, in the
+    unquantised model (the runner, propagating the source experts)."""
+    ckpt = Checkpoint.open(model["ck"])
+    runner = LayerRunner(ckpt, np.load(model["root"] / "heldout.npy"))
+    runner.start()
+    out = {}
+    for n in ckpt.moe_layers:
+        weights = source_weights([ckpt.experts[(n, e)] for e in ckpt.layer_experts(n)])
+        for e, st in runner.collect(n, weights).items():
+            out[(n, e)] = st.hessians()
+        runner.propagate(n)
+    return out
+
+
+def _output_error(vault: Path, model: dict, hs: dict) -> float:
+    ckpt = Checkpoint.open(model["ck"])
+    total = 0.0
+    with Vault.open(vault) as v:
+        for (n, e), h in hs.items():
+            if h[0] is None:
+                continue
+            src = source_weights([ckpt.experts[(n, e)]])[e]
+            got = [v[n, e][t].dequantize() for t in ("gate_proj", "up_proj", "down_proj")]
+            total += sum(quant.hessian_error(w, w_hat, hm) for w, w_hat, hm in zip(src, got, h))
+    return total
+
+
+def test_calibrated_output_error_on_heldout_inputs_is_below_plain(
+    model: dict, vaults: dict
+) -> None:
+    hs = _heldout_hessians(model)
+    plain = _output_error(vaults["plain"].vault, model, hs)
+    calib = _output_error(vaults["calib"].vault, model, hs)
+    assert calib < plain
+
+
+def test_calibrated_vault_verifies_and_records_the_calibration(model: dict, vaults: dict) -> None:
+    res = vaults["calib"]
+    assert verify_path(res.vault, deep=True).ok
+    manifest = json.loads(res.vault.with_name(res.vault.name + ".manifest.json").read_text())
+    cal = manifest["source"]["calibration"]
+    data = (model["root"] / "calib.npy").read_bytes()
+    import hashlib
+
+    assert cal["sha256"] == hashlib.sha256(data).hexdigest()
+    assert (cal["file"], cal["format"], cal["tokens"], cal["sequences"]) == (
+        "calib.npy", "npy", 24 * 32, 24,
+    )  # fmt: skip
+    assert cal["experts_calibrated"] + cal["experts_unrouted"] == len(manifest["experts"])
+    tensors = [t for row in manifest["experts"] for t in row["tensors"]]
+    calibrated = [t for t in tensors if "calib_snr_db" in t]
+    assert calibrated and all(t["calib_tokens"] > 0 for t in calibrated)
+    assert all(t["calib_gain_db"] >= 0 for t in calibrated)  # never worse than plain on H
+
+
+def test_without_calibrate_the_vault_has_no_calibration(vaults: dict) -> None:
+    res = vaults["plain"]
+    manifest = json.loads(res.vault.with_name(res.vault.name + ".manifest.json").read_text())
+    assert "calibration" not in manifest["source"]
+    assert res.summary()["calibration"] is None
+
+
+def test_calibration_is_deterministic(model: dict, vaults: dict, tmp_path: Path) -> None:
+    again = _sculpt(model, tmp_path / "again", calibrate=model["root"] / "calib.npy")
+    first = vaults["calib"]
+    assert again.vault.read_bytes() == first.vault.read_bytes()
+    m1 = json.loads(first.vault.with_name(first.vault.name + ".manifest.json").read_text())
+    m2 = json.loads(again.vault.with_name(again.vault.name + ".manifest.json").read_text())
+    m1["source"]["calibration"].pop("seconds")
+    m2["source"]["calibration"].pop("seconds")
+    assert m1 == m2
+
+
+def test_unrouted_experts_keep_the_plain_encoding(
+    model: dict, vaults: dict, tmp_path: Path
+) -> None:
+    res = _sculpt(model, tmp_path / "two", calibrate=model["root"] / "two.npy")
+    cal = res.calibration
+    assert cal["experts_unrouted"] >= 4 * 2  # at least 4 of 8 in each of the 2 layers
+    manifest = json.loads(res.vault.with_name(res.vault.name + ".manifest.json").read_text())
+    plain = vaults["plain"].vault
+    with Vault.open(res.vault) as v, Vault.open(plain) as p:
+        for row in manifest["experts"]:
+            key = (row["layer"], row["expert"])
+            routed = "calib_snr_db" in row["tensors"][0]
+            same = _codes(v[key]) == _codes(p[key])
+            assert same or routed, key  # unrouted: the plain encoder's bytes
+    assert (
+        sum(1 for row in manifest["experts"] if "calib_snr_db" not in row["tensors"][0])
+        == (cal["experts_unrouted"])
+    )
+
+
+def _codes(expert: Any) -> list[bytes]:
+    return [bytes(t.packed) + bytes(t.scales) for t in expert.tensors]
+
+
+def test_an_interrupted_calibration_resumes_to_the_same_bytes(
+    model: dict, vaults: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "resumed"
+    opts = SculptOptions(bits=2, jobs=1, calibrate=model["root"] / "calib.npy")
+
+    def stop(done: int, total: int, bytes_in: int) -> None:
+        if done == 10:  # inside layer 1
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sculpt(model["ck"], out, opts, progress=stop)
+    res = sculpt(model["ck"], out, SculptOptions(**{**opts.__dict__, "resume": True}))
+    assert res.experts_resumed == 10
+    first = vaults["calib"]
+    assert res.vault.read_bytes() == first.vault.read_bytes()
+    m1 = json.loads(first.vault.with_name(first.vault.name + ".manifest.json").read_text())
+    m2 = json.loads(res.vault.with_name(res.vault.name + ".manifest.json").read_text())
+    assert m1["experts"] == m2["experts"]
+
+
+# ---- the command line -----------------------------------------------------------------
+def _cli(*args: str | os.PathLike, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "smoe", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_calibrate_prints_its_summary_line(model: dict, tmp_path: Path) -> None:
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--bits", "4", "--calibrate",
+               model["root"] / "calib.npy", "--json", cwd=tmp_path)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    cal = json.loads(got.stdout)["calibration"]
+    assert (cal["file"], cal["tokens"], cal["device"]) == ("calib.npy", 768, "cpu")
+    got = _cli("sculpt", model["ck"], tmp_path / "t", "--calibrate",
+               model["root"] / "calib.npy", "--calib-max-tokens", "64", cwd=tmp_path)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    line = next(x for x in got.stdout.splitlines() if x.startswith("calibration"))
+    assert "calib.npy: 64 tokens in 2 sequences on cpu" in line
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d, v: (d / "e.npy").write_bytes(b""), "{p}: empty file, no token ids"),
+        (
+            lambda d, v: np.save(d / "e.npy", np.array([[1, v]])),
+            "{p}: token id {v} at [0, 1] is out of range: ids must be in 0..{m} (vocab_size {v})",
+        ),
+        (
+            lambda d, v: np.save(d / "e.npy", np.zeros((2, 4), np.float32)),
+            "{p}: token ids must be integers, got float32",
+        ),
+    ],
+    ids=["empty", "id-past-vocab", "float"],
+)
+def test_cli_refuses_bad_data_in_one_line(
+    model: dict, tmp_path: Path, make: Any, message: str
+) -> None:
+    make(tmp_path, model["vocab"])
+    path = tmp_path / "e.npy"
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", path, cwd=tmp_path)
+    assert got.returncode == 1
+    assert (
+        got.stderr
+        == "error: " + message.format(p=path, v=model["vocab"], m=model["vocab"] - 1) + "\n"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_text_without_a_tokenizer(model: dict, tmp_path: Path) -> None:
+    (tmp_path / "c.txt").write_text("def f():\n    return 1\n")
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", "c.txt", cwd=tmp_path)
+    assert got.returncode == 1
+    assert got.stderr.startswith("error: c.txt: text needs the checkpoint's tokenizer")
+    assert len(got.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--scale", "absmax"],
+            "--calibrate chooses codes and scales itself; it cannot be given --scale absmax",
+        ),
+        (
+            ["--imatrix", "x.dat"],
+            "--calibrate and --imatrix: give one (the calibration's statistics hold the "
+            "importance matrix's and more)",
+        ),
+    ],
+    ids=["absmax", "imatrix"],
+)
+def test_cli_refuses_options_calibration_cannot_go_with(
+    model: dict, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    np.save(tmp_path / "c.npy", np.array([[1, 2]]))
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", "c.npy", *extra,
+               cwd=tmp_path)  # fmt: skip
+    assert (got.returncode, got.stderr) == (2, f"error: {message}\n")
+
+
+def test_cli_without_torch_names_the_extra(model: dict, tmp_path: Path) -> None:
+    np.save(tmp_path / "c.npy", np.array([[1, 2]]))
+    code = (
+        "import sys; sys.modules['torch'] = None; from smoe.cli import main; "
+        f"sys.exit(main(['sculpt', {str(model['ck'])!r}, 'o', '--calibrate', 'c.npy']))"
+    )
+    got = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 2
+    assert got.stderr == (
+        "error: --calibrate needs torch and transformers (torch is missing): "
+        "pip install 'smoe[calibrate]'\n"
+    )
+
+
+# ---- one decoder layer at a time --------------------------------------------------------
+_RSS = """
+import resource, sys
+from smoe.sculpt import SculptOptions, sculpt
+sculpt(sys.argv[1], sys.argv[2], SculptOptions(bits=2, jobs=1, calibrate=sys.argv[3]))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def _peak_rss(ck: Path, out: Path, data: Path) -> int:
+    got = subprocess.run(
+        [sys.executable, "-c", _RSS, str(ck), str(out), str(data)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert got.returncode == 0, got.stderr
+    return int(got.stdout.split()[-1])
+
+
+def test_calibration_holds_one_layer_at_a_time(tmp_path: Path) -> None:
+    """Twelve layers of ~13 MB of float32 weights each against two: the peak RSS grows by
+    far less than the ten extra layers would take if the model were held whole."""
+    sizes = {"hidden_size": 384, "moe_intermediate_size": 256, "num_local_experts": 8,
+             "num_experts_per_tok": 2, "intermediate_size": 256}  # fmt: skip
+    peaks = {}
+    for layers in (2, 12):
+        ck = tmp_path / f"l{layers}"
+        m = tiny.write("qwen3_moe", ck, overrides={**sizes, "num_hidden_layers": layers})
+        if layers == 2:
+            np.save(tmp_path / "c.npy", _ids(0, 8, 64, m.config.vocab_size))
+            per_layer = sum(p.numel() for p in m.model.layers[0].parameters()) * 4
+        peaks[layers] = _peak_rss(ck, tmp_path / f"o{layers}", tmp_path / "c.npy")
+    assert peaks[12] - peaks[2] < 10 * per_layer / 3, (peaks, per_layer)
