@@ -5,7 +5,9 @@ the table with its descriptors in a few reads bounded by the file size, runs the
 arch and table checks (vectorised; no per-entry Python objects) and builds the (layer,
 expert) lookup as a sorted key array. ``vault[layer, expert]`` checks that expert's
 descriptors and reads its tensors with one ``pread``; ``np.asarray(tensor)`` or
-``tensor.dequantize()`` decodes one of them. A file that shrinks under the reader gives a
+``tensor.dequantize()`` decodes one of them. ``vault.tensor_names()`` and
+``vault.get_tensor(name)`` give the same weights under the names ``smoe export --hf``
+writes (as safetensors' ``safe_open`` does). A file that shrinks under the reader gives a
 :class:`SmoeError`, never a signal.
 
 >>> import numpy as np
@@ -19,15 +21,16 @@ descriptors and reads its tensors with one ``pread``; ``np.asarray(tensor)`` or
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import operator
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
-from typing import SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar, overload
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -37,13 +40,20 @@ from smoe.errors import FormatError
 from smoe.format.findings import Finding
 from smoe.format.verify import Report, check_arch, check_descriptors, check_header, check_table
 from smoe.format.view import Data, FileView, Geometry, arch_view, header_view, table_views
+from smoe.interop.safetensors_io import read_header
+from smoe.vault.companions import companions
+from smoe.vault.fields import Fields
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES, Rule
+
+if TYPE_CHECKING:
+    from smoe.vault.names import OutTensor
 
 __all__ = ["ExpertView", "TensorView", "Vault", "VaultError"]
 
 _ID_LIMIT = 1 << 32  # layer and expert ids are u32
 _ML_DTYPES_FLOAT = re.compile(r"bfloat16|float[468]_e\w+")  # names ml_dtypes adds to numpy
+_T = TypeVar("_T")
 
 
 class VaultError(FormatError):
@@ -224,11 +234,54 @@ class ExpertView:
         )
 
 
-class Vault:
+def _id(value: object) -> int | None:
+    """``value`` as a layer or expert id (any integer, numpy's too), else None."""
+    return operator.index(value) if isinstance(value, SupportsIndex) else None
+
+
+def _shown(part: object) -> str:
+    """One index as it is written between brackets: ``0``, ``'x'``, ``:``, ``1:3``."""
+    if not isinstance(part, slice):
+        return repr(part)
+    text = ":".join("" if x is None else repr(x) for x in (part.start, part.stop))
+    return text if part.step is None else f"{text}:{part.step!r}"
+
+
+def _bad_key(key: object) -> TypeError:
+    """What a key that is not a (layer, expert) pair of integers gets: the forms a vault
+    takes, the key as written, and for the likely mistakes what to write instead."""
+    parts = key if isinstance(key, tuple) else (key,)
+    shown = ", ".join(_shown(p) for p in parts) if parts else "()"
+    if isinstance(key, tuple) and len(parts) == 1:
+        shown += ","
+    if isinstance(key, str):
+        hint = f": a tensor by its HF name is vault.get_tensor({key!r})"
+    elif any(isinstance(p, slice) for p in parts):
+        hint = ": slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)"
+    elif not isinstance(key, tuple) and (layer := _id(key)) is not None:
+        hint = f": the experts of layer {layer} are [k for k in vault if k[0] == {layer}]"
+    elif len(parts) == 2:
+        wrong = next(p for p in parts if _id(p) is None)
+        hint = f": layer and expert are integers, not {type(wrong).__name__}"
+    else:
+        hint = f": two ids, not {len(parts)}"
+    return TypeError(
+        f"a vault is indexed by (layer, expert), e.g. vault[0, 1]; got vault[{shown}]{hint}"
+    )
+
+
+class Vault(Mapping[tuple[int, int], ExpertView]):
     """A read-only vault: header, arch, table and descriptors in memory, blobs on demand.
 
-    Indexed by ``(layer, expert)`` like a dict of :class:`ExpertView`; iteration, ``in``,
-    :meth:`keys` and :meth:`items` go in table order.
+    A :class:`~collections.abc.Mapping` of ``(layer, expert)`` to :class:`ExpertView`:
+    ``len``, iteration, ``in``, :meth:`keys`, :meth:`values`, :meth:`items` and :meth:`get`
+    go in table order, reading an expert only when it is reached. :meth:`keys` is a list and
+    :meth:`items` an iterator (as before the vault was a Mapping); two vaults are equal only
+    if they are the same object (comparing contents would read every expert).
+
+    ``header`` and ``arch`` are dicts of plain values; ``header_record`` and
+    ``arch_record`` the numpy records they are read from. :meth:`tensor_names` and
+    :meth:`get_tensor` name the weights as ``smoe export --hf`` does.
 
     >>> with Vault.open("fixtures/q4_v2.smoe") as v:
     ...     print(v)
@@ -239,6 +292,10 @@ class Vault:
     >>> v[1, 9]
     Traceback (most recent call last):
     KeyError: 'fixtures/q4_v2.smoe: no expert (layer 1, expert 9)'
+    >>> v[0, :]
+    Traceback (most recent call last):
+    TypeError: a vault is indexed by (layer, expert), e.g. vault[0, 1]; got vault[0, :]: \
+slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
     """
 
     def __init__(
@@ -255,8 +312,8 @@ class Vault:
         self.data = data  # FileView (or an array): data[a:b] reads, len(data) = file size
         self.geometry = geo
         self.report = report  # findings of the checks run at open (warnings, info)
-        self.header = header
-        self.arch: np.void | None = (
+        self.header_record = header
+        self.arch_record: np.void | None = (
             arch_view(data, geo) if geo.version >= layout.VERSION_WITH_ARCH else None
         )
         self.table, self.descriptors = table, descriptors
@@ -264,6 +321,7 @@ class Vault:
         self._keys = (self.table["layer_id"].astype(np.uint64) << np.uint64(32)) | self.table[
             "expert_id"
         ].astype(np.uint64)
+        self._hf: dict[str, OutTensor] | None = None  # export's names, worked out on first use
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Vault:
@@ -361,6 +419,35 @@ class Vault:
     def __len__(self) -> int:
         return len(self.table)
 
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
+    @property
+    def header(self) -> Fields:
+        """The header's fields as a new dict of ints (``magic`` as bytes).
+
+        >>> h = Vault.open("fixtures/q4_v2.smoe").header
+        >>> h["version"], h["total_experts"], h["d_model"], h["data_offset"]
+        (2, 8, 64, 16384)
+        """
+        return Fields(self.header_record)
+
+    @property
+    def arch(self) -> Fields | None:
+        """The arch block's fields as a new dict (None in a v1 vault): ints, floats as
+        the shortest decimal of their float32, ``model_type`` a str.
+
+        >>> a = Vault.open("fixtures/q4_v2.smoe").arch
+        >>> a["model_type"], a["num_heads"], a["moe_top_k"], a["rms_norm_eps"]
+        ('olmoe', 4, 2, 1e-05)
+        >>> Vault.open("fixtures/q4_v1.smoe").arch is None
+        True
+        """
+        return None if self.arch_record is None else Fields(self.arch_record)
+
     @property
     def bits(self) -> int:
         """Bits per weight code: 2 or 4.
@@ -368,7 +455,7 @@ class Vault:
         >>> Vault.open("fixtures/q2_v2.smoe").bits
         2
         """
-        return int(self.header["bits"])
+        return int(self.header_record["bits"])
 
     def index(self, layer: SupportsIndex, expert: SupportsIndex) -> int:
         """Table index of (layer, expert); KeyError if the vault does not hold it.
@@ -377,7 +464,10 @@ class Vault:
         >>> v.index(0, 0), v.index(1, 3)
         (0, 7)
         """
-        layer, expert = operator.index(layer), operator.index(expert)
+        try:
+            layer, expert = operator.index(layer), operator.index(expert)
+        except TypeError:
+            raise _bad_key((layer, expert)) from None
         if 0 <= layer < _ID_LIMIT and 0 <= expert < _ID_LIMIT:
             key = np.uint64((layer << 32) | expert)
             i = int(np.searchsorted(self._keys, key))
@@ -398,7 +488,7 @@ class Vault:
         """(layer, expert) of every entry, in table order."""
         return iter(self.keys())
 
-    def keys(self) -> list[tuple[int, int]]:
+    def keys(self) -> list[tuple[int, int]]:  # type: ignore[override]  # a list, as before
         """(layer, expert) of every entry, in table order.
 
         >>> Vault.open("fixtures/q4_v2.smoe").keys()[:3]
@@ -406,8 +496,18 @@ class Vault:
         """
         return [(int(k >> np.uint64(32)), int(k & np.uint64(0xFFFFFFFF))) for k in self._keys]
 
-    def items(self) -> Iterator[tuple[tuple[int, int], ExpertView]]:
-        """((layer, expert), expert view) pairs in table order, each expert read when reached.
+    def values(self) -> ValuesView[ExpertView]:
+        """Every expert in table order, each read when reached (as the Mapping's view).
+
+        >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+        ...     [e.expert_id for e in v.values()][:5]
+        [0, 1, 2, 3, 0]
+        """
+        return ValuesView(self)
+
+    def items(self) -> Iterator[tuple[tuple[int, int], ExpertView]]:  # type: ignore[override]
+        """((layer, expert), expert view) pairs in table order, each expert read when reached
+        (an iterator, as before the vault was a Mapping).
 
         >>> with Vault.open("fixtures/q4_v2.smoe") as v:
         ...     for (layer, expert), e in v.items():
@@ -419,6 +519,21 @@ class Vault:
         for key in self.keys():
             yield key, self.expert(*key)
 
+    @overload
+    def get(self, key: object, /) -> ExpertView | None: ...
+    @overload
+    def get(self, key: object, default: _T, /) -> ExpertView | _T: ...
+    def get(self, key: object, default: Any = None, /) -> Any:
+        """``vault[key]`` if the vault holds ``key`` (as ``in`` says), else ``default``.
+
+        >>> v = Vault.open("fixtures/q4_v2.smoe")
+        >>> v.get((0, 1)), v.get((0, 9)), v.get("x", "none")
+        (ExpertView(layer 0, expert 1: ...), None, 'none')
+        """
+        if key not in self:  # a key of another form too: as for a dict, not an error
+            return default
+        return self[key]  # type: ignore[index]
+
     def layers(self) -> dict[int, int]:
         """layer_id -> number of experts stored.
 
@@ -429,10 +544,74 @@ class Vault:
         return {int(i): int(c) for i, c in zip(ids, counts)}
 
     def __getitem__(self, key: tuple[SupportsIndex, SupportsIndex]) -> ExpertView:
-        """``vault[layer, expert]``: the same as :meth:`expert`."""
-        if not isinstance(key, tuple) or len(key) != 2:
-            raise TypeError(f"a vault is indexed by (layer, expert), e.g. vault[0, 1]; got {key!r}")
+        """``vault[layer, expert]``: the same as :meth:`expert`; any other key is a
+        TypeError naming the forms a vault takes."""
+        if not isinstance(key, tuple) or len(key) != 2 or any(_id(k) is None for k in key):
+            raise _bad_key(key)
         return self.expert(*key)
+
+    # ---- the names export --hf writes ------------------------------------------------------
+    def _hf_layout(self) -> dict[str, OutTensor]:
+        """Export's expert tensors by name, in natural order; worked out once,
+        from the manifest and scout beside the vault (a vault over an array has neither)."""
+        if self._hf is None:
+            from smoe.vault import names  # the export rules, which import this module
+
+            beside = isinstance(self.data, FileView)
+            doc, manifest_path = names.load_manifest(self) if beside else (None, Path())
+            scout = companions(self.path)[0]
+
+            def scout_names() -> set[str]:
+                return set(read_header(scout)) if beside and os.path.lexists(scout) else set()
+
+            found = names.expert_layout(self, doc, manifest_path, scout_names)
+            self._hf = {n: found[n] for n in sorted(found, key=names.natural_key)}
+        return self._hf
+
+    def tensor_names(self) -> list[str]:
+        """The expert tensors' names as ``smoe export --hf`` writes them (safetensors'
+        ``keys()``), in natural order (layer 2 before layer 10, as export fills its shards):
+        the source's, from the manifest beside the vault, else the family's standard names
+        (Mixtral's by the arch block or the scout's routers); a manifest that describes
+        another vault is refused as export refuses it.
+
+        >>> names = Vault.open("fixtures/q4_v2.smoe").tensor_names()
+        >>> len(names), names[:2]  # doctest: +NORMALIZE_WHITESPACE
+        (24, ['model.layers.0.mlp.experts.0.down_proj.weight',
+              'model.layers.0.mlp.experts.0.gate_proj.weight'])
+        """
+        return list(self._hf_layout())
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        """The tensor ``name`` of :meth:`tensor_names` dequantised to a new float32 array,
+        in the shape and layout export writes it (a fused tensor whole: every expert's
+        slab); an unknown name is a KeyError naming the nearest ones.
+
+        >>> v = Vault.open("fixtures/q4_v2.smoe")
+        >>> w = v.get_tensor("model.layers.1.mlp.experts.2.down_proj.weight")
+        >>> w.shape, w.dtype, bool((w == v[1, 2]["down_proj"].dequantize()).all())
+        ((64, 32), dtype('float32'), True)
+        >>> v.get_tensor("model.layers.1.mlp.experts.2.down.weight")
+        Traceback (most recent call last):
+        KeyError: "fixtures/q4_v2.smoe: no tensor 'model.layers.1.mlp.experts.2.down.weight'; \
+nearest: 'model.layers.1.mlp.experts.2.down_proj.weight', ... (vault.tensor_names() lists all 24)"
+        """
+        found = self._hf_layout()
+        if not isinstance(name, str):
+            raise TypeError(
+                f"a tensor name is a str, e.g. {next(iter(found), 'x')!r}; got {name!r}"
+            )
+        out = found.get(name)
+        if out is None:
+            near = difflib.get_close_matches(name, list(found), n=3)
+            shown = f"; nearest: {', '.join(map(repr, near))}" if near else ""
+            raise KeyError(
+                f"{self.path}: no tensor {name!r}{shown} (vault.tensor_names() lists all "
+                f"{len(found)})"
+            )
+        from smoe.vault.names import assemble
+
+        return assemble(self, out)
 
     def expert(self, layer: SupportsIndex, expert: SupportsIndex) -> ExpertView:
         """One expert's tensors, read with one ``pread``; its descriptors are checked first.
@@ -450,8 +629,8 @@ class Vault:
                 self.descriptors,
                 self.geometry,
                 report,
-                self.header,
-                self.arch,
+                self.header_record,
+                self.arch_record,
                 i,
                 i + 1,
             )

@@ -536,7 +536,7 @@ def _rewrite(
         g = vault.geometry
         slot = _arch_slot(vault)
         shift = max(layout.writer_data_offset(g.total, layout.VERSION_WITH_ARCH) - g.data_offset, 0)
-        header = vault.header.copy()
+        header = vault.header_record.copy()
         header["version"] = layout.VERSION_WITH_ARCH
         header["reserved_ext"] = slot
         header["data_offset"] = g.data_offset + shift

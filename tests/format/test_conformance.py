@@ -35,8 +35,8 @@ def test_check_agrees_with_python_reader(vaults, key: str) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     v = Vault.open(vaults[key])
-    assert out["header"] == plain(v.header)
-    arch = plain(v.arch)
+    assert out["header"] == plain(v.header_record)
+    arch = plain(v.arch_record)
     for name, value in arch.items():
         if name == "reserved":
             continue

@@ -72,6 +72,7 @@ from smoe.plumbing.atomic import AtomicFile
 from smoe.plumbing.cpus import usable_cores
 from smoe.vault.companions import companions
 from smoe.vault.contradictions import refuse_contradictions, stated
+from smoe.vault.names import load_manifest, natural_key
 from smoe.vault.reader import ExpertView, Vault
 from smoe_gen.layout import TENSOR_NAMES
 
@@ -198,40 +199,6 @@ def _refuse_partial(vault: Vault, doc: dict[str, Any] | None) -> None:
         "checkpoint needs every expert: sculpt the model again without "
         "--max-layers/--max-experts"
     )
-
-
-def _load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
-    """The manifest beside the vault (None if there is none), checked to describe it:
-    size, table entries, offsets and raw sizes (blob CRCs are checked while exporting)."""
-    path = manifest.path_for(vault.path)
-    if not os.path.lexists(path):
-        return None, path
-    try:
-        doc = manifest.load(path, len(vault))
-    except manifest.ManifestError as e:
-        raise FormatError(f"{path}: {e.finding.message}") from None
-    rows = doc["experts"]
-    size = doc["vault"]["size"]
-    said = doc["vault"]["experts"]
-    if size != len(vault.data) or len(rows) != len(vault) or said != len(vault):
-        raise RefusedInput(
-            f"{path}: describes another vault ({size} bytes, {said} experts"
-            + ("" if said == len(rows) else f", {len(rows)} rows")
-            + "; "
-            f"{vault.path} has {len(vault.data)} bytes, {len(vault)} experts)"
-        )
-    table = vault.table
-    for i, row in enumerate(rows):
-        t = table[i]
-        want = (int(t["layer_id"]), int(t["expert_id"]), int(t["byte_offset"]), int(t["raw_size"]))
-        if (row["layer"], row["expert"], row["offset"], row["raw_size"]) != want:
-            raise RefusedInput(
-                f"{path}: experts[{i}] is layer {row['layer']} expert "
-                f"{row['expert']} at offset {row['offset']}, but table entry {i} "
-                f"of {vault.path} is layer {want[0]} expert {want[1]} at offset "
-                f"{want[2]}: the manifest describes another vault"
-            )
-    return doc, path
 
 
 def _scout_dtype(scout: dict[str, TensorInfo]) -> str | None:
@@ -429,11 +396,6 @@ def _write_transposed(
 
 
 # ---- the output folder ----------------------------------------------------------------------
-def _natural_key(name: str) -> list[Any]:
-    """``model.layers.10`` after ``model.layers.9``: numbers compared as numbers."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
 def _shard(items: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
     """Names in order, split greedily into shards of at most ``max_bytes`` of data (a tensor
     larger than that gets a shard of its own), as huggingface_hub splits a state dict."""
@@ -563,7 +525,7 @@ class _Plan:
         """Every tensor in natural name order, in shards of at most ``max_shard_size``
         bytes of data."""
         plan = cls(scout, experts, dtypes, [])
-        order = sorted([*scout, *experts], key=_natural_key)
+        order = sorted([*scout, *experts], key=natural_key)
         plan.shards = _shard([(n, plan.nbytes(n)) for n in order], max_shard_size)
         return plan
 
@@ -771,7 +733,7 @@ class _Sources:
 def _fp8_scout_tensor(scout: dict[str, TensorInfo]) -> str | None:
     """The first of the scout's tensors (natural name order) that is FP8 or an FP8 scale
     (``*_scale_inv``, ``*weight_scale``), as the refusal names it; None if there is none."""
-    for name in sorted(scout, key=_natural_key):
+    for name in sorted(scout, key=natural_key):
         dtype = scout[name].dtype
         if dtype in FP8_DTYPES:
             return f"the FP8 tensor {name!r} ({dtype})"
@@ -799,7 +761,7 @@ def _open_sources(vault: Vault, vault_path: Path, scout: str | os.PathLike | Non
     """The manifest (checked to describe ``vault``, which must be whole) and the scout's
     header (``scout``, default the one beside the vault; checked to belong to its model
     by :func:`_check_scout` once the config is known)."""
-    doc, manifest_path = _load_manifest(vault)
+    doc, manifest_path = load_manifest(vault)
     _refuse_partial(vault, doc)
     scout_path = Path(scout) if scout is not None else companions(vault_path)[0]
     if scout is None and not os.path.lexists(scout_path):
@@ -845,7 +807,7 @@ def _moe_blocks(experts: dict[str, OutTensor]) -> tuple[str, dict[int, str]]:
     its MoE block (``model.layers.3.mlp.``): where the expert tensors written go, so where
     the scout must hold that layer's router."""
     stem, blocks = "", dict[int, str]()
-    for name in sorted(experts, key=_natural_key):
+    for name in sorted(experts, key=natural_key):
         split = split_layer(name)
         if split is None:
             continue
@@ -923,7 +885,7 @@ def _check_routers(vault: Vault, src: _Sources, blocks: dict[int, str], mlp_rout
     experts, d_model = int(vault.header["max_experts_per_layer"]), int(vault.header["d_model"])
     want = (experts, d_model)
     found: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
-    for name in sorted(src.scout, key=_natural_key):
+    for name in sorted(src.scout, key=natural_key):
         split = split_layer(name)
         at = blocks.get(split[1], "") if split is not None else ""
         if split is not None and at and name.startswith(at) and _router_like(name[len(at) :]):

@@ -1,241 +1,30 @@
 """Which checkpoint tensor each vault tensor becomes: names and layout.
 
-The sculptor's manifest records, per expert tensor, the checkpoint tensor it came from
-(``experts[].tensors[].source``), its expert index in a fused 3-D tensor (``index``) and
-its row range in a fused gate/up tensor (``rows``): read back, they give the source's own
-names and layout, per expert, Mixtral's ``w1/w3/w2`` or fused ``gate_up_proj``/
-``down_proj``. Without a manifest (or one without ``tensors``), the family's standard
-per-expert names are used (Mixtral's when the scout has ``block_sparse_moe`` routers or the
-arch block says ``mixtral``): transformers loads both forms.
+The rules live in :mod:`smoe.vault.names`, below the export layer, so that the reader
+(:meth:`smoe.vault.reader.Vault.tensor_names`) names tensors exactly as ``export --hf``
+writes them; this module re-exports them where export has always found them.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from smoe.vault.names import (
+    OutTensor,
+    Piece,
+    assemble,
+    expert_layout,
+    family_layout,
+    load_manifest,
+    manifest_layout,
+    natural_key,
+)
 
-from smoe.errors import FormatError
-from smoe.format.manifest import source_fault
-from smoe.interop.safetensors_io import FLOAT_DTYPES, json_excerpt
-from smoe.vault.reader import Vault
-from smoe_gen.layout import TENSOR_NAMES
-
-__all__ = ["OutTensor", "Piece", "family_layout", "manifest_layout"]
-
-PER_EXPERT = "model.layers.{L}.mlp.experts.{E}.{role}.weight"
-MIXTRAL = "model.layers.{L}.block_sparse_moe.experts.{E}.{role}.weight"
-MIXTRAL_ROLES = ("w1", "w3", "w2")  # gate, up, down
-MIXTRAL_ROUTER = re.compile(r"^model\.layers\.\d+\.block_sparse_moe\.gate\.weight$")
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One vault tensor's place in an output tensor.
-
-    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
-    ...     out = family_layout(vault, set(), "olmoe")
-    >>> out["model.layers.1.mlp.experts.2.down_proj.weight"].pieces
-    [Piece(key=(1, 2), tensor=2, index=None, rows=(0, 64))]
-    """
-
-    key: tuple[int, int]  # (layer, expert) in the vault
-    tensor: int  # 0 gate, 1 up, 2 down
-    index: int | None  # slab of a 3-D tensor, None for a 2-D one
-    rows: tuple[int, int]  # row range [start, stop) within the slab (or the 2-D tensor)
-
-
-@dataclass
-class OutTensor:
-    """An expert tensor of the output checkpoint and the vault tensors that fill it.
-
-    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
-    ...     out = family_layout(vault, set(), "mixtral")
-    >>> o = out["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
-    >>> o.shape, len(o.pieces), o.dtype
-    ((64, 32), 1, None)
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    pieces: list[Piece] = field(default_factory=list)
-    dtype: str | None = None  # the source's safetensors dtype, when the manifest records it
-    transposed: bool = False  # a slab holds the pieces' transposes side by side ([E, H, 2I])
-
-    @property
-    def cols(self) -> int:
-        """The width of the vault tensors' rows (the tensor's last dimension, or the one
-        before it when transposed).
-
-        >>> OutTensor("model.layers.0.mlp.experts.down_proj", (4, 64, 32)).cols
-        32
-        """
-        return self.shape[-2] if self.transposed else self.shape[-1]
-
-
-def _shape(vault: Vault, key: tuple[int, int], t: int) -> tuple[int, int]:
-    d = vault.descriptors[vault.index(*key)][t]
-    return int(d["rows"]), int(d["cols"])
-
-
-def family_layout(vault: Vault, scout_names: set[str], model_type: str) -> dict[str, OutTensor]:
-    """Standard per-expert names: Mixtral's ``w1/w3/w2`` for the mixtral family (by the
-    arch block's model_type or the scout's ``block_sparse_moe`` routers), else
-    ``mlp.experts.{E}.{gate,up,down}_proj``.
-
-    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
-    ...     names = list(family_layout(vault, set(), "mixtral"))
-    >>> len(names), names[:3]  # doctest: +NORMALIZE_WHITESPACE
-    (24, ['model.layers.0.block_sparse_moe.experts.0.w1.weight',
-          'model.layers.0.block_sparse_moe.experts.0.w3.weight',
-          'model.layers.0.block_sparse_moe.experts.0.w2.weight'])
-    """
-    mixtral = model_type == "mixtral" or any(MIXTRAL_ROUTER.match(n) for n in scout_names)
-    pattern, roles = (MIXTRAL, MIXTRAL_ROLES) if mixtral else (PER_EXPERT, TENSOR_NAMES)
-    out: dict[str, OutTensor] = {}
-    for key in vault:
-        for t, role in enumerate(roles):
-            rows, cols = _shape(vault, key, t)
-            name = pattern.format(L=key[0], E=key[1], role=role)
-            out[name] = OutTensor(name, (rows, cols), [Piece(key, t, None, (0, rows))])
-    return out
-
-
-def _where(path: Path, i: int, j: int | None = None) -> str:
-    return f"{path}: experts[{i}]" + ("" if j is None else f".tensors[{j}]")
-
-
-def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, OutTensor] | None:
-    """The source's names and layout from a manifest that matches ``vault`` (checked by the
-    caller); None when it records no ``tensors`` (e.g. written by ``upgrade --out`` from an
-    old manifest). Refused: sources that do not tile their tensor exactly once.
-
-    >>> from smoe.format import manifest
-    >>> vault = Vault.open("fixtures/q4_v2.smoe")
-    >>> path = Path("fixtures/q4_v2.smoe.manifest.json")
-    >>> doc = manifest.load(path, len(vault))
-    >>> manifest_layout(vault, doc, path) is None  # these fixtures record no sources
-    True
-    >>> for row in doc["experts"]:  # as the sculptor records fused 3-D sources
-    ...     p, e = f"model.layers.{row['layer']}.mlp.experts.", row["expert"]
-    ...     row["tensors"] = [
-    ...         {"source": p + "gate_up_proj", "index": e, "rows": [0, 32]},
-    ...         {"source": p + "gate_up_proj", "index": e, "rows": [32, 64]},
-    ...         {"source": p + "down_proj", "index": e},
-    ...     ]
-    >>> out = manifest_layout(vault, doc, path)
-    >>> {name: o.shape for name, o in out.items() if ".0." in name}
-    {'model.layers.0.mlp.experts.gate_up_proj': (4, 64, 64), \
-'model.layers.0.mlp.experts.down_proj': (4, 64, 32)}
-    >>> vault.close()
-    """
-    rows_of = doc["experts"]
-    if all(r.get("tensors") is None for r in rows_of):
-        return None  # no row records its sources (an old tool's manifest)
-    for i, row in enumerate(rows_of):  # some do: every row must, as a list
-        if not isinstance(row.get("tensors"), list):
-            raise FormatError(
-                f"{_where(path, i)}.tensors is {json_excerpt(row.get('tensors'))}, expected "
-                "the expert's 3 source tensors, as the other rows record them"
-            )
-    out: dict[str, OutTensor] = {}
-    for i, row in enumerate(rows_of):
-        key = (row["layer"], row["expert"])
-        tensors = row["tensors"]
-        if len(tensors) != len(TENSOR_NAMES):
-            raise FormatError(
-                f"{_where(path, i)}: {len(tensors)} tensors, expected "
-                f"{len(TENSOR_NAMES)} (gate, up, down)"
-            )
-        for t, entry in enumerate(tensors):
-            _place(out, vault, key, t, entry, _where(path, i, t))
-    for o in out.values():
-        _tile(o, path)
-    return out
-
-
-def _place(
-    out: dict[str, OutTensor],
-    vault: Vault,
-    key: tuple[int, int],
-    t: int,
-    entry: object,
-    where: str,
-) -> None:
-    """Add vault tensor ``t`` of expert ``key`` to the output tensor its manifest ``entry``
-    (at ``where``) names; refused if its ``index`` or ``rows`` do not fit the vault
-    (:func:`smoe.format.manifest.source_fault`) or that tensor was given another index
-    kind, width or dtype before."""
-    source, index, rows, dtype, transposed = _entry_fields(entry, where)
-    n_rows, cols = _shape(vault, key, t)
-    assert isinstance(entry, dict)  # checked by _entry_fields
-    expert_rows = sum(_shape(vault, key, u)[0] for u in range(len(TENSOR_NAMES)))
-    experts = int(vault.header["max_experts_per_layer"])
-    fault = source_fault(entry, n_rows, expert_rows, experts, (key[0], key[1], t))
-    if fault is not None:
-        raise FormatError(f"{where}.{fault[0]} {fault[1]}")
-    span = (0, n_rows) if rows is None else (rows[0], rows[1])
-    o = out.setdefault(source, OutTensor(source, ()))
-    if o.pieces and (
-        (o.pieces[0].index is None) != (index is None)
-        or o.shape[-1] != cols
-        or o.dtype != dtype
-        or o.transposed != transposed
-    ):
-        raise FormatError(
-            f"{where}: {source!r} is given another index kind, width, "
-            "dtype or orientation than by an earlier entry"
-        )
-    o.shape, o.dtype, o.transposed = (cols,), dtype, transposed
-    o.pieces.append(Piece(key, t, index, span))
-
-
-def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None, bool]:
-    """An ``experts[].tensors[]`` entry of the manifest: its source tensor's name and dtype
-    (None: not recorded) and whether the source holds its transpose, checked, and its
-    ``index`` and ``rows`` as given."""
-    if not isinstance(entry, dict):
-        raise FormatError(f"{where}: not an object")
-    source, index, rows, dtype = (entry.get(k) for k in ("source", "index", "rows", "dtype"))
-    transposed = entry.get("transposed", False)
-    if type(transposed) is not bool:
-        raise FormatError(f"{where}.transposed is {transposed!r}, expected true or false")
-    if not isinstance(source, str) or not source:
-        raise FormatError(f"{where}.source is {source!r}, expected a tensor name")
-    if dtype is not None and dtype not in FLOAT_DTYPES:
-        raise FormatError(f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}")
-    return source, index, rows, dtype, transposed
-
-
-def _tile(o: OutTensor, path: Path) -> None:
-    """Set ``o.shape`` from its pieces; refuse gaps, overlaps and missing slabs."""
-    cols = o.shape[-1]
-    slabs: dict[int | None, list[tuple[int, int]]] = {}
-    for p in o.pieces:
-        slabs.setdefault(p.index, []).append(p.rows)
-    height = max(stop for spans in slabs.values() for _, stop in spans)
-    for index, spans in slabs.items():
-        at = 0
-        for start, stop in sorted(spans):
-            if start != at:  # a gap or an overlap
-                at = -1
-                break
-            at = stop
-        if at != height:
-            slab = "" if index is None else f" slab {index}"
-            raise FormatError(
-                f"{path}: the experts' sources do not tile {o.name!r}{slab}: rows "
-                f"{sorted(spans)} of {height}"
-            )
-    if None in slabs:
-        o.shape = (cols, height) if o.transposed else (height, cols)
-        return
-    indices = sorted(i for i in slabs if i is not None)  # all: the pieces are 3-D slabs
-    count = indices[-1] + 1
-    missing = next((at for at, i in enumerate(indices) if at != i), None)  # no range built
-    if missing is not None:
-        raise FormatError(
-            f"{path}: {o.name!r} would have {count} slabs, but no expert fills slab {missing}"
-        )
-    o.shape = (count, cols, height) if o.transposed else (count, height, cols)
+__all__ = [
+    "OutTensor",
+    "Piece",
+    "assemble",
+    "expert_layout",
+    "family_layout",
+    "load_manifest",
+    "manifest_layout",
+    "natural_key",
+]

@@ -222,7 +222,7 @@ def _rebuild_inputs(
 ) -> tuple[np.void, Family, TensorInfo]:
     """The arch block, its family and the scout's embedding, which a rebuild needs;
     refused, naming what is missing."""
-    a = vault.arch
+    a = vault.arch_record
     if a is None:
         raise RefusedInput(
             f"{vault.path}: no config.json beside it and no arch block (a v1 "
