@@ -19,7 +19,10 @@ Exit status:
   The kinds are raised where the problem is found; :data:`smoe.cli.failures.EXIT_STATUS`
   maps them to these numbers.
 * 130: interrupted (Ctrl-C); 143: terminated (SIGTERM or SIGHUP), cleaned up as for Ctrl-C;
-  141: stdout was closed (``| head``), quietly.
+  141: stdout was closed (``| head``), quietly: nothing on stderr, also when the pipe
+  closes at the last flush or under ``--help`` (stdout then points at /dev/null, so that
+  the interpreter's own flush at exit has nothing to fail on); a command that failed keeps
+  its status. A closed stderr drops its lines and changes no status.
 
 With ``--json`` stdout holds exactly one RFC 8259 document, on success (the command's own
 shape; verify and dump: docs/JSON.md) and on failure: ``{"schema": "smoe-findings/1", "ok":
@@ -34,10 +37,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from smoe.cli.console import Stdout, to_json
-from smoe.cli.failures import fail, run, terminate_on_signals
+from smoe.cli.console import Stdout, silence_stdout, to_json
+from smoe.cli.failures import describe, fail, run, terminate_on_signals
 from smoe.cli.parser import build_dump_parser, build_parser
-from smoe.errors import UsageError
+from smoe.errors import SmoeError, UsageError
+from smoe_gen import exit_codes
 
 __all__ = ["dump_main", "main", "to_json"]
 
@@ -49,17 +53,40 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes never crash output
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)
+    stdout = sys.stdout
+    sys.stdout = out = Stdout(stdout)
     terminate_on_signals()  # SIGTERM/SIGHUP clean up as Ctrl-C does, then exit 143
     try:
         try:
             args = parser.parse_args(argv)
         except UsageError as e:
             words = argv[: argv.index("--")] if "--" in argv else argv
-            return fail(argparse.Namespace(json="--json" in words), str(e), 2)
-        return run(args)
+            return _flushed(out, fail(argparse.Namespace(json="--json" in words), str(e), 2))
+        except SystemExit as e:  # --help, --version: printed (argparse drops a write error)
+            if e.code not in (0, None):
+                raise
+            return _flushed(out, 0)
+        return _flushed(out, run(args))
     finally:
         sys.stdout = stdout
+
+
+def _flushed(out: Stdout, code: int) -> int:
+    """``code``, once what stdout still buffers is written, so that the flush at interpreter
+    exit has nothing left to fail on. Stdout closed (``| head``), now or before: it is pointed
+    at /dev/null and a success becomes 141, quietly; a failure keeps its status (its line is
+    on stderr), as it does when the flush fails otherwise (a full disk under a redirected
+    stdout)."""
+    try:
+        out.flush()
+    except BrokenPipeError:
+        pass
+    except (OSError, SmoeError) as e:  # console.Stdout already pointed stdout at /dev/null
+        return fail(argparse.Namespace(), *describe(e)) if code == 0 else code
+    if out.pipe_closed:
+        silence_stdout()
+        return exit_codes.STDOUT_CLOSED.status if code == 0 else code
+    return code
 
 
 def dump_main(argv: list[str] | None = None) -> int:

@@ -420,25 +420,42 @@ def _show_findings(args: argparse.Namespace, report: Report) -> None:
 def cmd_dump(args: argparse.Namespace) -> int:
     """Show a vault: summary, header, arch block, table by layer, findings.
 
+    ``--field NAME`` prints one value of the ``--json`` document instead (an unknown name:
+    UsageError, exit 2); the exit status is the verdict either way.
+
     >>> from smoe.cli.parser import build_parser
     >>> cmd_dump(build_parser().parse_args(["dump", "fixtures/q4_v1.smoe"]))
     fixtures/q4_v1.smoe  147,456 bytes  v1  Q4  group 64  data_offset 0x4000  full vault, 8 experts
     ...
     └── findings (0)
     0
+    >>> cmd_dump(build_parser().parse_args(
+    ...     ["dump", "fixtures/q4_v2.smoe", "--field", "arch.model_type"]))
+    olmoe
+    0
     """
-    from smoe.cli.dump import collect_path, render
+    from smoe.cli.dump import collect_path, document, field, field_text, render
 
     dump, report = collect_path(args.vault, deep=args.deep, manifest=manifest_choice(args))
-    if args.json:
-        keys = ("file", "header", "arch", "experts", "findings")
-        print_json({"schema": findings.SCHEMA, **{k: dump[k] for k in keys}})
+    doc = document(dump)
+    if args.field is not None:
+        value = field(doc, args.field)
+        if args.json:
+            print_json(value)
+        else:
+            sys.stdout.write(field_text(value) + "\n")
+    elif args.json:
+        print_json(doc)
     else:
         render(dump, make_console(), experts=args.experts, layer=args.layer)
     return verdict(report)
 
 
 # ---- export --------------------------------------------------------------------------------
+EXPORT_SCHEMA = "smoe-export/1"  # the "schema" key of `smoe export --json` (docs/JSON.md)
+EXPORT_HF_SCHEMA = "smoe-export-hf/1"  # that of `smoe export --hf --json` (docs/JSON.md)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Dequantise experts to float32 safetensors, or (--hf) a whole HF checkpoint folder.
 
@@ -461,7 +478,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
     if args.json:
-        print_json({"out": str(args.out), "tensors": names})
+        print_json({"schema": EXPORT_SCHEMA, "out": str(args.out), "tensors": names})
     else:
         make_console().print(
             f"wrote {len(names)} float32 tensors "
@@ -494,7 +511,7 @@ def _export_hf(args: argparse.Namespace) -> int:
     )
     summary = result.summary()
     if args.json:
-        print_json(summary)
+        print_json({"schema": EXPORT_HF_SCHEMA, **summary})
         return 0
     print_notes(summary["notes"])
     origin = (
@@ -513,6 +530,9 @@ def _export_hf(args: argparse.Namespace) -> int:
 
 
 # ---- upgrade -------------------------------------------------------------------------------
+UPGRADE_SCHEMA = "smoe-upgrade/1"  # the "schema" key of `smoe upgrade --json` (docs/JSON.md)
+
+
 def cmd_upgrade(args: argparse.Namespace) -> int:
     """Upgrade a v1 vault to v2 (D7): in place when there is room, else --out NEW.
 
@@ -523,8 +543,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     ...     "--model", "fixtures/checkpoints/olmoe", "--json"])
     >>> with contextlib.redirect_stdout(io.StringIO()) as printed:
     ...     code = cmd_upgrade(args)
-    >>> code, json.loads(printed.getvalue())["mode"]
-    (0, 'rewrite')
+    >>> code, json.loads(printed.getvalue())["mode"], json.loads(printed.getvalue())["schema"]
+    (0, 'rewrite', 'smoe-upgrade/1')
     """
     from smoe.vault.upgrade import upgrade
 
@@ -533,6 +553,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         args.vault, arch, force=args.force, out=args.out, inputs=[args.config or args.model]
     )
     info = {
+        "schema": UPGRADE_SCHEMA,
         "path": str(result.path),
         "mode": result.mode,
         "arch_offset": result.arch_offset,

@@ -8,6 +8,8 @@ corrupts the output: the terminal shows it as ``\\xNN``, JSON and HTML as U+FFFD
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import math
 import os
@@ -34,6 +36,7 @@ __all__ = [
     "print_notes",
     "print_warnings",
     "shown",
+    "silence",
     "silence_stdout",
     "to_json",
     "valid_text",
@@ -126,12 +129,17 @@ def _json_key(k: object) -> str:
     return valid_text(k) if isinstance(k, str) else valid_text(to_json(k, indent=None))
 
 
-def to_json(obj: object, indent: int | None = 2) -> str:
-    """One RFC 8259 document (ASCII, no NaN or Infinity): the only serialiser of the CLI.
+def to_json(obj: object, indent: int | None = 2, compact: bool = False) -> str:
+    """One RFC 8259 document (ASCII, no NaN or Infinity): the only serialiser of the CLI
+    (``compact``: on one line without blanks, as ``jq -c`` prints it).
 
     >>> to_json({"snr": float("nan"), "ids": (1, 2), 3: "x"}, indent=None)
     '{"snr": null, "ids": [1, 2], "3": "x"}'
+    >>> to_json({"ids": (1, 2)}, compact=True)
+    '{"ids":[1,2]}'
     """
+    if compact:
+        return json.dumps(_jsonable(obj), separators=(",", ":"), allow_nan=False)
     return json.dumps(_jsonable(obj), indent=indent, allow_nan=False)
 
 
@@ -150,7 +158,8 @@ def print_json(obj: object) -> None:
 class Stdout:
     """``sys.stdout`` while a command runs: a failed write (disk full, I/O error) is one
     WriteFailed naming standard output, and stdout then goes to /dev/null so that the flush
-    at exit cannot fail again. A closed pipe still raises BrokenPipeError.
+    at exit cannot fail again. A closed pipe still raises BrokenPipeError, and ``pipe_closed``
+    remembers it (also when the caller swallowed it, as argparse's ``--help`` does).
 
     >>> import io
     >>> out = Stdout(io.StringIO())
@@ -160,6 +169,12 @@ class Stdout:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self.pipe_closed = False
+        """A write or flush met a closed pipe."""
+        raw = getattr(stream, "buffer", None)
+        # unbuffered (python -u, PYTHONUNBUFFERED): the text layer writes straight to the file
+        # and drops what a short write leaves, as when the pipe closes during it
+        self._raw = raw if isinstance(raw, io.RawIOBase) else None
 
     def write(self, text: str) -> int:
         """Write ``text`` to the stream (a failure other than a closed pipe: WriteFailed).
@@ -169,11 +184,27 @@ class Stdout:
         3
         """
         try:
-            return self._stream.write(text)
+            if self._raw is None:
+                return self._stream.write(text)
+            self._write_all(self._raw, text)
+            return len(text)
         except BrokenPipeError:
+            self.pipe_closed = True
             raise
         except OSError as e:
             self._failed(e)
+
+    def _write_all(self, raw: io.RawIOBase, text: str) -> None:
+        """``text`` to an unbuffered stream's file, each byte of it: after a short write the
+        rest is written, so that a pipe closed meanwhile is the next write's BrokenPipeError."""
+        self._stream.flush()
+        errors = self._stream.errors or "strict"
+        data = memoryview(text.replace("\n", os.linesep).encode(self._stream.encoding, errors))
+        while data:
+            n = raw.write(data)
+            if not n:  # None: a non-blocking stdout that is full
+                raise BlockingIOError(errno.EAGAIN, "standard output would block")
+            data = data[n:]
 
     def flush(self) -> None:
         """Flush the stream (a failure other than a closed pipe: WriteFailed).
@@ -184,6 +215,7 @@ class Stdout:
         try:
             self._stream.flush()
         except BrokenPipeError:
+            self.pipe_closed = True
             raise
         except OSError as e:
             self._failed(e)
@@ -202,11 +234,23 @@ def silence_stdout() -> None:
 
     >>> silence_stdout()  # doctest's stdout has no file descriptor: nothing happens
     """
+    silence(sys.stdout)
+
+
+def silence(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (a stream without one is left as it
+    is): what is still in its buffer, and whatever follows, is dropped without an error.
+
+    >>> import io
+    >>> silence(io.StringIO())  # no file descriptor: nothing happens
+    """
     try:
         fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-        os.close(fd)
-    except (OSError, ValueError):
+        try:
+            os.dup2(fd, stream.fileno())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
         pass
 
 
@@ -265,19 +309,49 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is not rich's ``SystemExit(1)`` (after pointing
+    stdout, whatever the stream, at /dev/null): on stdout it is a BrokenPipeError, which
+    :func:`smoe.cli.failures.run` ends quietly with exit status 141; on stderr the console
+    goes quiet (a warning or error line that nobody can read is dropped, the outcome and
+    its exit status stand)."""
+
+    def __init__(self, *args: object, on_stderr: bool = False, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._on_stderr = on_stderr
+
+    def on_broken_pipe(self) -> None:
+        """What rich calls when a write of this console meets a closed pipe.
+
+        >>> c = make_console()
+        >>> try:
+        ...     c.on_broken_pipe()
+        ... except BrokenPipeError as e:
+        ...     print(e.strerror, c.quiet)
+        standard output was closed True
+        """
+        self.quiet = True  # nothing more is rendered to it
+        if self._on_stderr:
+            silence(sys.stderr)  # what is left in its buffer flushes to /dev/null at exit
+            return
+        raise BrokenPipeError(errno.EPIPE, "standard output was closed")
+
+
 def make_console(stderr: bool = False, highlight: bool = False) -> Console:
     """The Console of stdout (or stderr). On a terminal: rich's rendering at the terminal's
     width (``COLUMNS``), in colour unless ``NO_COLOR`` is set. Anywhere else (a pipe, a file):
     plain text, no colour, never wrapped or cut whatever ``COLUMNS`` says, and no spaces at
-    line ends, so that every line greps as a whole (a long path stays on one line).
+    line ends, so that every line greps as a whole (a long path stays on one line). A closed
+    pipe: see :class:`_Console` (stdout: BrokenPipeError; stderr: quiet from then on).
 
     >>> make_console().print("[bold]plain[/] in a pipe   ")
     plain in a pipe
     """
     stream = sys.stderr if stderr else sys.stdout
     if _is_terminal(stream):
-        return Console(stderr=stderr, highlight=highlight)
-    return Console(
+        return _Console(stderr=stderr, highlight=highlight, on_stderr=stderr)
+    return _Console(
+        on_stderr=stderr,
         # rich only writes, flushes and reads attributes, which TrimmedLines forwards
         file=cast(IO[str], TrimmedLines(stream)),
         width=_PIPE_WIDTH,

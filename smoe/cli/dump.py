@@ -1,11 +1,29 @@
-"""`smoe-dump`: everything in a vault, as a rich tree or as JSON.
+"""`smoe-dump`: everything in a vault, as a rich tree, as JSON, or one value of it.
 
 Works on broken vaults too: it shows what can be located and ends with the verifier's
-findings (with ``deep``, also the manifest's). Field names are exactly those of the spec.
+findings (with ``deep``, also the manifest's). Field names are exactly those of the spec;
+each tensor descriptor also carries ``name`` and ``type_name`` (docs/JSON.md).
+
+With ``--experts`` (or ``--layer L``) every expert and every tensor is one line that names
+it in full, so that ``grep`` keeps the context (:data:`EXPERT_LINE`, :data:`TENSOR_LINE`)::
+
+    layer 1 expert 3  blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups
+    layer 1 expert 3 gate_proj  Q4  [32, 64]  packed +0    (0x20000) 1,024 B  \
+scales +1024 (0x20400) 64 B
+    layer 1 expert 3 up_proj    Q4  [32, 64]  packed +1088 (0x20440) 1,024 B  \
+scales +2112 (0x20840) 64 B
+    layer 1 expert 3 down_proj  Q4  [64, 32]  packed +2176 (0x20880) 1,024 B  \
+scales +3200 (0x20c80) 64 B
+
+``grep down_proj`` gives every down projection with its layer and expert, ``grep -w 'layer 1
+expert 3'`` (or ``'layer 1 expert 3 '``, with the space) that expert's four lines. Columns are
+padded with spaces to the widest value of the vault, whatever is shown, so a line reads the
+same with ``--experts`` and with ``--layer L``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -15,6 +33,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from smoe.cli.console import shown, to_json
+from smoe.errors import UsageError
+from smoe.format import findings
 from smoe.format.findings import Finding
 from smoe.format.records import plain, plain_rows
 from smoe.format.verify import Report, verify_file
@@ -22,7 +43,33 @@ from smoe.format.view import Data, FileView, arch_view, header_view, table_views
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
-__all__ = ["collect", "collect_path", "render"]
+__all__ = [
+    "EXPERT_LINE",
+    "TENSOR_LINE",
+    "collect",
+    "collect_path",
+    "document",
+    "field",
+    "field_text",
+    "render",
+    "tensor_name",
+]
+
+EXPERT_LINE = "{expert}  blob at {offset}, raw {raw} B, padded {padded} B, {groups} groups"
+"""An expert's line of ``--experts``: ``expert`` is ``layer L expert E``, padded with spaces
+to the vault's widest (``offset`` in hex, sizes with thousands separators)."""
+
+TENSOR_LINE = (
+    "{tensor}  {type_name}  {shape}  packed {packed_offset} {packed_at} {packed_size}  "
+    "scales {scales_offset} {scales_at} {scales_size}"
+)
+"""A tensor's line of ``--experts``: ``tensor`` is ``layer L expert E NAME`` (NAME: gate_proj,
+up_proj, down_proj; ``tensor_type=N`` for a value the spec does not define), ``type_name``
+``Q4`` or ``Q2``, ``shape`` ``[ROWS, COLS]``, ``*_offset`` ``+N`` (from the blob's start),
+``*_at`` the absolute offset ``(0xHEX)``, ``*_size`` ``N B`` with thousands separators. Each
+field is padded with spaces to the vault's widest value of it (sizes on the left)."""
+
+_RIGHT = frozenset({"packed_size", "scales_size"})  # right-aligned fields of TENSOR_LINE
 
 
 def collect_path(
@@ -35,6 +82,8 @@ def collect_path(
     ({'path': 'fixtures/q4_v2.smoe', 'size': 147456, 'vault_type': 'full'}, True)
     >>> dump["arch"]["model_type"], dump["experts"][7]["tensors"][2]["rows"]
     ('olmoe', 64)
+    >>> {k: dump["experts"][7]["tensors"][2][k] for k in ("tensor_type", "name", "type_name")}
+    {'tensor_type': 2, 'name': 'down_proj', 'type_name': 'Q4'}
     """
     with FileView.open(path) as view:
         return collect(Path(path), view, deep=deep, manifest=manifest)
@@ -76,7 +125,8 @@ def collect(
         if geo.table_readable:
             table, descs = table_views(data, geo)
             entries = plain_rows(table)
-            tensors = plain_rows(descs.reshape(-1))
+            type_name = f"Q{out['header']['bits']}"
+            tensors = [_named(t, type_name) for t in plain_rows(descs.reshape(-1))]
             k = layout.TENSORS_PER_EXPERT
             for i, e in enumerate(entries):
                 e["tensors"] = tensors[i * k : (i + 1) * k]
@@ -84,6 +134,113 @@ def collect(
     elif len(data) >= layout.HEADER_SIZE:
         out["header"] = plain(header_view(data))
     return out, report
+
+
+def tensor_name(tensor_type: int) -> str | None:
+    """The name of a ``tensor_type`` value (gate_proj, up_proj, down_proj); None for a value
+    the spec does not define (a broken descriptor, which verify reports).
+
+    >>> tensor_name(2), tensor_name(7)
+    ('down_proj', None)
+    """
+    return TENSOR_NAMES[tensor_type] if 0 <= tensor_type < len(TENSOR_NAMES) else None
+
+
+def _named(desc: dict, type_name: str) -> dict:
+    """A descriptor's fields with ``name`` and ``type_name`` right after ``tensor_type``."""
+    t = desc["tensor_type"]
+    head = {"tensor_type": t, "name": tensor_name(t), "type_name": type_name}
+    return {**head, **{k: v for k, v in desc.items() if k != "tensor_type"}}
+
+
+# ---- the JSON document, and one value of it (--field) ---------------------------------------
+_DOCUMENT_KEYS = ("file", "header", "arch", "experts", "findings")
+_STEP = re.compile(r"\[(\d+)\]|\.?([^.\[\]]+)")
+
+
+def document(dump: dict) -> dict:
+    """The ``--json`` document of a :func:`collect` dump (docs/JSON.md, "Dump document").
+
+    >>> doc = document(collect_path("fixtures/q4_v2.smoe")[0])
+    >>> list(doc)
+    ['schema', 'file', 'header', 'arch', 'experts', 'findings']
+    """
+    return {"schema": findings.SCHEMA, **{k: dump[k] for k in _DOCUMENT_KEYS}}
+
+
+def field(doc: dict, name: str) -> object:
+    """The value at ``name`` in ``doc``, a dotted path of its keys; a list's entries by index,
+    as ``experts.3`` or ``experts[3]`` (the form of a finding's ``field``).
+
+    An unknown name is a :class:`~smoe.errors.UsageError` naming the nearest valid names at
+    the step that failed.
+
+    >>> doc = document(collect_path("fixtures/q4_v2.smoe")[0])
+    >>> field(doc, "header.bits"), field(doc, "experts[7].tensors.2.name")
+    (4, 'down_proj')
+    >>> field(doc, "header.num_layers")
+    Traceback (most recent call last):
+    ...
+    smoe.errors.UsageError: --field header.num_layers: no such field (nearest: \
+header.num_moe_layers, header.max_experts_per_layer, header.version)
+    """
+    steps = _steps(name)
+    value: object = doc
+    path = ""
+    for step in steps:
+        if isinstance(value, dict) and isinstance(step, str) and step in value:
+            value, path = value[step], f"{path}.{step}" if path else step
+        elif isinstance(value, list) and isinstance(step, int) and step < len(value):
+            value, path = value[step], f"{path}[{step}]"
+        else:
+            raise UsageError(f"--field {name}: no such field ({_nearest(value, path, step)})")
+    return value
+
+
+def _steps(name: str) -> list[str | int]:
+    """``experts[3].tensors.2.rows`` -> ['experts', 3, 'tensors', 2, 'rows'] (a step of
+    digits alone is an index); a name that is no path at all is a UsageError."""
+    steps: list[str | int] = []
+    pos = 0
+    for m in _STEP.finditer(name):
+        if m.start() != pos or (pos == 0 and name.startswith(".")):
+            break
+        index, key = m.groups()
+        steps.append(int(index) if index is not None else int(key) if key.isdigit() else key)
+        pos = m.end()
+    if not name or pos != len(name):
+        raise UsageError(
+            f"--field {name}: not a field name (a dotted path such as header.num_moe_layers, "
+            "arch.model_type or experts[0].tensors[2].rows)"
+        )
+    return steps
+
+
+def _nearest(value: object, path: str, step: str | int) -> str:
+    """What ``value`` at ``path`` offers instead of ``step``, for the error message."""
+    if value is None:
+        return f"{path} is null"
+    if isinstance(value, list):
+        last = f"{path}[{len(value) - 1}]" if value else None
+        count = f"{len(value)} entr{'y' if len(value) == 1 else 'ies'}"
+        return f"{path} is a list of {count}" + (f", {path}[0]..{last}" if last else "")
+    if not isinstance(value, dict):
+        return f"{path} is a value, it has no fields"
+    names = [str(k) for k in value]
+    close = difflib.get_close_matches(str(step), names, n=3, cutoff=0.0)
+    return "nearest: " + ", ".join(f"{path}.{k}" if path else k for k in close)
+
+
+def field_text(value: object) -> str:
+    """How ``--field`` prints a value: a string bare (as the terminal shows text), a number,
+    boolean or null as in JSON, an object or a list as one line of compact JSON.
+
+    >>> print(field_text("olmoe"), field_text(1e-06), field_text(None), field_text([32, 64]))
+    olmoe 1e-06 null [32,64]
+    """
+    if isinstance(value, str):
+        return shown(value)
+    return to_json(value, indent=None, compact=True)
 
 
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
@@ -179,6 +336,7 @@ def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> N
     node = root.add(
         f"[bold]expert table[/] ({len(dump['experts'])} entries, {len(by_layer)} layers)"
     )
+    lines = _expert_lines(dump["experts"]) if experts or layer is not None else {}
     for lay, entries in by_layer.items():
         if layer is not None and lay != layer:
             continue
@@ -193,21 +351,70 @@ def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> N
         if not (experts or layer is not None):
             continue
         for e in entries:
-            en = ln.add(
-                f"expert {e['expert_id']}: blob at {e['byte_offset']:#x}, "
-                f"raw {e['raw_size']:,} B, padded {e['padded_size']:,} B, "
-                f"{e['num_groups']} groups"
-            )
-            for t, d in enumerate(e["tensors"]):
-                p0 = e["byte_offset"] + d["packed_offset"]
-                s0 = e["byte_offset"] + d["scales_offset"]
-                en.add(
-                    f"{TENSOR_NAMES[t]} [{d['rows']}, {d['cols']}]  packed "
-                    f"+{d['packed_offset']} ({p0:#x}) {d['packed_size']:,} B  scales "
-                    f"+{d['scales_offset']} ({s0:#x}) {d['scales_size']:,} B"
-                )
+            expert_line, tensor_lines = lines[id(e)]
+            en = ln.add(_safe(expert_line))
+            for text in tensor_lines:
+                en.add(_safe(text))
     if not experts and layer is None:
         node.add("[dim](--experts to list every expert, --layer L for one layer)[/]")
+
+
+def _expert_lines(entries: list[dict]) -> dict[int, tuple[str, list[str]]]:
+    """Each entry's :data:`EXPERT_LINE` and :data:`TENSOR_LINE` s (by ``id()`` of the entry),
+    padded to the widest values of all ``entries``, so that a line does not depend on which
+    layers are shown.
+
+    >>> dump, _ = collect_path("fixtures/q4_v2.smoe")
+    >>> expert, tensors = _expert_lines(dump["experts"])[id(dump["experts"][7])]
+    >>> print(expert, *tensors, sep="\\n")
+    layer 1 expert 3  blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups
+    layer 1 expert 3 gate_proj  Q4  [32, 64]  packed +0    (0x20000) 1,024 B  \
+scales +1024 (0x20400) 64 B
+    layer 1 expert 3 up_proj    Q4  [32, 64]  packed +1088 (0x20440) 1,024 B  \
+scales +2112 (0x20840) 64 B
+    layer 1 expert 3 down_proj  Q4  [64, 32]  packed +2176 (0x20880) 1,024 B  \
+scales +3200 (0x20c80) 64 B
+    """
+    heads = {id(e): f"layer {e['layer_id']} expert {e['expert_id']}" for e in entries}
+    cells: dict[int, list[dict[str, str]]] = {}
+    for e in entries:
+        base = e["byte_offset"]
+        cells[id(e)] = [
+            {
+                "tensor": f"{heads[id(e)]} {d['name'] or 'tensor_type=' + str(d['tensor_type'])}",
+                "type_name": d["type_name"],
+                "shape": f"[{d['rows']}, {d['cols']}]",
+                "packed_offset": f"+{d['packed_offset']}",
+                "packed_at": f"({base + d['packed_offset']:#x})",
+                "packed_size": f"{d['packed_size']:,} B",
+                "scales_offset": f"+{d['scales_offset']}",
+                "scales_at": f"({base + d['scales_offset']:#x})",
+                "scales_size": f"{d['scales_size']:,} B",
+            }
+            for d in e["tensors"]
+        ]
+    every = [c for row in cells.values() for c in row]
+    width = {k: max(len(c[k]) for c in every) for k in every[0]} if every else {}
+    head_width = max(map(len, heads.values()), default=0)
+    out: dict[int, tuple[str, list[str]]] = {}
+    for e in entries:
+        expert = EXPERT_LINE.format(
+            expert=heads[id(e)].ljust(head_width),
+            offset=f"{e['byte_offset']:#x}",
+            raw=f"{e['raw_size']:,}",
+            padded=f"{e['padded_size']:,}",
+            groups=e["num_groups"],
+        )
+        tensors = [
+            TENSOR_LINE.format(**{k: _pad(k, v, width[k]) for k, v in c.items()})
+            for c in cells[id(e)]
+        ]
+        out[id(e)] = (expert, tensors)
+    return out
+
+
+def _pad(key: str, value: str, width: int) -> str:
+    return value.rjust(width) if key in _RIGHT else value.ljust(width)
 
 
 def _ranges(ids: list[int]) -> str:

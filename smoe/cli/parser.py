@@ -71,7 +71,12 @@ def build_dump_parser() -> argparse.ArgumentParser:
     (PosixPath('v.smoe'), True, 'cmd_dump')
     """
     summary = (commands.cmd_dump.__doc__ or "").split("\n\n")[0]  # not its example
-    ap = _Parser(prog="smoe-dump", description=summary)
+    ap = _Parser(
+        prog="smoe-dump",
+        description=summary,
+        epilog=_DUMP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _dump_args(ap)
     _version_flag(ap)
     _debug_flag(ap)
@@ -180,11 +185,6 @@ def _sculpt_options(p: argparse.ArgumentParser) -> None:
         "smoe[imatrix]): each group's scale minimises the error weighted by its "
         "input channels' mean squares, the error of the expert's output",
     )
-
-
-def _add_verify(sub: _Subparsers) -> None:
-    p = sub.add_parser("verify", help="check every rule of the format")
-    p.add_argument("vault", type=Path)
     cal = p.add_argument_group(
         "calibration (needs smoe[calibrate]: torch and transformers)",
         "Run the model over DATA one decoder layer at a time and quantise every routed "
@@ -217,6 +217,11 @@ def _add_verify(sub: _Subparsers) -> None:
         metavar="N",
         help="use at most N tokens of DATA, whole sequences (default: all)",
     )
+
+
+def _add_verify(sub: _Subparsers) -> None:
+    p = sub.add_parser("verify", help="check every rule of the format")
+    p.add_argument("vault", type=Path)
     p.add_argument(
         "--deep",
         action="store_true",
@@ -228,8 +233,34 @@ def _add_verify(sub: _Subparsers) -> None:
 
 
 def _add_dump(sub: _Subparsers) -> None:
-    p = sub.add_parser("dump", help="show a vault as a tree (same as smoe-dump)")
+    p = sub.add_parser(
+        "dump",
+        help="show a vault as a tree (same as smoe-dump)",
+        description=(commands.cmd_dump.__doc__ or "").split("\n\n")[0],
+        epilog=_DUMP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _dump_args(p)
+
+
+_DUMP_EPILOG = """\
+with --experts (or --layer L) each expert and each tensor is one line naming it in full,
+its fields padded with spaces to the vault's widest:
+  layer 1 expert 3  blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups
+  layer 1 expert 3 down_proj  Q4  [64, 32]  packed +2176 (0x20880) 1,024 B  \
+scales +3200 (0x20c80) 64 B
+so `grep down_proj` keeps the layer and expert, and `grep -w 'layer 1 expert 3'` finds
+that expert's lines.
+
+--field NAME prints one value of the --json document: a dotted path of its keys, list
+entries by index (experts.3 or experts[3], as a finding's field names them); a string
+or number bare, an object or list as compact JSON (with --json: as a JSON document).
+  smoe dump VAULT --field header.num_moe_layers
+  smoe dump VAULT --field arch.model_type
+  smoe dump VAULT --field 'experts[0].tensors[2].name'
+an unknown name: one error line naming the nearest valid names, exit 2. The exit status
+is otherwise the dump's: 0 valid, 1 a rule broken, 2 unreadable.
+"""
 
 
 def _add_export(sub: _Subparsers) -> None:
@@ -368,6 +399,12 @@ def _dump_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deep", action="store_true", help="verify blob contents too, and the manifest")
     _manifest_args(p)
     p.add_argument("--json", action="store_true", help="the same content as JSON")
+    p.add_argument(
+        "--field",
+        metavar="NAME",
+        help="print only this value of the JSON content, e.g. header.num_moe_layers, "
+        "arch.model_type, experts[0].tensors[2].rows (see below)",
+    )
     p.set_defaults(func=commands.cmd_dump)
 
 

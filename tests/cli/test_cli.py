@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +12,10 @@ import pytest
 from safetensors.numpy import load_file
 
 from smoe.vault.reader import Vault
+from smoe_gen.layout import TENSOR_NAMES
 
-from fixtures_data import CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST
-from helpers import SMOE_DUMP, run
+from fixtures_data import CKPTS, CORRUPT, EXPECTED, FIXTURES, GOOD, MANIFEST, OLMOE_CONFIG, ROOT
+from helpers import SMOE_DUMP, run, strict_json
 
 
 @pytest.mark.parametrize("name", GOOD)
@@ -31,6 +34,10 @@ def test_dump_json_matches_manifest(name: str) -> None:
         assert arch.keys() == want["arch"].keys()
         for k, v in want["arch"].items():
             assert arch[k] == (pytest.approx(v, rel=1e-7) if isinstance(v, float) else v), k
+    bits = f"Q{want['header']['bits']}"
+    for entry in got["experts"]:
+        for t, desc in enumerate(entry["tensors"]):  # the two keys derived from the fields
+            assert (desc.pop("name"), desc.pop("type_name")) == (TENSOR_NAMES[t], bits)
     assert got["experts"] == want["experts"]
     assert all(f["severity"] != "error" for f in got["findings"])
 
@@ -56,12 +63,12 @@ def test_dump_text_tree() -> None:
         "findings (0)",
     ):
         assert text in out, text
-    assert "expert 0: blob" not in out  # collapsed by default
+    assert "expert 0  blob" not in out  # collapsed by default
     expanded = run("--experts", str(FIXTURES / "deepseek_v2.smoe"), command=SMOE_DUMP).stdout
-    assert "expert 3: blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups" in expanded
+    assert "layer 2 expert 3  blob at 0x20000, raw 3,264 B, padded 16,384 B, 96 groups" in expanded
     assert (
-        "down_proj [64, 32]  packed +2176 (0x20880) 1,024 B  scales +3200 (0x20c80) 64 B"
-        in expanded
+        "layer 2 expert 3 down_proj  Q4  [64, 32]  packed +2176 (0x20880) 1,024 B  "
+        "scales +3200 (0x20c80) 64 B" in expanded
     )
     one = run("--layer", "2", str(FIXTURES / "deepseek_v2.smoe"), command=SMOE_DUMP).stdout
     assert "layer 2: 4 experts" in one and "layer 1:" not in one
@@ -131,3 +138,62 @@ def test_spec_command() -> None:
     got = json.loads(run("spec", "--json").stdout)
     assert got["page_size"] == 16384 and got["supported_bits"] == [2, 4]
     assert got["structs"]["ExpertEntry"]["size"] == 48
+
+
+def documented_keys(section: str) -> set[str]:
+    """The keys of the table under ``## section`` of docs/JSON.md."""
+    text = (ROOT / "docs" / "JSON.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", body, re.M))
+
+
+def error_document(message: str, code: int) -> dict:
+    return {
+        "schema": "smoe-findings/1",
+        "ok": False,
+        "error": {"message": message, "exit_code": code},
+    }
+
+
+def test_export_and_upgrade_json_carry_their_schema(tmp_path: Path) -> None:
+    out = tmp_path / "e.safetensors"
+    proc = run("export", FIXTURES / "q4_v2.smoe", out, "--layer", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    assert doc["schema"] == "smoe-export/1" and set(doc) == documented_keys("Export document")
+    assert doc["out"] == str(out) and len(doc["tensors"]) == 12
+    proc = run("export", FIXTURES / "q4_v2.smoe", out, "--dtype", "bf16", "--json")
+    assert proc.returncode == 2
+    assert strict_json(proc.stdout) == error_document(
+        "--dtype needs --hf (see smoe export --help)", 2
+    )
+
+    sculpted = tmp_path / "sculpted"
+    assert run("sculpt", CKPTS / "qwen3_moe", sculpted, "--jobs", "1").returncode == 0
+    proc = run("export", sculpted / "qwen3_moe.smoe", tmp_path / "hf", "--hf", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    assert doc["schema"] == "smoe-export-hf/1"
+    assert set(doc) == documented_keys("HF export document")
+    proc = run("export", FIXTURES / "q4_v2.smoe", tmp_path / "hf2", "--hf", "--json")
+    assert proc.returncode == 1
+    assert strict_json(proc.stdout) == error_document(
+        f"{FIXTURES / 'q4_v2.smoe'}: no scout beside it (looked for q4_v2.scout.safetensors, "
+        "which the sculptor writes); name it with --scout",
+        1,
+    )
+
+    v1 = tmp_path / "v1.smoe"
+    shutil.copyfile(FIXTURES / "q4_v1.smoe", v1)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(OLMOE_CONFIG))
+    proc = run("upgrade", v1, "--config", config, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = strict_json(proc.stdout)
+    assert doc["schema"] == "smoe-upgrade/1" and set(doc) == documented_keys("Upgrade document")
+    assert (doc["path"], doc["mode"], doc["warnings"]) == (str(v1), "in-place", [])
+    proc = run("upgrade", v1, "--config", tmp_path / "missing.json", "--json")
+    assert proc.returncode == 2
+    assert strict_json(proc.stdout) == error_document(
+        f"{tmp_path / 'missing.json'}: cannot open: No such file or directory", 2
+    )

@@ -145,8 +145,8 @@ def test_dump(place: Place, command: list[str], flags: list[str]) -> None:
     assert f"layer 1: 8 experts (ids 0-7), {shapes}, blobs 0x24000..0x44000" in proc.stdout
     if flags:
         assert (
-            "up_proj [48, 64]  packed +1632 (0x40660) 1,536 B  scales +3168 (0x40c60) 96 B"
-            in proc.stdout
+            "layer 1 expert 7 up_proj    Q4  [48, 64]  packed +1632 (0x40660) 1,536 B  "
+            "scales +3168 (0x40c60) 96 B" in proc.stdout
         )
     assert proc.stderr == ""
 
