@@ -114,12 +114,13 @@ def open_calibration(ckpt: Checkpoint, opts: SculptOptions, vocab_size: int) -> 
     from smoe.sculpt.calibrate.runner import import_torch
 
     check_calibrate_options(opts)
-    import_torch()
     assert opts.calibrate is not None
-    return load_calibration(
+    data = load_calibration(  # bad DATA is refused before torch's seconds of import
         opts.calibrate,
         vocab_size=vocab_size,
         model_dir=ckpt.root,
         seq_len=opts.calib_seq_len,
         max_tokens=opts.calib_max_tokens,
     )
+    import_torch()
+    return data

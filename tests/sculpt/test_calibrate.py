@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from smoe import quant
+from smoe.errors import RefusedInput
 from smoe.format.verify import verify_path
 from smoe.sculpt import SculptOptions, sculpt
 from smoe.vault.reader import Vault
@@ -227,11 +228,22 @@ def test_cli_calibrate_prints_its_summary_line(model: dict, tmp_path: Path) -> N
     ],
     ids=["empty", "id-past-vocab", "float"],
 )
-def test_cli_refuses_bad_data_in_one_line(
+def test_bad_data_is_refused_before_anything_is_written(
     model: dict, tmp_path: Path, make: Any, message: str
 ) -> None:
     make(tmp_path, model["vocab"])
     path = tmp_path / "e.npy"
+    with pytest.raises(RefusedInput) as err:
+        _sculpt(model, tmp_path / "o", calibrate=path)
+    want = message.format(p=path, v=model["vocab"], m=model["vocab"] - 1)
+    assert str(err.value) == want
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_bad_data_in_one_line(model: dict, tmp_path: Path) -> None:
+    (tmp_path / "e.npy").write_bytes(b"")
+    path = tmp_path / "e.npy"
+    message = "{p}: empty file, no token ids"
     got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", path, cwd=tmp_path)
     assert got.returncode == 1
     assert (

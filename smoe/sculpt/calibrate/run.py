@@ -6,6 +6,7 @@ that the next layer is calibrated on the quantised model's hidden states."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -115,5 +116,16 @@ def calibrate_layers(
     tally.seconds = time.perf_counter() - t0
     record = tally.record() | {"seconds": round(tally.seconds, 3)}
     record["peak_device_bytes"] = runner.peak_bytes or None
+    record["peak_rss_bytes"] = _peak_rss()
     record["sequential"] = True
     return record
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident memory so far (Linux and macOS), or None."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
