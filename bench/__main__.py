@@ -1,6 +1,7 @@
 """`make bench`: run every benchmark, end with one table, write build/bench.json.
 
-    python -m bench [--quick] [--only machine,quant,imatrix,sculpt,checkpoint,export,reader,harness]
+    python -m bench [--quick]
+        [--only machine,quant,imatrix,sculpt,checkpoint,export,reader,harness,quality]
 
 Each section ends with a table of its figures, one line each: the value, the limit or
 baseline it is held against (measured in the same run), the ratio, the goal and whether it
@@ -40,6 +41,7 @@ WORKDIR = {
     "export": "export",
     "reader": "reader",
     "harness": "harness",
+    "quality": "quality",  # needs ../shared/models/tiny-moe-py, else says so
 }
 """Per section, its folder under build/bench-data (None: it needs none)."""
 SECTIONS = tuple(WORKDIR)

@@ -483,7 +483,8 @@ class LayerRunner:
         stand_in.collecting = True
         self._run(layer, n, keep=False)
         stand_in.collecting = False
-        return dict(stand_in.stats)
+        stats, stand_in.stats = stand_in.stats, {}  # the caller's now: none kept per layer
+        return stats
 
     def propagate(self, n: int, weights: dict[int, list[np.ndarray]] | None = None) -> None:
         """Run layer ``n`` with ``weights`` (the quantised experts; None: as materialised)
@@ -510,6 +511,7 @@ class LayerRunner:
         stand_in = self._stand_in(self.layers[n])
         if stand_in is not None:
             stand_in.mats.clear()
+            stand_in.stats.clear()
         self.layers[n].to("meta")
 
     def _stand_in(self, layer: Any) -> Any:
