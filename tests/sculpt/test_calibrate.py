@@ -308,37 +308,18 @@ def test_cli_without_torch_names_the_extra(model: dict, tmp_path: Path) -> None:
 
 
 # ---- one decoder layer at a time --------------------------------------------------------
-_RSS = """
-import resource, sys
-from smoe.sculpt import SculptOptions, sculpt
-sculpt(sys.argv[1], sys.argv[2], SculptOptions(bits=2, jobs=1, calibrate=sys.argv[3]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-"""
-
-
-def _peak_rss(ck: Path, out: Path, data: Path) -> int:
-    got = subprocess.run(
-        [sys.executable, "-c", _RSS, str(ck), str(out), str(data)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert got.returncode == 0, got.stderr
-    return int(got.stdout.split()[-1])
-
-
 def test_calibration_holds_one_layer_at_a_time(tmp_path: Path) -> None:
-    """Twelve layers of ~13 MB of float32 weights each against two: the peak RSS grows by
-    far less than the ten extra layers would take if the model were held whole."""
-    sizes = {"hidden_size": 384, "moe_intermediate_size": 256, "num_local_experts": 8,
-             "num_experts_per_tok": 2, "intermediate_size": 256}  # fmt: skip
-    peaks = {}
+    """Two layers or twelve, the most model weights held at once is one decoder layer's (its
+    float32 parameters, the experts in the stand-in): the model is never held whole. (The
+    resident memory this saves is make bench's figure, not a test's: it depends on the
+    allocator and the page cache.)"""
+    held = {}
     for layers in (2, 12):
         ck = tmp_path / f"l{layers}"
-        m = tiny.write("qwen3_moe", ck, overrides={**sizes, "num_hidden_layers": layers})
+        m = tiny.write("qwen3_moe", ck, overrides={"num_hidden_layers": layers})
         if layers == 2:
-            np.save(tmp_path / "c.npy", _ids(0, 8, 64, m.config.vocab_size))
+            np.save(tmp_path / "c.npy", _ids(0, 4, 16, m.config.vocab_size))
             per_layer = sum(p.numel() for p in m.model.layers[0].parameters()) * 4
-        peaks[layers] = _peak_rss(ck, tmp_path / f"o{layers}", tmp_path / "c.npy")
-    assert peaks[12] - peaks[2] < 10 * per_layer / 3, (peaks, per_layer)
+        opts = SculptOptions(bits=2, jobs=1, calibrate=tmp_path / "c.npy")
+        held[layers] = sculpt(ck, tmp_path / f"o{layers}", opts).calibration["peak_weight_bytes"]
+    assert held[2] == held[12] == per_layer, (held, per_layer)

@@ -116,6 +116,7 @@ def calibrate_layers(
     tally.seconds = time.perf_counter() - t0
     record = tally.record() | {"seconds": round(tally.seconds, 3)}
     record["peak_device_bytes"] = runner.peak_bytes or None
+    record["peak_weight_bytes"] = runner.peak_weight_bytes
     record["peak_rss_bytes"] = _peak_rss()
     record["sequential"] = True
     return record

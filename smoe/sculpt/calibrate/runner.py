@@ -230,6 +230,7 @@ class LayerRunner:
         self.hidden: list[Any] = []
         self.kwargs: list[dict[int, dict]] = []
         self.peak_bytes = 0
+        self.peak_weight_bytes = 0
 
     # ---- building ---------------------------------------------------------------------------
     def _meta_model(self) -> Any:
@@ -538,7 +539,23 @@ class LayerRunner:
                     self.hidden[b] = out.float()
         self._note_memory()
 
+    def held_weight_bytes(self) -> int:
+        """Bytes of model weights materialised now: every parameter and buffer off the meta
+        device, and the stand-in experts' matrices (one layer's while a layer runs).
+
+        >>> runner = LayerRunner(Checkpoint.open("fixtures/checkpoints/qwen3_moe"), np.ones((1, 4)))
+        >>> runner.held_weight_bytes()  # nothing real before the first pass
+        0
+        """
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        held = sum(t.numel() * t.element_size() for t in tensors if not t.is_meta)
+        for module in self.model.modules():
+            if _Experts.cls is not None and isinstance(module, _Experts.cls):
+                held += sum(m.numel() * m.element_size() for ms in module.mats.values() for m in ms)
+        return int(held)
+
     def _note_memory(self) -> None:
+        self.peak_weight_bytes = max(self.peak_weight_bytes, self.held_weight_bytes())
         if self.device.type == "cuda":
             self.peak_bytes = max(self.peak_bytes, int(self.torch.cuda.max_memory_allocated()))
 
