@@ -47,6 +47,7 @@ __all__ = [
     "cmd_dump",
     "cmd_export",
     "cmd_families",
+    "cmd_meta",
     "cmd_report",
     "cmd_sculpt",
     "cmd_spec",
@@ -215,6 +216,9 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         device=args.device,
         calib_seq_len=args.calib_seq_len,
         calib_max_tokens=args.calib_max_tokens,
+        title=args.title,
+        description=args.description,
+        license=args.license,
     )
     if args.dry_run:
         return _sculpt_dry_run(args, opts)
@@ -619,3 +623,38 @@ def cmd_report(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
     return 2 if result.unreadable else (0 if result.ok else 1)
+
+
+# ---- meta ----------------------------------------------------------------------------------
+def cmd_meta(args: argparse.Namespace) -> int:
+    """Show a vault's metadata, or edit it (``--set KEY=VALUE``, ``--unset KEY``) in its
+    manifest atomically, the blobs and checksums untouched (:mod:`smoe.vault.meta`).
+
+    >>> from smoe.cli.parser import build_parser
+    >>> cmd_meta(build_parser().parse_args(["meta", "fixtures/q4_v2.smoe", "--json"]))
+    {
+      "schema": "smoe-meta/1",
+    ...
+    0
+    """
+    from smoe.vault.meta import edit_meta, read_meta
+
+    if args.set or args.unset:
+        result = edit_meta(args.vault, dict(args.set), args.unset)
+    else:
+        result = read_meta(args.vault)
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    c = make_console()
+    if args.set or args.unset:
+        done = [f"set {', '.join(result.set)}"] if result.set else []
+        done += [f"unset {', '.join(result.unset)}"] if result.unset else []
+        what = f"updated: {'; '.join(done)}" if result.changed else "unchanged"
+        c.print(f"{escape(shown(result.manifest))}: {what}", soft_wrap=True)
+        return 0
+    if not result.metadata:
+        print_notes([f"{result.vault}: no metadata (smoe meta VAULT --set KEY=VALUE adds some)"])
+    for key, value in result.metadata.items():
+        c.print(f"{key}: {escape(shown(value))}", soft_wrap=True, highlight=False)
+    return 0

@@ -37,6 +37,8 @@ from smoe.cli.console import shown, to_json
 from smoe.errors import UsageError
 from smoe.format import findings
 from smoe.format.findings import Finding
+from smoe.format.provenance import notable, read_provenance
+from smoe.format.provenance import rows as provenance_rows
 from smoe.format.records import plain, plain_rows
 from smoe.format.verify import Report, verify_file
 from smoe.format.view import Data, FileView, arch_view, header_view, table_views
@@ -92,10 +94,11 @@ def collect_path(
 def collect(
     path: Path, data: Data, deep: bool = False, manifest: str | os.PathLike | None = "auto"
 ) -> tuple[dict, Report]:
-    """The dump as plain data: keys file, header, arch, experts, findings (each as
-    docs/JSON.md says).
+    """The dump as plain data: keys file, header, arch, experts, findings, provenance (each
+    as docs/JSON.md says).
 
-    ``manifest`` as for ``smoe.format.verify.verify_path`` (checked only with ``deep``).
+    ``manifest`` as for ``smoe.format.verify.verify_path`` (checked only with ``deep``; its
+    provenance and metadata are read whenever it can be).
 
     >>> import numpy as np
     >>> data = np.fromfile("fixtures/q4_v2.smoe", np.uint8)
@@ -133,6 +136,8 @@ def collect(
             out["experts"] = entries
     elif len(data) >= layout.HEADER_SIZE:
         out["header"] = plain(header_view(data))
+    listed = int(out["header"]["total_experts"]) if out["header"] is not None else 0
+    out["provenance"] = read_provenance(path, listed, manifest)  # bounded as verify bounds it
     return out, report
 
 
@@ -154,7 +159,7 @@ def _named(desc: dict, type_name: str) -> dict:
 
 
 # ---- the JSON document, and one value of it (--field) ---------------------------------------
-_DOCUMENT_KEYS = ("file", "header", "arch", "experts", "findings")
+_DOCUMENT_KEYS = ("file", "header", "arch", "experts", "findings", "provenance")
 _STEP = re.compile(r"\[(\d+)\]|\.?([^.\[\]]+)")
 
 
@@ -163,7 +168,7 @@ def document(dump: dict) -> dict:
 
     >>> doc = document(collect_path("fixtures/q4_v2.smoe")[0])
     >>> list(doc)
-    ['schema', 'file', 'header', 'arch', 'experts', 'findings']
+    ['schema', 'file', 'header', 'arch', 'experts', 'findings', 'provenance']
     """
     return {"schema": findings.SCHEMA, **{k: dump[k] for k in _DOCUMENT_KEYS}}
 
@@ -290,6 +295,7 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
             f"{h['total_experts']} experts"
         )
     root = Tree(label)
+    _render_provenance(root, dump.get("provenance"))
     if h is not None:
         ht = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         for col in ("offset", "field", "value"):
@@ -327,6 +333,21 @@ def render(dump: dict, console: Console, experts: bool = False, layer: int | Non
             line += f" [expected {fi['expected_text']}, got {fi['actual_text']}]"
         fnode.add(f"[{_severity_style(fi)}]{_safe(line)}[/]", highlight=False)
     console.print(root)
+
+
+def _render_provenance(root: Tree, prov: dict | None) -> None:
+    """The manifest's provenance as ``field  value`` lines (fields named by their manifest
+    keys: ``source.model_id``, ``metadata.name``, ...), when it says where the weights came
+    from or holds metadata (:func:`smoe.format.provenance.notable`)."""
+    if prov is None or not notable(prov):
+        return
+    pt = Table(show_header=False, box=None, pad_edge=False)
+    pt.add_column("field")
+    pt.add_column("value")
+    for key, value in provenance_rows(prov):
+        pt.add_row(_safe(key), _safe(shown(value)))
+    name = _safe(os.path.basename(prov["manifest"]))
+    root.add(f"[bold]provenance[/] (from {name})").add(pt)
 
 
 def _render_table(root: Tree, dump: dict, experts: bool, layer: int | None) -> None:

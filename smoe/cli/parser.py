@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
@@ -56,6 +57,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         _add_export,
         _add_upgrade,
         _add_report,
+        _add_meta,
     ):
         add(sub)
     for p in sub.choices.values():
@@ -140,6 +142,7 @@ def _add_sculpt(sub: _Subparsers) -> None:
         metavar="REV",
         help="with a model id: the branch, tag or commit to use (default: main)",
     )
+    _metadata_options(p)
     _sculpt_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=commands.cmd_sculpt)
@@ -361,6 +364,50 @@ def _add_report(sub: _Subparsers) -> None:
     p.set_defaults(func=commands.cmd_report)
 
 
+def _metadata_options(p: argparse.ArgumentParser) -> None:
+    """``smoe sculpt``'s metadata for the manifest (``--name`` is the outputs' stem)."""
+    g = p.add_argument_group(
+        "metadata (the manifest's metadata object; smoe meta shows and edits it later)"
+    )
+    g.add_argument(
+        "--title",
+        type=_metadata("name"),
+        metavar="TEXT",
+        help="the model's human-readable name (metadata.name; --name is the file stem)",
+    )
+    g.add_argument(
+        "--description", type=_metadata("description"), metavar="TEXT", help="a description"
+    )
+    g.add_argument(
+        "--license",
+        type=_metadata("license"),
+        metavar="SPDX",
+        help="the weights' license: an SPDX id or expression (Apache-2.0, 'MIT OR Apache-2.0')",
+    )
+
+
+def _add_meta(sub: _Subparsers) -> None:
+    p = sub.add_parser(
+        "meta",
+        help="show or edit a vault's metadata (name, description, license, ...) in its manifest",
+    )
+    p.add_argument("vault", type=Path)
+    p.add_argument(
+        "--set",
+        type=_assignment,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set KEY (lower-case letters, digits, '_', parts joined by '.' or '-') to VALUE "
+        "(text); repeatable",
+    )
+    p.add_argument(
+        "--unset", type=_meta_key, action="append", default=[], metavar="KEY", help="remove KEY"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=commands.cmd_meta)
+
+
 # ---- shared options ------------------------------------------------------------------------
 def _debug_flag(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand's parser must not reset a --debug given before the command
@@ -426,6 +473,40 @@ def _output_stem(text: str) -> str:
 
     try:
         return check_stem(text)
+    except SmoeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _metadata(key: str) -> Callable[[str], str]:
+    """argparse type: the text of metadata ``key`` (``sculpt --title/--description/--license``)."""
+
+    def text(value: str) -> str:
+        from smoe.vault.meta import check_value
+
+        try:
+            return check_value(key, value)
+        except SmoeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return text
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    """argparse type: ``KEY=VALUE`` (``meta --set``)."""
+    from smoe.vault.meta import parse_assignment
+
+    try:
+        return parse_assignment(text)
+    except SmoeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _meta_key(text: str) -> str:
+    """argparse type: a metadata key (``meta --unset``)."""
+    from smoe.vault.meta import check_key
+
+    try:
+        return check_key(text)
     except SmoeError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -31,6 +31,8 @@ from smoe.cli.console import valid_text
 from smoe.errors import SmoeError, WriteFailed
 from smoe.format import manifest as manifests
 from smoe.format.findings import Finding, Value, display
+from smoe.format.provenance import notable, read_provenance
+from smoe.format.provenance import rows as provenance_rows
 from smoe.format.records import model_type_str
 from smoe.format.verify import Report, verify_file
 from smoe.format.view import FileView, Geometry, arch_view, header_view, table_views
@@ -113,6 +115,9 @@ class ReportResult:
     errors: int
     warnings: int
     unreadable: bool
+    provenance: dict[str, Any] | None = None
+    """The manifest's provenance and metadata (:func:`smoe.format.provenance.provenance_of`),
+    or None without a readable manifest."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document of ``smoe report``.
@@ -135,6 +140,7 @@ class ReportResult:
             "ok": self.ok,
             "errors": self.errors,
             "warnings": self.warnings,
+            "provenance": self.provenance,
         }
 
 
@@ -184,6 +190,7 @@ def write_report(
         errors=len(report.errors),
         warnings=sum(f.severity == "warning" for f in report.findings),
         unreadable=any(f.code == "header.size" for f in report.errors),
+        provenance=context["provenance"]["doc"] if context["provenance"] else None,
     )
 
 
@@ -253,6 +260,7 @@ def collect(
     """
     size = len(view)
     ctx = _empty_context(path, size, report, deep)
+    ctx["provenance"] = _provenance(view, path, manifest)
     if size < layout.HEADER_SIZE:
         ctx["snr_note"] = "The file is shorter than a header; there is nothing to picture."
         return ctx
@@ -264,6 +272,24 @@ def collect(
         return ctx
     _picture(ctx, view, report.geometry, h, manifest)
     return ctx
+
+
+def _provenance(
+    view: FileView | np.ndarray, path: Path, manifest: Path | None
+) -> dict[str, Any] | None:
+    """The page's provenance part from ``manifest`` (None without a readable one): its
+    name, its (field, text) rows, whether to show them (:func:`smoe.format.provenance.notable`)
+    and the provenance itself for ``--json``."""
+    entries = int(header_view(view)["total_experts"]) if len(view) >= layout.HEADER_SIZE else 0
+    prov = read_provenance(path, entries, manifest) if manifest is not None else None
+    if prov is None:
+        return None
+    return {
+        "manifest": valid_text(os.path.basename(prov["manifest"])),
+        "rows": [(valid_text(k), valid_text(v)) for k, v in provenance_rows(prov)],
+        "shown": notable(prov),
+        "doc": prov,
+    }
 
 
 def _empty_context(path: Path, size: int, report: Report, deep: bool) -> dict[str, Any]:

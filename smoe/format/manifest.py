@@ -105,9 +105,17 @@ class ManifestBuilder:
 [{'name': 'gate_proj', 'snr_db': 18.1235}])
     """
 
-    def __init__(self, tool: dict[str, Any], source: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tool: dict[str, Any],
+        source: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         self.tool = tool
         self.source = source
+        # the free-form ``metadata`` (name, description, license, ...: smoe meta); None: the
+        # manifest has no ``metadata`` key (the bytes of a manifest without any stay as they were)
+        self.metadata = dict(sorted(metadata.items())) if metadata else None
         self.experts: dict[tuple[int, int], dict[str, Any]] = {}
 
     def add(
@@ -147,7 +155,7 @@ class ManifestBuilder:
             rows.append(
                 {"layer": layer, "expert": expert, "offset": offset, "raw_size": raw, **entry}
             )
-        return {
+        doc = {
             "schema": SCHEMA,
             "checksum": CHECKSUM,
             "vault": {"name": name, "size": size, "experts": len(rows), "bits": bits},
@@ -155,6 +163,9 @@ class ManifestBuilder:
             "source": self.source,
             "experts": rows,
         }
+        if self.metadata:
+            doc["metadata"] = self.metadata
+        return doc
 
 
 def encode(doc: dict[str, Any]) -> bytes:
@@ -273,12 +284,15 @@ def check(
     size: int,
     table: np.ndarray,
     read: Callable[[int, int], bytes | np.ndarray],
+    blobs: bool = True,
 ) -> list[Finding]:
     """Findings of a vault (its ``size``, its table, a blob reader) against a loaded manifest.
 
     ``read(offset, n)`` returns the vault's bytes (it may raise SmoeError if the file shrank);
     the header and descriptors are read through it too, to bound each expert's recorded
-    sources (``tensors[].index`` and ``rows``, :func:`source_fault`).
+    sources (``tensors[].index`` and ``rows``, :func:`source_fault`). ``blobs=False`` checks
+    everything but the blobs' CRC-32C (reads no blob: whether the manifest belongs to the
+    vault, as ``smoe meta`` asks before it edits one).
 
     >>> from smoe.vault.reader import Vault
     >>> doc = load("fixtures/q4_v2.smoe.manifest.json", entries=8)
@@ -313,7 +327,7 @@ def check(
             return [moved]
         sources = _sources_finding(i, row, table[i], heights[i], experts)
         out += [sources] if sources is not None else []
-        out += _blob_findings(i, row, table[i], read)
+        out += _blob_findings(i, row, table[i], read) if blobs else []
     return out
 
 

@@ -28,7 +28,7 @@ from smoe.sculpt.inputs import (
 from smoe.sculpt.journal import Entry, Journal, Resumed, fingerprint, keep_verified
 from smoe.sculpt.options import SculptOptions, SculptResult
 from smoe.sculpt.paths import Paths, checkpoint_inputs
-from smoe.sculpt.provenance import provenance, tensor_entries
+from smoe.sculpt.provenance import metadata_of, provenance, tensor_entries
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.workers import Job, Target, run_jobs
 from smoe.vault.writer import State, VaultWriter
@@ -241,6 +241,7 @@ def _new_writer(
         partial=paths.partial,
         tool=tool,
         source=source,
+        metadata=metadata_of(opts),
     )
     for ref in run.refs:
         writer.add_expert(ref.layer, ref.expert, ref.shapes)

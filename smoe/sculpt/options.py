@@ -17,7 +17,8 @@ __all__ = ["SculptOptions", "SculptResult", "finite", "spread"]
 @dataclass(frozen=True)
 class SculptOptions:
     """What :func:`smoe.sculpt.sculpt` makes: bit width, format version, which experts, how many
-    worker processes, resume, scale choice, output name, importance matrix.
+    worker processes, resume, scale choice, output name, importance matrix, calibration, and
+    the manifest's metadata (title, description, license).
 
     >>> SculptOptions(bits=2, max_layers=1, jobs=2).bits
     2
@@ -48,6 +49,13 @@ class SculptOptions:
     """Tokens per calibration sequence, for text and 1-D ids (2-D ids give their own)."""
     calib_max_tokens: int | None = None
     """At most this many calibration tokens (whole sequences); None: all."""
+    title: str | None = None
+    """The vault's human-readable name, the manifest's ``metadata.name`` (``--title``; not
+    ``name``, the outputs' stem); None: none."""
+    description: str | None = None
+    """The manifest's ``metadata.description``; None: none."""
+    license: str | None = None
+    """The manifest's ``metadata.license`` (an SPDX id or expression); None: none."""
 
 
 @dataclass

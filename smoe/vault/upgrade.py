@@ -20,7 +20,7 @@ regular file is refused.
 When the gap has no room, ``--out NEW`` writes a new file whose blobs are shifted by
 whole pages, leaving the original untouched, together with ``NEW.manifest.json``: each
 blob's CRC-32C is computed from the bytes copied, and the old vault's manifest (if any)
-must agree with them; its provenance is kept.
+must agree with them; its provenance and its metadata (``smoe meta``) are kept.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from smoe.format.records import ArchInfo, arch_record
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 from smoe.vault.contradictions import refuse_contradictions, stated
+from smoe.vault.meta import check_metadata
 from smoe.vault.reader import Vault
 from smoe_gen import layout
 
@@ -512,6 +513,21 @@ def _options(old: dict[str, Any] | None, bits: int) -> dict[str, Any]:
     return {**options, "version": layout.VERSION_WITH_ARCH}
 
 
+def _metadata(old: dict[str, Any] | None) -> dict[str, str] | None:
+    """The old manifest's free-form ``metadata`` (smoe meta), its entries that keep the rules
+    only (:func:`smoe.vault.meta.check_metadata`); None when it has none."""
+    stored = old.get("metadata") if old else None
+    if not isinstance(stored, dict):
+        return None
+    kept = {}
+    for key, value in stored.items():
+        try:
+            kept.update(check_metadata({key: value}))
+        except SmoeError:
+            continue
+    return kept or None
+
+
 def _rewrite(
     path: Path,
     arch: ArchInfo,
@@ -556,6 +572,7 @@ def _rewrite(
             builder = manifest.ManifestBuilder(
                 manifest.tool_info("upgrade", _options(old, vault.bits)),
                 source=old["source"] if old and isinstance(old.get("source"), dict) else None,
+                metadata=_metadata(old),
             )
             for i, e in enumerate(vault.table):
                 layer, expert = int(e["layer_id"]), int(e["expert_id"])

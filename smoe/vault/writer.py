@@ -41,6 +41,7 @@ from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.format.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
+from smoe.vault.meta import check_metadata
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
@@ -205,12 +206,14 @@ class VaultWriter:
         manifest: bool = True,
         tool: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         """``partial``: a fixed temporary path (for resumable writes); default a fresh one.
 
         ``manifest``: write ``<vault>.manifest.json`` beside the vault at commit (False: none,
         and one left there by an older vault is removed); ``tool`` and ``source`` are its
-        provenance (default: this writer and its options, no source).
+        provenance (default: this writer and its options, no source); ``metadata`` its
+        free-form ``metadata`` (checked by :func:`smoe.vault.meta.check_metadata`).
         Neither may hold time stamps or absolute paths: the manifest's bytes must depend on
         the vault's content only.
         """
@@ -246,6 +249,7 @@ class VaultWriter:
                 if tool is not None
                 else tool_info("VaultWriter", {"bits": bits, "version": version, "scale": scale}),
                 source,
+                check_metadata(metadata) if metadata else None,
             )
             _check_provenance(self._manifest)
 
@@ -717,7 +721,7 @@ def _check_provenance(builder: ManifestBuilder) -> None:
     """Refuse, before anything is written, a tool/source the manifest cannot encode (NaN,
     sets, objects): found at commit, it would fail after every blob was written."""
     try:
-        encode({"tool": builder.tool, "source": builder.source})
+        encode({"tool": builder.tool, "source": builder.source, "metadata": builder.metadata})
     except (TypeError, ValueError) as e:
         raise FormatError(
             f"manifest: the tool and source provenance is not strict JSON ({e})"

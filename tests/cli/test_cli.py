@@ -23,7 +23,7 @@ def test_dump_json_matches_manifest(name: str) -> None:
     proc = run("dump", "--json", str(FIXTURES / name))
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert set(got) == {"schema", "file", "header", "arch", "experts", "findings"}
+    assert set(got) == {"schema", "file", "header", "arch", "experts", "findings", "provenance"}
     assert got["schema"] == "smoe-findings/1"
     want = MANIFEST[name]
     assert got["header"] == want["header"]

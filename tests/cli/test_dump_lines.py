@@ -316,7 +316,7 @@ def test_field_keeps_the_dumps_exit_status(capsys: pytest.CaptureFixture) -> Non
             "--field arch.model: no such field (nearest: arch.model_type, arch.moe_top_k, "
             "arch.moe_ffn_dim)",
         ),
-        (Q4, "foo", "--field foo: no such field (nearest: file, findings, schema)"),
+        (Q4, "foo", "--field foo: no such field (nearest: file, findings, provenance)"),
         (
             Q4,
             "experts[8].expert_id",

@@ -161,14 +161,16 @@ def manifest(vault: Path) -> dict:
 
 def without_source_bytes(doc: dict) -> dict:
     """A manifest less what records the source as stored: each tensor's ``source_crc32c``
-    and ``fp8`` record, and each shard's ``size``."""
+    and ``fp8`` record, each shard's ``size`` and ``header_sha256``, and the small files'
+    hashes (the FP8 config.json says how its weights are quantised)."""
     doc = json.loads(json.dumps(doc))
     for entry in doc["experts"]:
         for t in entry["tensors"]:
             del t["source_crc32c"]
             t.pop("fp8", None)
     for f in doc["source"]["files"]:
-        del f["size"]
+        del f["size"], f["header_sha256"]
+    del doc["source"]["small_files"]
     return doc
 
 
@@ -208,7 +210,7 @@ def test_fp8_and_bf16_checkpoints_sculpt_to_the_same_vault(deepseek: Path, tmp_p
     assert verify_path(fp8, deep=True).ok  # its manifest's fp8 records included
     # the manifests differ only where they record the source as stored: the CRC of the FP8
     # codes (not of the scales, nor of the BF16 they dequantise to), the FP8 record of each
-    # tensor (dtype, scale tensor, block) and shard sizes
+    # tensor (dtype, scale tensor, block), shard sizes and header hashes, the config's hash
     a, b = manifest(fp8), manifest(bf16)
     assert without_source_bytes(a) == without_source_bytes(b)
     tensors = read_header(deepseek / "fp8" / "model" / SHARD)

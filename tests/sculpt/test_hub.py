@@ -368,6 +368,7 @@ def test_online_a_complete_cache_is_used_without_the_hub(
 def test_download_fetches_only_config_index_and_shards(
     hf_home: Path, src: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """... and the model card, README.md (its license goes into the manifest, issue 25)."""
     calls: list[dict] = []
     stand_in_hub(hf_home, monkeypatch, src, calls)
     folder, stem = hub.resolve("org/name")
@@ -376,7 +377,7 @@ def test_download_fetches_only_config_index_and_shards(
         "name",
     )
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        f.name for f in src.iterdir() if f.name != "generation_config.json"
+        [*(f.name for f in src.iterdir() if f.name != "generation_config.json"), "README.md"]
     )
     assert calls[0]["revision"] is None
     assert calls[1]["revision"] == COMMIT_B  # the second call cannot see another commit

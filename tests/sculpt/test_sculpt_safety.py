@@ -7,10 +7,12 @@ when a worker fails, the commit order of vault, scout and manifest, and the mani
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -485,11 +487,26 @@ def test_manifest_matches_the_vault_and_the_sources(tmp_path: Path) -> None:
         },
     }
     shard = ck / "model.safetensors"
+    raw = shard.read_bytes()
+    (head,) = struct.unpack("<Q", raw[:8])
+    config = (ck / "config.json").read_bytes()
     assert doc["source"] == {
         "model_type": "qwen3_moe",
-        "files": [{"name": "model.safetensors", "size": shard.stat().st_size}],
+        "files": [
+            {
+                "name": "model.safetensors",
+                "size": shard.stat().st_size,
+                "header_sha256": hashlib.sha256(raw[: 8 + head]).hexdigest(),
+            }
+        ],
+        "small_files": [
+            {
+                "name": "config.json",
+                "size": len(config),
+                "sha256": hashlib.sha256(config).hexdigest(),
+            }
+        ],
     }
-    raw = shard.read_bytes()
     c = Checkpoint.open(ck)
     for row, entry in zip(doc["experts"], table):
         off, size = int(entry["byte_offset"]), int(entry["raw_size"])

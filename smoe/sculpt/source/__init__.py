@@ -1,3 +1,4 @@
-"""The sculptor's inputs: checkpoint folders, HuggingFace model ids, importance matrices."""
+"""The sculptor's inputs: checkpoint folders, their model cards, HuggingFace model ids,
+importance matrices."""
 
-__all__ = ["checkpoint", "hub", "imatrix"]  # submodules, imported on use
+__all__ = ["card", "checkpoint", "hub", "imatrix"]  # submodules, imported on use

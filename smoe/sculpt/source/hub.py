@@ -5,9 +5,10 @@ stem the outputs are named by.
 ``smoe[hub]`` extra, imported only for an id). A path that exists always wins over an id. An
 id is taken from the HuggingFace cache without any network access when the cached snapshot
 holds ``config.json`` and the safetensors weights (and always with ``HF_HUB_OFFLINE=1``);
-otherwise only ``config.json``, ``model.safetensors.index.json`` and the shards are downloaded
-into the cache (huggingface_hub's progress bars on stderr when it is a terminal). Nothing is
-written into the cache when it already holds the files.
+otherwise only ``config.json``, ``model.safetensors.index.json``, the model card
+``README.md`` (its license, for the manifest) and the shards are downloaded into the cache
+(huggingface_hub's progress bars on stderr when it is a terminal). Nothing is written into
+the cache when it already holds the files.
 
 Outputs are named after the model (:func:`stem_of`): ``NAME`` of ``ORG/NAME``, also for a cache
 snapshot folder given as a path (``.../models--ORG--NAME/snapshots/<commit>``), not after its
@@ -28,16 +29,27 @@ from smoe.errors import RefusedInput, SmoeError, UnreadableInput
 from smoe.families.config import read_json
 from smoe.plumbing import fileio
 
-__all__ = ["check_cache", "check_stem", "is_repo_id", "output_stem", "resolve", "stem_of"]
+__all__ = [
+    "cache_origin",
+    "check_cache",
+    "check_stem",
+    "is_repo_id",
+    "lfs_sha256",
+    "output_stem",
+    "resolve",
+    "stem_of",
+]
 
 _CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
+_CARD = "README.md"  # the model card: its front matter names the license (source/card.py)
 _WEIGHTS = "*.safetensors"
 _PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"({_PART})/({_PART})")
 _CACHE_REPO = re.compile(rf"models--(?:{_PART}--)?({_PART})")
 _OFF = ("1", "ON", "YES", "TRUE")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _TREE_BYTES = 64 << 20  # a cached tree listing (trees/<commit>.json) of a repository
 
 
@@ -74,6 +86,53 @@ def stem_of(model_dir: str | os.PathLike[str]) -> str:
         if repo:
             return repo.group(1)
     return path.name
+
+
+def cache_origin(model_dir: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """(model id, commit) of a HuggingFace cache snapshot folder
+    (``.../models--ORG--NAME/snapshots/<commit>``, also through a symlink: what :func:`resolve`
+    gives for a model id), or None for any other folder. The commit is the snapshot's folder
+    name, which huggingface_hub names by the commit hash it resolved.
+
+    >>> cache_origin("/cache/hub/models--Qwen--Qwen3-30B-A3B/snapshots/" + "0123abcd" * 5)
+    ('Qwen/Qwen3-30B-A3B', '0123abcd0123abcd0123abcd0123abcd0123abcd')
+    >>> cache_origin("fixtures/checkpoints/qwen3_moe") is None
+    True
+    """
+    try:
+        path = Path(model_dir).resolve(strict=True)
+    except (OSError, RuntimeError):
+        path = Path(os.path.abspath(model_dir))
+    repo = path.parent.parent.name
+    if path.parent.name != "snapshots" or not _COMMIT.fullmatch(path.name):
+        return None
+    if not repo.startswith("models--") or not _CACHE_REPO.fullmatch(repo):
+        return None
+    model_id = repo.removeprefix("models--").replace("--", "/", 1)
+    return model_id, path.name
+
+
+def lfs_sha256(file: str | os.PathLike[str]) -> str | None:
+    """The SHA-256 the HuggingFace Hub lists for a file of a cache snapshot, when it is a
+    Git LFS file (the weights): huggingface_hub names the cached blob a snapshot's symlink
+    points at by it (``../../blobs/<sha256>``). None for any other file (a small file's blob
+    is named by its git hash, 40 digits). Read from the cache's layout, not recomputed.
+
+    >>> lfs_sha256("fixtures/checkpoints/qwen3_moe/model.safetensors") is None
+    True
+    """
+    path = Path(file)
+    if not path.is_symlink():
+        return None
+    try:
+        blob = Path(os.path.realpath(path))
+    except (OSError, RuntimeError):
+        return None
+    if blob.parent.name != "blobs" or not _SHA256.fullmatch(blob.name):
+        return None
+    if not blob.parent.parent.name.startswith("models--"):  # not a cached repository's blob
+        return None
+    return blob.name
 
 
 def check_stem(name: str) -> str:
@@ -275,7 +334,9 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
     try:
         with _progress_bars(hf):
             folder = Path(
-                hf.snapshot_download(repo_id, revision=revision, allow_patterns=[_CONFIG, _INDEX])
+                hf.snapshot_download(
+                    repo_id, revision=revision, allow_patterns=[_CONFIG, _INDEX, _CARD]
+                )
             )
             if (folder / _INDEX).is_file():
                 shards, ignore = [_literal(s) for s in _index_shards(folder / _INDEX)], None
@@ -285,7 +346,7 @@ def _download(hf: ModuleType, repo_id: str, revision: str | None, what: str) -> 
                 hf.snapshot_download(
                     repo_id,
                     revision=folder.name,
-                    allow_patterns=[_CONFIG, _INDEX, *shards],
+                    allow_patterns=[_CONFIG, _INDEX, _CARD, *shards],
                     ignore_patterns=ignore,
                 )
             )
