@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 from smoe.cli.console import Stdout, silence_stdout, to_json
 from smoe.cli.failures import describe, fail, run, terminate_on_signals
+from smoe.cli.notices import show_kernel_notices
 from smoe.cli.parser import build_dump_parser, build_parser
 from smoe.errors import SmoeError, UsageError
 from smoe_gen import exit_codes
@@ -56,6 +57,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     stdout = sys.stdout
     sys.stdout = out = Stdout(stdout)
     terminate_on_signals()  # SIGTERM/SIGHUP clean up as Ctrl-C does, then exit 143
+    show_kernel_notices()  # a first compile of the compiled kernels says so on stderr
     try:
         try:
             args = parser.parse_args(argv)

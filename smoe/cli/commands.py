@@ -53,6 +53,7 @@ __all__ = [
     "cmd_spec",
     "cmd_upgrade",
     "cmd_verify",
+    "cmd_warmup",
     "manifest_choice",
     "verdict",
 ]
@@ -657,4 +658,50 @@ def cmd_meta(args: argparse.Namespace) -> int:
         print_notes([f"{result.vault}: no metadata (smoe meta VAULT --set KEY=VALUE adds some)"])
     for key, value in result.metadata.items():
         c.print(f"{key}: {escape(shown(value))}", soft_wrap=True, highlight=False)
+    return 0
+
+
+# ---- warmup --------------------------------------------------------------------------------
+WARMUP_SCHEMA = "smoe-warmup/1"  # the "schema" key of `smoe warmup --json`
+NUMPY_ONLY = "numpy kernels only (install smoe[fast] for the compiled ones)"
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    """Compile every compiled kernel now (or load it from numba's cache), so that no later
+    command compiles; say how long it took. Without numba: numpy kernels only, exit 0.
+
+    >>> import contextlib, io, json
+    >>> from unittest import mock
+    >>> from smoe.quant import dispatch
+    >>> with mock.patch.dict(dispatch._FAST, {"module": None}):  # as if numba were missing
+    ...     with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...         code = cmd_warmup(argparse.Namespace(json=True))
+    >>> code, json.loads(out.getvalue())["kernels"]
+    (0, [])
+    """
+    from smoe import quant
+
+    start = time.perf_counter()
+    done = quant.warmup()
+    seconds = time.perf_counter() - start
+    kernels = [
+        {"name": w.name, "compiled": w.compiled, "seconds": round(w.seconds, 3)} for w in done or []
+    ]
+    doc = {"schema": WARMUP_SCHEMA, "kernels": kernels, "seconds": round(seconds, 3)}
+    if done is None:
+        doc["note"] = NUMPY_ONLY
+    if args.json:
+        print_json(doc)
+        return 0
+    c = make_console()
+    if done is None:
+        c.print(NUMPY_ONLY, markup=False, highlight=False, soft_wrap=True)
+        return 0
+    compiled = sum(w.compiled for w in done)
+    how = (
+        f"{compiled} compiled now, {len(done) - compiled} loaded from the cache"
+        if compiled
+        else "all loaded from the cache"
+    )
+    c.print(f"{len(done)} compiled kernels ready in {seconds:.1f} s ({how})", highlight=False)
     return 0

@@ -58,6 +58,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         _add_upgrade,
         _add_report,
         _add_meta,
+        _add_warmup,
     ):
         add(sub)
     for p in sub.choices.values():
@@ -336,6 +337,19 @@ def _add_upgrade(sub: _Subparsers) -> None:
     p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.cmd_upgrade)
+
+
+def _add_warmup(sub: _Subparsers) -> None:
+    p = sub.add_parser(
+        "warmup",
+        help="compile the compiled kernels (smoe[fast]) now, once per machine, and say how long",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"schema": "smoe-warmup/1", "kernels": [...], "seconds": ...}',
+    )
+    p.set_defaults(func=commands.cmd_warmup)
 
 
 def _add_report(sub: _Subparsers) -> None:

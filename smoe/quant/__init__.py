@@ -87,15 +87,21 @@ The package, one module per role (this one re-exports the public API):
 * :mod:`~smoe.quant.errors`: weights the format cannot hold;
 * :mod:`~smoe.quant.stats`: signal and error power, SNR;
 * :mod:`~smoe.quant.dispatch`: numpy or the compiled kernels (:mod:`smoe.quant.kernels`);
+* :mod:`~smoe.quant.compiling`: the compiled kernels' first compile, and its notices;
+* :mod:`~smoe.quant.first_run`: numpy for a run too small to pay for that compile, and
+  :func:`warmup`, every compiled kernel compiled up front (``smoe warmup``);
 * :mod:`~smoe.quant.encoder`, :mod:`~smoe.quant.decoder`: the API, chunk by chunk.
 """
 
 from __future__ import annotations
 
+from smoe.quant.compiling import LOGGER as COMPILE_LOGGER
+from smoe.quant.compiling import Warmed
 from smoe.quant.decoder import decode, decode_bf16
-from smoe.quant.dispatch import fast_kernels
+from smoe.quant.dispatch import fast_kernels, run_choice
 from smoe.quant.encoder import encode, encode_into, prepare_fast
 from smoe.quant.errors import NonFiniteWeights, ScaleOverflow, UnrepresentableWeights
+from smoe.quant.first_run import pick_kernel, run_kernel, warmup
 from smoe.quant.hessian import HessianReport, encode_hessian, encode_hessian_into, hessian_error
 from smoe.quant.inputs import as_float32, bf16_to_f32
 from smoe.quant.stats import QuantStats, snr_db
@@ -115,6 +121,7 @@ from smoe_gen.layout import num_groups, packed_size, scales_size  # the sizes ar
 
 __all__ = [
     "CHUNK_WEIGHTS",
+    "COMPILE_LOGGER",
     "FAST_MIN_WEIGHTS",
     "FP16_MAX",
     "KERNEL_ENV",
@@ -128,6 +135,7 @@ __all__ = [
     "ScaleOverflow",
     "SrcDtype",
     "UnrepresentableWeights",
+    "Warmed",
     "as_float32",
     "bf16_to_f32",
     "decode",
@@ -141,7 +149,11 @@ __all__ = [
     "level_center",
     "num_groups",
     "packed_size",
+    "pick_kernel",
     "prepare_fast",
+    "run_choice",
+    "run_kernel",
     "scales_size",
     "snr_db",
+    "warmup",
 ]

@@ -4,14 +4,18 @@ says so, by the compiled decoder (:mod:`smoe.quant.kernels.decode`), bit for bit
 
 from __future__ import annotations
 
+from functools import partial
+from types import ModuleType
+
 import numpy as np
 
-from smoe.quant.dispatch import decode_kernels
+from smoe.quant.compiling import KernelCall
+from smoe.quant.dispatch import chosen_module, decode_kernels
 from smoe.quant.packing import level_lut
-from smoe.quant.traits import CHUNK_WEIGHTS, Kernel, check_bits
+from smoe.quant.traits import CHUNK_WEIGHTS, FAST_MIN_WEIGHTS, Kernel, check_bits
 from smoe_gen.layout import GROUP_SIZE, num_groups, packed_size
 
-__all__ = ["decode", "decode_bf16"]
+__all__ = ["decode", "decode_bf16", "decoder_kernels"]
 
 
 def decode(
@@ -69,6 +73,55 @@ def decode_bf16(
     ((2, 64), ['0x3e81', '0x3f42', '0xbe81', '0xbf42'])
     """
     return _decode_as(np.uint16, packed, scales, bits, shape, out, chunk_weights, kernel)
+
+
+def decoder_kernels(kernel: Kernel | None = None) -> list[KernelCall]:
+    """The compiled decoder's kernels, each as a call that compiles or loads it
+    (:class:`~smoe.quant.compiling.KernelCall`): to float32 and to bfloat16, from arrays
+    of one's own and from read-only ones (a vault's views); none where numpy decodes large
+    tensors (``kernel``, default ``$SMOE_KERNEL``; or no numba).
+
+    >>> decoder_kernels("numpy")
+    []
+    """
+    qk = chosen_module("decode", FAST_MIN_WEIGHTS, kernel)
+    if qk is None:
+        return []
+    calls = []
+    for readonly in (False, True):
+        for dtype in (np.float32, np.uint16):
+            name = f"decode to {'float32' if dtype is np.float32 else 'bfloat16'}"
+            name += ", read-only input" if readonly else ""
+            run = partial(_decode_sample, dtype, readonly)
+            calls.append(KernelCall(name, run, partial(_decoded_cached, qk, dtype, readonly)))
+    return calls
+
+
+_SAMPLE_SHAPE = (GROUP_SIZE * 2 + 1,)  # two groups and a partial one
+
+
+def _sample(readonly: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and scales of :data:`_SAMPLE_SHAPE` weights (Q4, zeros)."""
+    n = _SAMPLE_SHAPE[0]
+    packed, scales = np.zeros(packed_size(n, 4), np.uint8), np.zeros(num_groups(n), "<f2")
+    for a in (packed, scales):
+        a.flags.writeable = not readonly
+    return packed, scales
+
+
+def _decode_sample(dtype: type, readonly: bool) -> None:
+    """Decode the :func:`_sample` with the compiled decoder (compiling or loading it)."""
+    packed, scales = _sample(readonly)
+    _decode_as(dtype, packed, scales, 4, _SAMPLE_SHAPE, None, CHUNK_WEIGHTS, "fast")
+
+
+def _decoded_cached(qk: ModuleType, dtype: type, readonly: bool) -> bool | None:
+    """Whether the compiled decoder would find its code for the :func:`_sample` (in this
+    process or numba's disk cache); nothing is compiled, loaded or decoded."""
+    packed, scales = _sample(readonly)
+    p, sc, _, flat = _decode_args(packed, scales, 4, _SAMPLE_SHAPE, None, dtype, CHUNK_WEIGHTS)
+    found: bool | None = qk.decode_into_cached(p, _scale_bytes(sc), 4, flat)
+    return found
 
 
 def _decode_as(

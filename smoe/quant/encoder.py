@@ -5,11 +5,14 @@ says so, by the compiled kernels, which give the same bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from smoe.quant.dispatch import fast_kernels
+from smoe.quant.compiling import KernelCall, run_kernels
+from smoe.quant.dispatch import chosen_module, fast_kernels
 from smoe.quant.errors import UnrepresentableWeights, refusal
 from smoe.quant.importance import ImportanceRuns, prepare_importance
 from smoe.quant.inputs import bf16_to_f32, flat_source, read_chunk, source_kind
@@ -18,6 +21,7 @@ from smoe.quant.scales import choose_scales
 from smoe.quant.stats import QuantStats
 from smoe.quant.traits import (
     CHUNK_WEIGHTS,
+    FAST_MIN_WEIGHTS,
     OK_BITS,
     Kernel,
     Overflow,
@@ -28,7 +32,7 @@ from smoe.quant.traits import (
 )
 from smoe_gen.layout import GROUP_SIZE, num_groups, packed_size
 
-__all__ = ["encode", "encode_into", "prepare_fast"]
+__all__ = ["encode", "encode_into", "encoder_kernels", "prepare_fast"]
 
 
 def encode(
@@ -125,22 +129,21 @@ def encode_into(
     >>> blob[64:].view("<f2"), round(stats.snr_db, 1)
     (array([0.9604, 0.9604], dtype=float16), 24.0)
     """
-    _check_modes(bits, scale, overflow, chunk_weights)
-    weights = np.asarray(weights)
-    kind = source_kind(weights, src_dtype)
-    n = weights.size
-    packed = _out_view(packed_out, np.uint8, packed_size(n, bits), "packed_out")
-    scales = _out_view(scales_out, np.dtype("<f2"), num_groups(n), "scales_out")
-    src = flat_source(weights, kind)
-    prepared = prepare_importance(importance, weights.shape)
-    if n == 0:
-        return
-    chunk = min(chunk_weights, num_groups(n) * GROUP_SIZE)
-    runs = None if prepared is None else ImportanceRuns(*prepared, chunk)
-    job = _Encoding(
-        src, kind, weights.shape, bits, scale, packed, scales, stats, overflow, chunk, runs
+    job = _encoding(
+        weights,
+        bits,
+        packed_out,
+        scales_out,
+        scale,
+        src_dtype,
+        chunk_weights,
+        stats,
+        overflow,
+        importance,
     )
-    fast = fast_kernels(bits, scale, n, kernel)
+    if job is None:
+        return
+    fast = fast_kernels(bits, scale, job.src.size, kernel)
     if fast is not None and _encode_fast(fast, job):
         return
     _encode_reference(job)
@@ -150,7 +153,8 @@ def prepare_fast(bits: int, scale: ScaleMode = "optimal", *, importance: bool = 
     """Compile (or load from the disk cache) the compiled encoder for ``bits`` / ``scale``
     (and with ``importance``, its weighted form too) now if large tensors will use it;
     whether they will. Call it before forking workers: they then inherit the compiled code
-    instead of each compiling or loading it.
+    instead of each compiling or loading it. A compile says so first (the notices of
+    :func:`smoe.quant.compiling.run_kernels`).
 
     >>> import os
     >>> from unittest import mock
@@ -158,19 +162,109 @@ def prepare_fast(bits: int, scale: ScaleMode = "optimal", *, importance: bool = 
     ...     prepare_fast(4)
     False
     """
-    if fast_kernels(bits, scale) is None:
+    calls = encoder_kernels(bits, scale, importance=importance)
+    if not calls:
         return False
-    for src in (np.zeros(GROUP_SIZE * 2, np.uint16), np.zeros(GROUP_SIZE * 2 + 1, np.float32)):
-        for imp in (None, np.arange(src.size, dtype=np.float32)) if importance else (None,):
-            encode(
-                src,
-                bits,
-                scale,
-                src_dtype="bf16" if src.dtype == np.uint16 else None,
-                kernel="fast",
-                importance=imp,
+    run_kernels(calls)
+    return fast_kernels(bits, scale) is not None
+
+
+def encoder_kernels(
+    bits: int,
+    scale: ScaleMode = "optimal",
+    *,
+    importance: bool = False,
+    kernel: Kernel | None = None,
+) -> list[KernelCall]:
+    """The compiled encoder's kernels that large tensors at ``bits`` / ``scale`` run (with
+    ``importance`` the weighted ones too: a sculpt with ``--imatrix`` runs both), each as a
+    call that compiles or loads it (:class:`~smoe.quant.compiling.KernelCall`), in the
+    order :func:`prepare_fast` runs them; none where numpy encodes large tensors
+    (``kernel``, default ``$SMOE_KERNEL``, or a run's choice; or no numba).
+
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"SMOE_KERNEL": "numpy"}):
+    ...     encoder_kernels(4)
+    []
+    >>> names = [k.name for k in encoder_kernels(2, importance=True, kernel="auto")]
+    >>> names or ["encode Q2 optimal", "encode Q2 optimal weighted"]  # (without numba: none)
+    ['encode Q2 optimal', 'encode Q2 optimal weighted']
+    """
+    _check_modes(bits, scale, "clip", CHUNK_WEIGHTS)
+    qk = chosen_module("encode", FAST_MIN_WEIGHTS, kernel)
+    if qk is None:
+        return []
+    calls = []
+    if bits == 4 and scale == "optimal":  # fast_kernels checks numpy's einsum first
+        calls.append(
+            KernelCall(
+                "einsum order check (Q4 optimal)",
+                partial(fast_kernels, 4, "optimal", kernel="fast"),
+                qk.einsum_check_cached,
             )
-    return True
+        )
+    for weighted in (False, True) if importance else (False,):
+        name = "encode " + (f"Q{bits} optimal" if scale == "optimal" else "absmax")
+        calls.append(
+            KernelCall(
+                name + (" weighted" if weighted else ""),
+                partial(_encode_samples, bits, scale, weighted),
+                partial(_samples_cached, qk, bits, scale, weighted),
+            )
+        )
+    return calls
+
+
+def _samples(bits: int, scale: str, weighted: bool) -> list[_Encoding]:
+    """The encodings of two small samples, two groups of bfloat16 bits and two groups and
+    one weight of float32, that run the kernel large tensors of either kind run (one
+    compiled function: whether the words are float32 is an argument)."""
+    jobs = []
+    for n, dtype, kind in (
+        (GROUP_SIZE * 2, np.uint16, "bf16"),
+        (GROUP_SIZE * 2 + 1, np.float32, None),
+    ):
+        imp = np.arange(n, dtype=np.float32) if weighted else None
+        packed, scales = np.empty(packed_size(n, bits), np.uint8), np.empty(num_groups(n), "<f2")
+        w = np.zeros(n, dtype)
+        job = _encoding(w, bits, packed, scales, scale, kind, CHUNK_WEIGHTS, None, "clip", imp)
+        assert job is not None
+        jobs.append(job)
+    return jobs
+
+
+def _encode_samples(bits: int, scale: str, weighted: bool) -> None:
+    """Encode the :func:`_samples` with the compiled encoder (compiling or loading it)."""
+    for job in _samples(bits, scale, weighted):
+        fast = fast_kernels(bits, scale, job.src.size, "fast")
+        if fast is not None:  # (None: Q4 optimal, where numpy's einsum sums otherwise)
+            _encode_fast(fast, job)
+
+
+def _samples_cached(qk: ModuleType, bits: int, scale: str, weighted: bool) -> bool | None:
+    """Whether the compiled encoder would find its code for the :func:`_samples` (in this
+    process or numba's disk cache); nothing is compiled, loaded or encoded."""
+    probe = _CacheProbe(qk)
+    for job in _samples(bits, scale, weighted):
+        _encode_fast(probe, job)
+    if None in probe.found:
+        return None
+    return all(probe.found)
+
+
+class _CacheProbe:
+    """Stands in for the kernels module ``qk`` in :func:`_encode_fast`: each chunk only asks
+    whether its kernel is compiled (``found``); nothing is encoded."""
+
+    def __init__(self, qk: ModuleType) -> None:
+        self.qk = qk
+        self.REFUSED, self.NEEDS_REFERENCE = qk.REFUSED, qk.NEEDS_REFERENCE
+        self.found: list[bool | None] = []
+
+    def encode_chunk(self, *args: Any) -> int:
+        self.found.append(self.qk.encode_chunk_cached(*args))
+        return int(self.qk.OK)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -186,6 +280,37 @@ def _check_modes(bits: int, scale: str, overflow: str, chunk_weights: int) -> No
         raise ValueError(f"overflow must be 'clip' or 'raise', got {overflow!r}")
     if chunk_weights <= 0 or chunk_weights % GROUP_SIZE:
         raise ValueError(f"chunk_weights must be a positive multiple of {GROUP_SIZE}")
+
+
+def _encoding(
+    weights: np.ndarray,
+    bits: int,
+    packed_out: np.ndarray,
+    scales_out: np.ndarray,
+    scale: str,
+    src_dtype: str | None,
+    chunk_weights: int,
+    stats: QuantStats | None,
+    overflow: str,
+    importance: np.ndarray | None,
+) -> _Encoding | None:
+    """:func:`encode_into`'s arguments checked and flattened into one encoding (None: no
+    weights)."""
+    _check_modes(bits, scale, overflow, chunk_weights)
+    weights = np.asarray(weights)
+    kind = source_kind(weights, src_dtype)
+    n = weights.size
+    packed = _out_view(packed_out, np.uint8, packed_size(n, bits), "packed_out")
+    scales = _out_view(scales_out, np.dtype("<f2"), num_groups(n), "scales_out")
+    src = flat_source(weights, kind)
+    prepared = prepare_importance(importance, weights.shape)
+    if n == 0:
+        return None
+    chunk = min(chunk_weights, num_groups(n) * GROUP_SIZE)
+    runs = None if prepared is None else ImportanceRuns(*prepared, chunk)
+    return _Encoding(
+        src, kind, weights.shape, bits, scale, packed, scales, stats, overflow, chunk, runs
+    )
 
 
 def _out_view(arr: np.ndarray, dtype: np.dtype | type, count: int, name: str) -> np.ndarray:
@@ -317,9 +442,10 @@ def _add_error(
 # ---------------------------------------------------------------------------- compiled
 
 
-def _encode_fast(qk: ModuleType, job: _Encoding) -> bool:
-    """:func:`encode_into` with the compiled kernels ``qk``; False (nothing counted in
-    ``stats``) when a Q2 optimum exceeds 65504, which only the reference encoder clips."""
+def _encode_fast(qk: ModuleType | _CacheProbe, job: _Encoding) -> bool:
+    """:func:`encode_into` with the compiled kernels ``qk`` (or a :class:`_CacheProbe`);
+    False (nothing counted in ``stats``) when a Q2 optimum exceeds 65504, which only the
+    reference encoder clips."""
     n = job.src.size
     words_of_bf16 = job.kind == "bf16" and job.src.ndim == 1 and job.src.flags.c_contiguous
     buf = None if words_of_bf16 else np.empty(job.chunk, np.float32)

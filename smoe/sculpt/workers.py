@@ -408,6 +408,11 @@ def run_jobs(
     worker processes, never more than there are batches of :data:`BATCH` experts.
     ``marks["experts"]``: when the work starts (compiled kernels loaded, workers forked).
 
+    A run too small to make up for starting the compiled encoder (compiling it into a cold
+    cache, or even loading it: :func:`smoe.quant.run_kernel`, from the weights of its
+    large tensors) is encoded by numpy throughout, the same bytes; otherwise its kernels
+    are compiled or loaded before any worker is forked (saying so when they compile).
+
     Every object alive once the kernels are loaded is frozen out of the collector for the
     run: forked workers never walk (and so never copy) the parent's heap, and the parent's
     own collections stay small; it is handed back when the run ends.
@@ -420,16 +425,19 @@ def run_jobs(
     todo = file_order(todo)
     workers = min(jobs, -(-len(todo) // BATCH))
     weighted = any(job.imatrix is not None for job in todo)
-    if workers > 1 or any(r * c >= quant.FAST_MIN_WEIGHTS for j in todo for r, c in j.ref.shapes):
-        with _no_collections():
-            for bits, scale in sorted({(job.bits, job.scale) for job in todo}):
-                mode = cast("quant.ScaleMode", scale)  # an unknown scale: refused by encode_into
-                quant.prepare_fast(bits, mode, importance=weighted)  # compiled once, inherited
-    gc.freeze()
-    try:
-        yield from _start_jobs(todo, workers, target, marks)
-    finally:
-        gc.unfreeze()
+    sets = sorted({(job.bits, cast("quant.ScaleMode", job.scale)) for job in todo})
+    large = [r * c for j in todo for r, c in j.ref.shapes if r * c >= quant.FAST_MIN_WEIGHTS]
+    choice = quant.run_kernel(sets, sum(large), importance=weighted, workers=workers)
+    with quant.run_choice(choice):  # (an unknown scale: refused by encode_into)
+        if workers > 1 or large:
+            with _no_collections():
+                for bits, mode in sets:
+                    quant.prepare_fast(bits, mode, importance=weighted)  # once, inherited
+        gc.freeze()
+        try:
+            yield from _start_jobs(todo, workers, target, marks)
+        finally:
+            gc.unfreeze()
 
 
 def _start_jobs(

@@ -17,15 +17,17 @@ Compiled code is cached on disk (``__pycache__``, or ``NUMBA_CACHE_DIR``) where 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 from numba.extending import overload
 
-from smoe.quant.kernels.jit import jit
+from smoe.quant.kernels.jit import cached, jit
 from smoe.quant.packing import level_lut
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 
-__all__ = ["decode_into", "widen_f16"]
+__all__ = ["decode_into", "decode_into_cached", "widen_f16"]
 
 if GROUP_SIZE != 64 or set(SUPPORTED_BITS) != {2, 4}:
     raise ImportError("the compiled decoder is written for Q2 and Q4 in groups of 64 weights")
@@ -168,7 +170,28 @@ def decode_into(packed: np.ndarray, scale_bytes: np.ndarray, bits: int, out: np.
     >>> bool((out == ref).all())
     True
     """
+    _decode(*_decode_args(packed, scale_bytes, bits, out))
+
+
+def decode_into_cached(
+    packed: np.ndarray, scale_bytes: np.ndarray, bits: int, out: np.ndarray
+) -> bool | None:
+    """Whether :func:`decode_into` with these arguments would find its compiled code (in
+    this process or numba's disk cache) instead of compiling it; nothing is decoded,
+    compiled or loaded (:func:`smoe.quant.kernels.jit.cached`; None: cannot tell).
+
+    >>> packed, sb, out = np.zeros(32, np.uint8), np.zeros(2, np.uint8), np.empty(64, np.float32)
+    >>> decode_into(packed, sb, 4, out)  # decoded: compiled (or loaded) now
+    >>> decode_into_cached(packed, sb, 4, out)
+    True
+    """
+    return cached(_decode, _decode_args(packed, scale_bytes, bits, out))
+
+
+def _decode_args(
+    packed: np.ndarray, scale_bytes: np.ndarray, bits: int, out: np.ndarray
+) -> tuple[Any, ...]:
+    """The compiled decoder's arguments for :func:`decode_into`'s."""
     if bits not in _LEVELS:
         raise ValueError(f"bits must be one of {tuple(_LEVELS)}, got {bits!r}")
-    table = np.empty(1 << bits, out.dtype)
-    _decode(packed, scale_bytes, _LEVELS[bits], bits, out, table)
+    return packed, scale_bytes, _LEVELS[bits], bits, out, np.empty(1 << bits, out.dtype)

@@ -32,15 +32,26 @@ Compiled code is cached on disk (``__pycache__``, or ``NUMBA_CACHE_DIR``) where 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 
 from smoe.quant.kernels.code_cache import compile_cached
-from smoe.quant.kernels.jit import jit
+from smoe.quant.kernels.jit import cached, jit
 from smoe.quant.scales import Q4_FACTORS, Q4W_FACTORS
 from smoe_gen.layout import GROUP_SIZE, code_centre
 
-__all__ = ["NEEDS_REFERENCE", "OK", "REFUSED", "TILE", "einsum_order_holds", "encode_chunk"]
+__all__ = [
+    "NEEDS_REFERENCE",
+    "OK",
+    "REFUSED",
+    "TILE",
+    "einsum_check_cached",
+    "einsum_order_holds",
+    "encode_chunk",
+    "encode_chunk_cached",
+]
 
 if GROUP_SIZE != 64:
     raise ImportError("the compiled encoder is written for groups of 64 weights")
@@ -1228,14 +1239,68 @@ def encode_chunk(
     >>> bool((ref_packed == packed).all()), float(ref_scales[0])
     (True, 7.5703125)
     """
+    kernel, args = _route(src64, f32, tail, bits, optimal, limit, packed, scales, acc, importance)
+    return kernel(*args)
+
+
+def encode_chunk_cached(
+    src64: np.ndarray,
+    f32: bool,
+    tail: np.ndarray,
+    bits: int,
+    optimal: bool,
+    limit: int,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    acc: np.ndarray,
+    importance: tuple[np.ndarray, int, np.ndarray] | None = None,
+) -> bool | None:
+    """Whether :func:`encode_chunk` with these arguments would find its compiled code (in
+    this process or numba's disk cache) instead of compiling it; nothing is encoded,
+    compiled or loaded (:func:`smoe.quant.kernels.jit.cached`; None: cannot tell).
+
+    >>> w = np.zeros(64, np.uint16)  # one group of bfloat16 bits
+    >>> args = (w.view(np.uint64), False, np.zeros(0, np.float32), 2, False, 1 << 31,
+    ...         np.zeros(16, np.uint8), np.zeros(1, np.float32), np.zeros(4))
+    >>> encode_chunk(*args), encode_chunk_cached(*args)  # encoded: compiled (or loaded) now
+    (0, True)
+    """
+    return cached(*_route(src64, f32, tail, bits, optimal, limit, packed, scales, acc, importance))
+
+
+def _route(
+    src64: np.ndarray,
+    f32: bool,
+    tail: np.ndarray,
+    bits: int,
+    optimal: bool,
+    limit: int,
+    packed: np.ndarray,
+    scales: np.ndarray,
+    acc: np.ndarray,
+    importance: tuple[np.ndarray, int, np.ndarray] | None,
+) -> tuple[Any, tuple[Any, ...]]:
+    """The driver that encodes :func:`encode_chunk`'s arguments, and its arguments."""
     hcols, c0, htail = None, 0, None
     if importance is not None:
         hcols, c0, htail = importance
     if not optimal:
-        return _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scales, acc)
+        return _encode_absmax, (
+            src64,
+            f32,
+            tail,
+            hcols,
+            c0,
+            htail,
+            bits,
+            limit,
+            packed,
+            scales,
+            acc,
+        )
     if bits == 4:
-        return _encode_q4(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc)
-    return _encode_q2(src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, _RTAB)
+        return _encode_q4, (src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc)
+    return _encode_q2, (src64, f32, tail, hcols, c0, htail, limit, packed, scales, acc, _RTAB)
 
 
 def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:
@@ -1253,6 +1318,17 @@ def einsum_order_holds(trials: int = 2000, seed: int = 0) -> bool:
         ):
             return False
     return True
+
+
+def einsum_check_cached() -> bool | None:
+    """Whether :func:`einsum_order_holds` would find its compiled code (in this process or
+    numba's disk cache) instead of compiling it; nothing is compiled or loaded.
+
+    >>> einsum_order_holds(trials=1), einsum_check_cached()
+    (True, True)
+    """
+    v = np.zeros((1, GROUP_SIZE), np.float32)
+    return cached(_einsum_like, (v, v))
 
 
 @jit()
