@@ -3,9 +3,34 @@
 The page (``smoe/cli/templates/report.html.j2``, rendered by jinja2 with autoescaping) holds
 inline SVG and CSS only: no script, no external resource, it opens from disk. It shows a
 map of the file (every region, blobs coloured by layer), the header and arch fields with
-their offsets, per-layer sizes, the verifier's findings and, when the integrity manifest
+their offsets (``activation`` by name: ``silu (0)``, ``unknown (N)`` for a value the spec
+does not name), per-layer sizes, the verifier's findings and, when the integrity manifest
 (docs/MANIFEST.md) is there, per-expert quantisation SNR as a layer x expert heat map with
 a histogram per tensor kind.
+
+What the vault costs, in the summary and per layer (:func:`figures`):
+
+- **weights**: the experts' weights, the sum over the table's experts of ``rows x cols`` of
+  their three tensors (from the descriptors);
+- **bits per weight**: blob bytes x 8 / weights, once with the blobs' ``raw_size`` (the
+  packed codes and the fp16 group scales) and once with their ``padded_size`` (as stored,
+  page padding included);
+- **compression against BF16**: the same weights in BF16 (2 bytes each) / blob bytes, raw
+  and padded (that is 16 / bits per weight);
+- **streaming cost per token**: an engine that streams experts reads ``top_k`` blobs (the
+  arch block's ``moe_top_k``) in each MoE layer of the file, so per layer ``top_k`` x the
+  layer's mean blob size and in total the sum over the layers present: blobs per token
+  ``top_k x layers``, bytes per token raw (``raw_size``) and as read in whole pages
+  (``padded_size``), rounded to whole bytes. A version 1 vault has no arch block and hence
+  no ``top_k``: its cost per token is "unknown (v1 vault)".
+
+The heat map's colours are fixed bands of absolute SNR per bit width (:func:`snr_bands`),
+not a scale stretched over the vault's own spread, so an expert's colour depends on its SNR
+alone: :data:`SNR_BANDS` bands of :data:`SNR_BAND_STEP_DB` dB each from the width's floor
+(``smoe.quant.SNR_FLOOR_DB``) up, the step being the distance from the floor to the SNR of
+Gaussian weights (Q4 20.5 dB, Q2 9.5 dB) divided by :data:`SNR_BANDS`: Q4 10, 11.5, 13, 14.5,
+16, 17.5 and 19 dB and up; Q2 2.5, 3.5, ..., 8.5 dB and up. A value above the last edge takes
+the top colour; below the floor is red. The histograms' bars take the same colours.
 
 The page stays small however large the vault: blobs are drawn per run of one layer (at most
 :data:`MAX_RUNS` segments), the heat map is one SVG path per colour rather than one element
@@ -44,13 +69,17 @@ from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = [
     "ReportResult",
+    "activation_name",
+    "band_colour",
     "collect",
-    "colour_domain",
+    "figures",
     "fit_widths",
     "human",
     "layer_colour",
     "manifest_for",
     "render",
+    "snr_band",
+    "snr_bands",
     "viridis",
     "write_report",
 ]
@@ -63,8 +92,28 @@ BLOB_DETAIL_MAX = 256  # up to this many blobs, the blob strip shows each (raw |
 CELL_TITLES_MAX = 2048  # up to this many experts, every heat-map cell has a tooltip
 MAX_ROWS = 1024  # layers shown in the heat map and the per-layer table at most
 MAX_COLS = 1024  # expert columns of the heat map at most
-COLOUR_BINS = 32  # heat-map colours (one SVG path each)
 HIST_BINS = 40
+BF16_BYTES = 2  # bytes per weight of the BF16 the compression is measured against
+UNKNOWN_V1 = "unknown (v1 vault)"  # the cost per token of a vault without moe_top_k
+UNKNOWN_ARCH = "unknown (no readable arch block)"
+UNKNOWN_TABLE = "unknown (no readable expert table)"
+UNKNOWN_WHY = {
+    UNKNOWN_TABLE: "the expert table cannot be read (see the findings)",
+    UNKNOWN_V1: "a v1 vault has no arch block, so no moe_top_k",
+    UNKNOWN_ARCH: "the arch block cannot be read (see the findings)",
+}
+
+SNR_BANDS = 7
+"""Colour bands of the SNR heat map (one SVG path each), the last open upwards."""
+SNR_GAUSSIAN_DB = {4: 20.5, 2: 9.5}
+"""Per bit width, the tensor SNR of N(0, 0.02) weights (``smoe.quant.SNR_FLOOR_DB``'s
+measurements): the bands reach from the floor to it."""
+SNR_BAND_STEP_DB = {
+    bits: (gaussian - SNR_FLOOR_DB[bits]) / SNR_BANDS for bits, gaussian in SNR_GAUSSIAN_DB.items()
+}
+"""Per bit width, the width of one colour band (dB): Q4 1.5, Q2 1.0."""
+OTHER_BANDS = (0.0, 3.0)
+"""(lowest edge, step) of the bands of a bit width without a floor (not a readable vault)."""
 
 VIRIDIS = (
     "#440154",
@@ -102,6 +151,8 @@ class ReportResult:
     >>> result = write_report("fixtures/q4_v2.smoe", out)
     >>> result.experts, result.layers, result.ok, result.snr
     (8, 2, True, False)
+    >>> result.figures["weights"], result.figures["per_token"]["bytes_read"]
+    (49152, 65536)
     """
 
     path: Path
@@ -118,6 +169,9 @@ class ReportResult:
     provenance: dict[str, Any] | None = None
     """The manifest's provenance and metadata (:func:`smoe.format.provenance.provenance_of`),
     or None without a readable manifest."""
+    figures: dict[str, Any] | None = None
+    """The vault's weights, bits per weight, compression and cost per token
+    (:func:`figures`, less its per-layer part), or None when the header cannot be trusted."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document of ``smoe report``.
@@ -127,7 +181,13 @@ class ReportResult:
         >>> doc = write_report("fixtures/q4_v2.smoe", out).to_dict()
         >>> doc["schema"], doc["report"] == out, doc["vault"], doc["manifest"]
         ('smoe-report/1', True, 'fixtures/q4_v2.smoe', None)
+        >>> doc["weights"], doc["bits_per_weight"], doc["compression_vs_bf16"]["raw"]
+        (49152, {'raw': 4.25, 'padded': 21.333333333333332}, 3.764705882352941)
+        >>> doc["per_token"]
+        {'top_k': 2, 'blobs': 4, 'bytes_raw': 13056, 'bytes_read': 65536}
         """
+        f = self.figures or {}
+        tok = f.get("per_token") or {}
         return {
             "schema": SCHEMA,
             "report": str(self.path),
@@ -141,6 +201,10 @@ class ReportResult:
             "errors": self.errors,
             "warnings": self.warnings,
             "provenance": self.provenance,
+            "weights": f.get("weights"),
+            "bits_per_weight": {"raw": f.get("bits_raw"), "padded": f.get("bits_padded")},
+            "compression_vs_bf16": {"raw": f.get("vs_bf16_raw"), "padded": f.get("vs_bf16_padded")},
+            "per_token": {k: tok.get(k) for k in ("top_k", "blobs", "bytes_raw", "bytes_read")},
         }
 
 
@@ -191,7 +255,13 @@ def write_report(
         warnings=sum(f.severity == "warning" for f in report.findings),
         unreadable=any(f.code == "header.size" for f in report.errors),
         provenance=context["provenance"]["doc"] if context["provenance"] else None,
+        figures=_without_layers(context["figures"]),
     )
+
+
+def _without_layers(fig: dict[str, Any] | None) -> dict[str, Any] | None:
+    """:func:`figures` less its per-layer part (the page's, not ``--json``'s)."""
+    return None if fig is None else {k: v for k, v in fig.items() if k != "layers"}
 
 
 def manifest_for(vault: Path, manifest: str | os.PathLike | None) -> Path | None:
@@ -314,6 +384,7 @@ def _empty_context(path: Path, size: int, report: Report, deep: bool) -> dict[st
         "layers_hidden": 0,
         "snr": None,
         "snr_note": "",
+        "figures": None,
         "verdict": _verdict(report, deep),
     }
 
@@ -352,6 +423,17 @@ def _picture(
     ctx["experts"] = geo.total
     ctx["layer_count"] = distinct = len(np.unique(blobs["layer"]))
     ctx["summary"] += _vault_summary(h, geo, arch, blobs, distinct)
+    if arch is not None:
+        top_k, unknown = int(arch["moe_top_k"]), ""
+    elif geo.version < layout.VERSION_WITH_ARCH:
+        top_k, unknown = None, UNKNOWN_V1
+    else:
+        top_k, unknown = None, UNKNOWN_ARCH
+    fig = figures(table, descs, top_k, size, unknown)
+    ctx["figures"] = fig
+    ctx["summary"] += _figure_summary(fig)
+    for lay in layers:
+        lay["fig"] = fig["layers"].get(lay["layer"])
     regions = _regions(geo, blobs, size)
     ctx["regions"] = [r for r in regions if r["kind"] != "blobs"]
     ctx["maps"] = _maps(regions, blobs, geo, size, distinct)
@@ -393,6 +475,145 @@ def _vault_summary(
     ]
 
 
+def figures(
+    table: np.ndarray | None,
+    descs: np.ndarray | None,
+    top_k: int | None,
+    size: int,
+    unknown: str = "",
+) -> dict[str, Any]:
+    """What the vault's experts cost: weights, bits per weight, compression against BF16,
+    the streaming cost per token (see the module's docstring), in total and per layer id.
+
+    Blob sizes are the table's, clipped to the file's ``size`` (as the map draws them);
+    ``top_k`` None (``unknown`` says why) leaves the cost per token unknown, and so does
+    ``table`` None. A figure that cannot be had (no descriptors, no weights) is None.
+
+    >>> from smoe.vault.reader import Vault
+    >>> with Vault.open("fixtures/q4_v2.smoe") as v:
+    ...     table, descs = table_views(v.data, v.geometry)
+    ...     f = figures(table, descs, 2, len(v.data))
+    >>> f["weights"], f["raw"], f["padded"], f["bf16"], f["bits_raw"], f["bits_padded"]
+    (49152, 26112, 131072, 98304, 4.25, 21.333333333333332)
+    >>> round(f["vs_bf16_raw"], 3), f["vs_bf16_padded"]
+    (3.765, 0.75)
+    >>> f["per_token"]
+    {'top_k': 2, 'blobs': 4, 'bytes_raw': 13056, 'bytes_read': 65536, 'layers': 2, 'unknown': ''}
+    >>> f["layers"][0]["token_read"], figures(table, descs, None, 0)["per_token"]["blobs"]
+    (32768, None)
+    """
+    ids = np.zeros(0, np.int64) if table is None else table["layer_id"].astype(np.int64)
+    empty = not len(ids)
+    uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    raw_of = np.zeros(len(uniq), np.int64)
+    pad_of = np.zeros(len(uniq), np.int64)
+    weights_of: list[int] | None = None
+    if table is not None and not empty:
+        np.add.at(raw_of, inverse, _clip(table["raw_size"], size))
+        np.add.at(pad_of, inverse, _clip(table["padded_size"], size))
+        if descs is not None:
+            # Python ints: rows x cols of a broken descriptor may not fit in 64 bits
+            per_entry = [
+                sum(r * c for r, c in zip(rows, cols))
+                for rows, cols in zip(descs["rows"].tolist(), descs["cols"].tolist())
+            ]
+            weights_of = [0] * len(uniq)
+            for i, w in zip(inverse.tolist(), per_entry):
+                weights_of[i] += w
+    raw, padded = int(raw_of.sum()), int(pad_of.sum())
+    weights = sum(weights_of) if weights_of is not None else None
+    layers: dict[int, dict[str, Any]] = {}
+    token_raw = token_read = 0.0
+    for i, lay in enumerate(uniq.tolist()):
+        n = int(counts[i])
+        t_raw = None if top_k is None else top_k * int(raw_of[i]) / n
+        t_read = None if top_k is None else top_k * int(pad_of[i]) / n
+        token_raw += t_raw or 0.0
+        token_read += t_read or 0.0
+        layers[int(lay)] = {
+            **_bits(
+                weights_of[i] if weights_of is not None else None, int(raw_of[i]), int(pad_of[i])
+            ),
+            "token_raw": None if t_raw is None else round(t_raw),
+            "token_read": None if t_read is None else round(t_read),
+        }
+    known = top_k is not None and not empty
+    blobs = top_k * len(uniq) if top_k is not None and not empty else None
+    return {
+        **_bits(weights, raw, padded),
+        "raw": raw,
+        "padded": padded,
+        "layers": layers,
+        "per_token": {
+            "top_k": top_k,
+            "blobs": blobs,
+            "bytes_raw": round(token_raw) if known else None,
+            "bytes_read": round(token_read) if known else None,
+            "layers": len(uniq),
+            "unknown": "" if known else (UNKNOWN_TABLE if table is None else unknown),
+        },
+    }
+
+
+def _bits(weights: int | None, raw: int, padded: int) -> dict[str, Any]:
+    """Weights, their BF16 bytes, bits per weight and compression against BF16 of blobs of
+    ``raw`` and ``padded`` bytes (None where there are no weights to divide by)."""
+    out: dict[str, Any] = {"weights": weights, "bf16": None}
+    out.update(bits_raw=None, bits_padded=None, vs_bf16_raw=None, vs_bf16_padded=None)
+    if weights is None:
+        return out
+    out["bf16"] = bf16 = BF16_BYTES * weights
+    if weights > 0:
+        out["bits_raw"], out["bits_padded"] = raw * 8 / weights, padded * 8 / weights
+        out["vs_bf16_raw"] = bf16 / raw if raw else None
+        out["vs_bf16_padded"] = bf16 / padded if padded else None
+    return out
+
+
+def _figure_summary(f: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The summary rows of :func:`figures`: weights, bits per weight, compression, the
+    cost per token."""
+    tok = f["per_token"]
+    if f["weights"] is None:
+        rows = [("expert weights", "unknown", "the descriptors cannot be read")]
+    else:
+        rows = [
+            ("expert weights", _num(f["weights"]), f"BF16: {human(f['bf16'])}"),
+            (
+                "bits per weight",
+                _fixed(f["bits_raw"], 3),
+                f"{_fixed(f['bits_padded'], 3)} with page padding",
+            ),
+            (
+                "compression vs BF16",
+                _ratio(f["vs_bf16_raw"]),
+                f"{_ratio(f['vs_bf16_padded'])} with page padding",
+            ),
+        ]
+    if tok["bytes_read"] is None:
+        why = tok["unknown"] or "none"
+        sub = UNKNOWN_WHY.get(why, "no experts in the table")
+        rows.append(("read per token", why, sub))
+    else:
+        rows.append(
+            (
+                "read per token",
+                human(tok["bytes_read"]),
+                f"{_num(tok['blobs'])} blobs (top-{tok['top_k']} × {_num(tok['layers'])} "
+                f"layers), data {human(tok['bytes_raw'])}",
+            )
+        )
+    return rows
+
+
+def _fixed(v: float | None, digits: int) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _ratio(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}×"
+
+
 def _verdict(report: Report, deep: bool) -> dict[str, Any]:
     counts = {
         s: sum(f.severity == s for f in report.findings) for s in ("error", "warning", "info")
@@ -427,6 +648,8 @@ def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict
         v = rec[name]
         if name == "model_type":
             shown = repr(_model_type_bytes(rec))
+        elif name == "activation":
+            shown = activation_name(int(v))
         elif name == "flags":
             names = [n for n, bit in layout.FLAG_NAMES.items() if int(v) & bit]
             shown = f"{int(v):#x} = {' | '.join(names) or 'none'}"
@@ -451,6 +674,18 @@ def _fields(rec: np.void, dtype: np.dtype, doc_key: str, base: int) -> list[dict
             }
         )
     return rows
+
+
+def activation_name(value: int) -> str:
+    """The arch block's ``activation`` as the page shows it: the spec's name with the number.
+
+    >>> activation_name(0), activation_name(7)
+    ('silu (0)', 'unknown (7)')
+    """
+    try:
+        return f"{layout.Activation(value).name.lower()} ({value})"
+    except ValueError:
+        return f"unknown ({value})"
 
 
 def _model_type_bytes(arch: np.void) -> str:
@@ -526,6 +761,7 @@ def _layers(table: np.ndarray | None, descs: np.ndarray | None, size: int) -> li
                 "end": max(ends),
                 "colour": "",
                 "snr": None,
+                "fig": None,
             }
         )
     for i, lay in enumerate(out):
@@ -942,13 +1178,7 @@ class _ExpertSnr:
     recorded: np.ndarray  # per entry: some SNR recorded
     exact: np.ndarray  # per entry: recorded, but no finite value
     floor: float | None  # the bit width's SNR floor
-    lo: float  # the colour domain (colour_domain of the finite minima)
-    hi: float
-
-    @property
-    def mins(self) -> np.ndarray:
-        """The finite per-expert minima."""
-        return self.expert_min[np.isfinite(self.expert_min)]
+    edges: tuple[float, ...]  # the colour bands' lower edges (snr_bands)
 
 
 @dataclass(frozen=True)
@@ -957,7 +1187,7 @@ class _Grid:
 
     rows: list[int]  # the layer id of each row
     cols: int
-    # (rows, cols) cell codes: 0 absent, 1 unrecorded, 2 exact, 3 below floor, 4 + colour bin
+    # (rows, cols) cell codes: 0 absent, 1 unrecorded, 2 exact, 3 below floor, 4 + colour band
     code: np.ndarray
     row: np.ndarray  # per entry its row (-1: a layer not shown)
     shown: np.ndarray  # per entry: drawn in the grid
@@ -968,7 +1198,7 @@ def _snr_view(
     snr: np.ndarray, table: np.ndarray, layers: list[dict[str, Any]], max_experts: int, bits: int
 ) -> dict[str, Any]:
     """Heat map (cells as one path per colour), legend, histograms, worst experts."""
-    s = _expert_snr(snr, table, SNR_FLOOR_DB.get(bits))
+    s = _expert_snr(snr, table, bits)
     grid = _grid(s, [lay["layer"] for lay in layers[:MAX_ROWS]], max_experts)
     per_layer = _per_layer(s, grid.rows)
     heat = _heat(s, grid)
@@ -977,21 +1207,11 @@ def _snr_view(
     else:
         heat["row_titles"] = _row_titles(grid.rows, per_layer)
     finite = s.snr[np.isfinite(s.snr)]  # clipped to ±SNR_SHOWN
-    mins = s.mins
     return {
         "heat": heat,
-        "lo": s.lo,
-        "hi": s.hi,
-        "legend": [
-            {"x": i * 8, "fill": viridis((i + 0.5) / COLOUR_BINS)} for i in range(COLOUR_BINS)
-        ],
-        "legend_ticks": _legend_ticks(
-            s.lo,
-            s.hi,
-            COLOUR_BINS * 8,
-            below=bool(mins.size and mins.min() < s.lo),
-            above=bool(mins.size and mins.max() > s.hi),
-        ),
+        "edges": s.edges,
+        "step": s.edges[1] - s.edges[0],
+        "legend": _band_legend(s, grid),
         "swatches": _swatches(s, grid, bits),
         "floor": s.floor,
         "bits": bits,
@@ -1009,10 +1229,9 @@ SNR_SHOWN = 1e4
 but no quantiser gives 10,000 dB; values beyond ±SNR_SHOWN are drawn (and listed) at it."""
 
 
-def _expert_snr(snr: np.ndarray, table: np.ndarray, floor: float | None) -> _ExpertSnr:
+def _expert_snr(snr: np.ndarray, table: np.ndarray, bits: int) -> _ExpertSnr:
     snr = np.where(np.isfinite(snr), np.clip(snr, -SNR_SHOWN, SNR_SHOWN), snr)
     expert_min = np.where(np.isfinite(snr), snr, np.inf).min(axis=1)  # inf: no finite value
-    lo, hi = colour_domain(expert_min[np.isfinite(expert_min)], floor)
     recorded = ~np.isnan(snr).all(axis=1)
     return _ExpertSnr(
         snr=snr,
@@ -1021,9 +1240,8 @@ def _expert_snr(snr: np.ndarray, table: np.ndarray, floor: float | None) -> _Exp
         expert_min=expert_min,
         recorded=recorded,
         exact=recorded & ~np.isfinite(expert_min),
-        floor=floor,
-        lo=lo,
-        hi=hi,
+        floor=SNR_FLOOR_DB.get(bits),
+        edges=snr_bands(bits),
     )
 
 
@@ -1035,11 +1253,8 @@ def _grid(s: _ExpertSnr, rows: list[int], max_experts: int) -> _Grid:
     code = np.zeros((len(rows), cols), np.int64)
     r = np.array([row_of.get(int(v), -1) for v in s.lay_ids.tolist()], np.int64)
     shown = (r >= 0) & (exp_ids < cols)
-    t = np.clip((s.expert_min - s.lo) / (s.hi - s.lo), 0.0, 1.0)
-    bins = np.minimum(
-        (np.nan_to_num(t, posinf=1.0) * COLOUR_BINS).astype(np.int64), COLOUR_BINS - 1
-    )
-    value_code = np.where(~s.recorded, 1, np.where(s.exact, 2, 4 + bins))
+    bands = np.maximum(_bands_of(s.expert_min, s.edges), 0)  # below the floor: code 3 below
+    value_code = np.where(~s.recorded, 1, np.where(s.exact, 2, 4 + bands))
     if s.floor is not None:
         value_code = np.where(s.recorded & ~s.exact & (s.expert_min < s.floor), 3, value_code)
     code[r[shown], exp_ids[shown]] = value_code[shown]
@@ -1049,7 +1264,7 @@ def _grid(s: _ExpertSnr, rows: list[int], max_experts: int) -> _Grid:
 def _heat(s: _ExpertSnr, g: _Grid) -> dict[str, Any]:
     """The heat map's geometry, its cells as paths, its axes (tooltips are added after)."""
     fills = {0: ABSENT, 1: UNRECORDED, 2: EXACT, 3: BELOW_FLOOR}
-    fills.update({4 + b: viridis((b + 0.5) / COLOUR_BINS) for b in range(COLOUR_BINS)})
+    fills.update({4 + b: band_colour(b) for b in range(SNR_BANDS)})
     rows, cols = len(g.rows), g.cols
     cw = int(min(44, max(2, (WIDTH - 60) // cols)))
     ch = cw if rows * cw <= 900 else int(max(2, 900 // max(1, rows)))
@@ -1149,9 +1364,12 @@ def _swatches(s: _ExpertSnr, g: _Grid, bits: int) -> list[dict[str, Any]]:
 
 def _histograms(s: _ExpertSnr, finite: np.ndarray) -> list[dict[str, Any]]:
     """One histogram per tensor kind, all over the same span."""
-    h_lo, h_hi = _widen(float(finite.min()), float(finite.max())) if finite.size else (s.lo, s.hi)
+    if finite.size:
+        h_lo, h_hi = _widen(float(finite.min()), float(finite.max()))
+    else:
+        h_lo, h_hi = s.edges[0], s.edges[-1]
     return [
-        _histogram(s.snr[:, k], TENSOR_NAMES[k], (h_lo, h_hi), (s.lo, s.hi), s.floor)
+        _histogram(s.snr[:, k], TENSOR_NAMES[k], (h_lo, h_hi), s.edges, s.floor)
         for k in range(s.snr.shape[1])
     ]
 
@@ -1205,22 +1423,82 @@ def _axis_ticks(n: int, cell: float, spacing: float) -> list[dict[str, Any]]:
     return [{"x": i * cell + cell / 2, "label": i} for i in range(0, n, step)]
 
 
-def colour_domain(values: np.ndarray, floor: float | None) -> tuple[float, float]:
-    """The SNR range the colours span: the middle 99 % of ``values`` (outliers take the end
-    colours), starting no lower than the floor (cells below it are drawn in red anyway).
+def snr_bands(bits: int) -> tuple[float, ...]:
+    """The lower edges (dB) of the heat map's :data:`SNR_BANDS` colour bands at ``bits``:
+    from the width's floor (``smoe.quant.SNR_FLOOR_DB``) up in steps of
+    :data:`SNR_BAND_STEP_DB`; the last band is open upwards. Fixed per width, whatever the
+    vault's SNR; a width without a floor gets :data:`OTHER_BANDS`.
 
-    >>> colour_domain(np.array([8.0, 17.0, 18.0, 19.0]), 10.0)
-    (10.0, 19.0)
-    >>> colour_domain(np.array([17.0, 17.0]), None)
-    (16.75, 17.25)
+    >>> snr_bands(4)
+    (10.0, 11.5, 13.0, 14.5, 16.0, 17.5, 19.0)
+    >>> snr_bands(2)
+    (2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5)
+    >>> snr_bands(3)
+    (0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0)
     """
-    if not values.size:
-        return 0.0, 1.0
-    lo = float(np.quantile(values, 0.005, method="lower"))
-    hi = float(np.quantile(values, 0.995, method="higher"))
-    if floor is not None and lo < floor < hi:
-        lo = floor
-    return _widen(lo, hi)
+    lowest = SNR_FLOOR_DB.get(bits, OTHER_BANDS[0])
+    step = SNR_BAND_STEP_DB.get(bits, OTHER_BANDS[1])
+    return tuple(lowest + i * step for i in range(SNR_BANDS))
+
+
+def snr_band(snr: float, bits: int) -> int:
+    """The colour band of an expert whose lowest SNR is ``snr`` dB at ``bits``: 0 to
+    ``SNR_BANDS - 1`` (everything from the last edge up takes the last), -1 below the floor
+    (drawn red; a width without a floor puts it in band 0). It depends on ``snr`` and
+    ``bits`` only, never on the other experts.
+
+    >>> [snr_band(v, 4) for v in (9.99, 10.0, 11.49, 11.5, 18.9, 19.0, 20.5, 60.0)]
+    [-1, 0, 0, 1, 5, 6, 6, 6]
+    >>> [snr_band(v, 2) for v in (2.4, 2.5, 7.3, 9.5)]
+    [-1, 0, 4, 6]
+    """
+    band = int(_bands_of(np.array([snr], np.float64), snr_bands(bits))[0])
+    return band if bits in SNR_FLOOR_DB else max(band, 0)
+
+
+def _bands_of(values: np.ndarray, edges: tuple[float, ...]) -> np.ndarray:
+    """Per value the index of the last edge at or below it (-1 below the first; +inf takes
+    the last band, NaN -1)."""
+    found = np.searchsorted(np.asarray(edges, np.float64), values, side="right") - 1
+    return np.where(np.isnan(values), -1, found).astype(np.int64)
+
+
+def band_colour(band: int) -> str:
+    """The fill of colour band ``band`` (:func:`snr_band`): viridis from dark (the floor)
+    to yellow (the top band); below the floor is red.
+
+    >>> band_colour(0), band_colour(SNR_BANDS - 1), band_colour(-1) == BELOW_FLOOR
+    ('#440154', '#fde725', True)
+    """
+    return BELOW_FLOOR if band < 0 else viridis(band / (SNR_BANDS - 1))
+
+
+def _band_legend(s: _ExpertSnr, g: _Grid) -> list[dict[str, Any]]:
+    """The legend's boxes: below the floor (when there is one), then each band, with the
+    band's range as its label and tooltip, and how many experts it holds."""
+    w = 54
+    boxes: list[dict[str, Any]] = []
+    bands = np.where(g.value_code >= 4, g.value_code - 4, -2)  # -2: not a coloured cell
+    if s.floor is not None:
+        n = int((g.value_code == 3).sum())
+        boxes.append(
+            {
+                "fill": BELOW_FLOOR,
+                "label": f"< {s.floor:g}",
+                "title": f"below the floor, {s.floor:g} dB: {_experts(n)}",
+            }
+        )
+    for b, lo in enumerate(s.edges):
+        n = int((bands == b).sum())
+        if b + 1 < len(s.edges):
+            label = f"{lo:g}–{s.edges[b + 1]:g}"
+            title = f"{lo:g} dB up to {s.edges[b + 1]:g} dB: {_experts(n)}"
+        else:
+            label, title = f"≥ {lo:g}", f"{lo:g} dB and above: {_experts(n)}"
+        boxes.append({"fill": band_colour(b), "label": label, "title": title})
+    for i, box in enumerate(boxes):
+        box["x"], box["w"] = i * w, w
+    return boxes
 
 
 def _widen(lo: float, hi: float, least: float = 0.5) -> tuple[float, float]:
@@ -1230,19 +1508,12 @@ def _widen(lo: float, hi: float, least: float = 0.5) -> tuple[float, float]:
     return lo, hi
 
 
-def _legend_ticks(
-    lo: float, hi: float, width: float, below: bool = False, above: bool = False
-) -> list[dict[str, Any]]:
+def _legend_ticks(lo: float, hi: float, width: float) -> list[dict[str, Any]]:
     out = []
     digits = 2 if hi - lo < 2 else 1
     for i in range(5):
         v = lo + (hi - lo) * i / 4
-        label = f"{v:.{digits}f}"
-        if i == 0 and below:
-            label = "≤ " + label
-        elif i == 4 and above:
-            label = "≥ " + label
-        out.append({"x": width * i / 4, "label": label})
+        out.append({"x": width * i / 4, "label": f"{v:.{digits}f}"})
     return out
 
 
@@ -1250,14 +1521,14 @@ def _histogram(
     values: np.ndarray,
     name: str,
     span: tuple[float, float],
-    colours: tuple[float, float],
+    bands: tuple[float, ...],
     floor: float | None,
 ) -> dict[str, Any]:
     """Bars over ``span`` (the same for every tensor kind), coloured like the heat map
-    (whose colours span ``colours``); below the floor in red."""
+    (each bar by the colour band, of lower edges ``bands``, its middle falls in); below the
+    floor in red."""
     w, h, head = 340, 120, 14
     lo, hi = span
-    c_lo, c_hi = colours
     fin = values[np.isfinite(values)]
     counts, edges = np.histogram(fin, bins=HIST_BINS, range=(lo, hi))
     top = max(1, int(counts.max()) if counts.size else 1)
@@ -1268,11 +1539,8 @@ def _histogram(
             continue
         bh = max(1.5, (h - head) * n / top)
         mid = (edges[i] + edges[i + 1]) / 2
-        fill = (
-            BELOW_FLOOR
-            if floor is not None and mid < floor
-            else viridis((mid - c_lo) / (c_hi - c_lo))
-        )
+        band = int(_bands_of(np.array([mid]), bands)[0])
+        fill = band_colour(band if floor is not None else max(band, 0))
         bars.append(
             {
                 "x": round(i * bw + 0.5, 2),
@@ -1308,6 +1576,10 @@ def _db(v: float | None) -> str:
     if math.isinf(v):
         return "exact"
     return f"{v:.2f} dB"
+
+
+def _experts(n: int) -> str:
+    return f"{_num(n)} expert{'' if n == 1 else 's'}"
 
 
 def _num(v: int | float) -> str:

@@ -298,7 +298,7 @@ def test_qwen3_235b_page_stays_small(big: Path, tmp_path: Path) -> None:
     page = Page(out.read_text())
     # the heat map is one path per colour, not one element per expert; tooltips per layer
     paths = [v for tag, k, v in page.attrs if tag == "path" and k == "fill"]
-    assert len(paths) <= report.COLOUR_BINS + 4
+    assert len(paths) <= report.SNR_BANDS + 4
     layer_tips = [t for t in page.titles if re.match(r"layer \d+: lowest", t)]
     assert len(layer_tips) == 94
     text = " ".join(page.text)
