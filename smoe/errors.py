@@ -6,7 +6,8 @@ prints the message as one ``error:`` line, word for word:
 
 * :class:`UnreadableInput` (2): an input cannot be read at all: not a regular file, it
   cannot be opened, stat'ed or listed;
-* :class:`UsageError` (2): a command line or API call refused as such;
+* :class:`UsageError` (2): a command line or API call refused as such; its
+  :class:`MissingExtra`: an optional dependency the request needs is not installed;
 * :class:`RefusedInput` (1): an input was read but is refused: a family the format cannot
   hold, a lying config, a file of another model;
 * :class:`FormatError` (1): a vault or manifest breaks a rule of the format;
@@ -21,6 +22,7 @@ import os
 
 __all__ = [
     "FormatError",
+    "MissingExtra",
     "RefusedInput",
     "SmoeError",
     "Terminated",
@@ -83,6 +85,17 @@ class UsageError(SmoeError):
 
     >>> str(UsageError("--jobs: must be at least 1"))
     '--jobs: must be at least 1'
+    """
+
+
+class MissingExtra(UsageError):
+    """What was asked for needs an optional dependency this install lacks (exit 2, as the
+    command line asked for something the install cannot do): the message names the module
+    and the ``pip install 'smoe[EXTRA]'`` that brings it.
+
+    >>> e = MissingExtra("a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'")
+    >>> isinstance(e, UsageError)
+    True
     """
 
 

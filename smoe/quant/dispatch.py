@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from types import ModuleType
 
-from smoe.errors import SmoeError
+from smoe.errors import MissingExtra, SmoeError
 from smoe.quant.traits import FAST_MIN_WEIGHTS, KERNEL_ENV, Kernel
 
 __all__ = ["chosen_module", "compiled_module", "decode_kernels", "fast_kernels", "run_choice"]
@@ -39,7 +39,7 @@ def _compiled(key: str, name: str, n: int, kernel: Kernel | None) -> ModuleType 
     module = _imported(key, name)
     if module is None:  # the kernels could not be imported
         if choice == "fast":
-            raise SmoeError(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
+            raise MissingExtra(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
         return None
     return module
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from smoe.errors import RefusedInput, SmoeError, UnreadableInput, UsageError
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, UnreadableInput, UsageError
 from smoe.sculpt.calibrate import data as calib
 from smoe.sculpt.calibrate.data import MAX_BYTES, CalibrationData, load_calibration
 
@@ -512,7 +512,7 @@ def test_text_without_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "tokenizer.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ImportError
     path = text_file(tmp_path, "the cat sat")
-    assert refusal(SmoeError, path) == (
+    assert refusal(MissingExtra, path) == (
         f"{path}: text DATA is tokenised with transformers, which is not installed: "
         "pip install 'smoe[calibrate]'"
     )

@@ -205,7 +205,7 @@ def test_without_huggingface_hub_an_id_asks_for_the_extra(tmp_path: Path) -> Non
         "sys.exit(main(sys.argv[1:]))"
     )
     proc = python(code, "sculpt", "org/name", tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "error: a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
     ]

@@ -24,6 +24,7 @@ from smoe.plumbing.fileio import NotRegular
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.sculpt.source.imatrix import (
     ALL_ZERO,
+    MERGED_EXPERTS,
     NO_COUNT,
     NO_ENTRY,
     RANGE_BOUND,
@@ -33,6 +34,7 @@ from smoe.sculpt.source.imatrix import (
 )
 from smoe_testkit.synth import write_checkpoint
 
+from fixtures_data import ROOT
 from helpers import refused
 
 gguf = pytest.importorskip("gguf", reason="the optional extra smoe[imatrix] (gguf) is missing")
@@ -416,8 +418,23 @@ def test_without_the_gguf_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     path = write_gguf(tmp_path / "imatrix.gguf", moe_entries())
     monkeypatch.setitem(sys.modules, "gguf", None)
     assert refused(partial(ImportanceMatrix.open, path)) == (
-        "reading llama.cpp importance matrices needs the gguf package: pip install 'smoe[imatrix]'"
+        f"{path}: a GGUF importance matrix is read with the gguf package: "
+        "pip install 'smoe[imatrix]'"
     )
+
+
+def test_the_merged_expert_names_are_gguf_s() -> None:
+    mt, names = gguf.MODEL_TENSOR, gguf.TENSOR_NAMES
+    kinds = {"gate": mt.FFN_GATE_EXP, "gate_up": mt.FFN_GATE_UP_EXP, "up": mt.FFN_UP_EXP,
+             "down": mt.FFN_DOWN_EXP}  # fmt: skip
+    ours = {n for order in MERGED_EXPERTS.values() for n in order}
+    assert ours == {names[t].replace("{bid}", "{L}") for t in kinds.values()}
+
+
+def test_a_legacy_dat_file_needs_no_gguf(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    with ImportanceMatrix.open(ROOT / "fixtures" / "imatrix_tiny.dat") as imatrix:
+        assert (imatrix.info.format, imatrix.info.entries) == ("dat", 1)
 
 
 def gguf_case(tmp_path: Path, **kw: object) -> Path:

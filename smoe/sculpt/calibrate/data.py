@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from smoe.errors import RefusedInput, SmoeError, UnreadableInput, UsageError
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, UnreadableInput, UsageError
 from smoe.interop.safetensors_io import read_header
 from smoe.plumbing import fileio
 
@@ -336,7 +336,7 @@ def _tokenizer(path: Path, model_dir: Path) -> tuple[Any, Any]:
     try:  # imported here: transformers (and torch) only for text DATA
         transformers = importlib.import_module("transformers")
     except ImportError:
-        raise SmoeError(
+        raise MissingExtra(
             f"{path}: text DATA is tokenised with transformers, which is not installed: "
             "pip install 'smoe[calibrate]'"
         ) from None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from smoe import quant
-from smoe.errors import RefusedInput, SmoeError, UsageError
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, UsageError
 from smoe.interop.safetensors_io import read_array
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef, src_dtype
 
@@ -59,7 +59,7 @@ def import_torch() -> Any:
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
-        raise UsageError(
+        raise MissingExtra(
             f"--calibrate needs torch and transformers ({e.name} is missing): {INSTALL}"
         ) from None
     return torch

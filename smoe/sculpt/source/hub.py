@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from smoe.errors import RefusedInput, SmoeError, UnreadableInput
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, UnreadableInput
 from smoe.families.config import read_json
 from smoe.plumbing import fileio
 
@@ -191,7 +191,7 @@ def _hub() -> ModuleType:
         import huggingface_hub.constants
         import huggingface_hub.utils
     except ImportError:
-        raise SmoeError(
+        raise MissingExtra(
             "a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
         ) from None
     return huggingface_hub

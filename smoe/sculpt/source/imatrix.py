@@ -24,7 +24,7 @@ The layout follows llama.cpp's ``tools/imatrix/imatrix.cpp`` (``save_imatrix``,
 ``save_imatrix_legacy``) and ``common/imatrix-loader.cpp``; a GGUF file's header,
 key-values and tensor infos are read by :mod:`smoe.interop.gguf_io` (the checks of
 ``ggml/src/gguf.cpp``, and more); key names, value and ggml types come from the ``gguf``
-package (``pip install 'smoe[imatrix]'``).
+package (``pip install 'smoe[imatrix]'``; a legacy ``.dat`` file is read without it).
 
 An expert without data (count 0, the all-ones placeholder llama.cpp writes for such an
 expert in a multi-expert entry, an all-zero row, or no entry at all) falls back to
@@ -67,7 +67,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from smoe.errors import RefusedInput, SmoeError
+from smoe.errors import MissingExtra, RefusedInput
 from smoe.format.manifest import checksum
 from smoe.format.view import FileView, chunks
 from smoe.interop.gguf_io import GgufReader, KeyValue, Tensor
@@ -75,6 +75,16 @@ from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = ["RANGE_BOUND", "Fallback", "ImatrixInfo", "ImportanceMatrix", "Raised"]
 
+MERGED_EXPERTS = {
+    "gate_proj": ("blk.{L}.ffn_gate_exps", "blk.{L}.ffn_gate_up_exps", "blk.{L}.ffn_up_exps"),
+    "up_proj": ("blk.{L}.ffn_up_exps", "blk.{L}.ffn_gate_up_exps", "blk.{L}.ffn_gate_exps"),
+    "down_proj": ("blk.{L}.ffn_down_exps",),
+}
+"""Per expert tensor, the merged 3-D weights (llama.cpp's names, gguf's ``FFN_GATE_EXP``,
+``FFN_GATE_UP_EXP``, ``FFN_UP_EXP``, ``FFN_DOWN_EXP``) whose entry holds its input
+statistics, best first: gate and up take the same input, so either's entry (or the fused
+gate_up's) serves. Ours, so that a legacy ``.dat`` file is read without the gguf package
+(a test checks them against gguf's)."""
 # the expert naming of llama.cpp before the merged 3-D expert tensors (PR 6387, April 2024)
 OLD_EXPERT = {
     "gate_proj": "blk.{L}.ffn_gate.{E}.weight",
@@ -89,12 +99,12 @@ RANGE_BOUND = 10.0**RANGE_DECADES
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
-def _gguf() -> Any:
+def _gguf(path: object) -> Any:
     try:
         import gguf
     except ImportError:
-        raise SmoeError(
-            "reading llama.cpp importance matrices needs the gguf package: "
+        raise MissingExtra(
+            f"{path}: a GGUF importance matrix is read with the gguf package: "
             "pip install 'smoe[imatrix]'"
         ) from None
     return gguf
@@ -250,7 +260,6 @@ they are quantised unweighted
         smoe.errors.RefusedInput: fixtures/q4_v2.smoe: not a llama.cpp importance matrix: no GGUF \
 magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot fit in 147456 bytes
         """
-        gguf = _gguf()
         view = FileView.open(path)
         try:
             if view.size < 4:
@@ -261,7 +270,8 @@ magic, and as a legacy .dat file its entry count 1162825043 at offset 0 cannot f
             chunk_size: int | None
             if bytes(view.read(0, 4)) == b"GGUF":
                 fmt = "gguf"
-                entries, datasets, chunk_count, chunk_size = _GgufImatrix(view, gguf).parse()
+                parser = _GgufImatrix(view, _gguf(view.path))  # (a legacy .dat file needs no gguf)
+                entries, datasets, chunk_count, chunk_size = parser.parse()
             else:
                 fmt = "dat"
                 entries, datasets, chunk_count = _parse_legacy(view)
@@ -567,19 +577,13 @@ def _bounded(importance: np.ndarray) -> tuple[np.ndarray, tuple[float, float] | 
 
 
 def _candidates(layer: int, tensor: str) -> list[str]:
-    """Merged 3-D expert weights that hold ``tensor``'s input statistics, best first.
+    """Merged 3-D expert weights that hold ``tensor``'s input statistics, best first
+    (:data:`MERGED_EXPERTS`).
 
-    gate and up take the same input, so either one's entry (or the fused gate_up) serves.
+    >>> _candidates(3, "down_proj")
+    ['blk.3.ffn_down_exps.weight']
     """
-    gguf = _gguf()
-    names = gguf.TENSOR_NAMES
-    mt = gguf.MODEL_TENSOR
-    order = {
-        "gate_proj": (mt.FFN_GATE_EXP, mt.FFN_GATE_UP_EXP, mt.FFN_UP_EXP),
-        "up_proj": (mt.FFN_UP_EXP, mt.FFN_GATE_UP_EXP, mt.FFN_GATE_EXP),
-        "down_proj": (mt.FFN_DOWN_EXP,),
-    }[tensor]
-    return [names[t].format(bid=layer) + ".weight" for t in order if t in names]
+    return [name.format(L=layer) + ".weight" for name in MERGED_EXPERTS[tensor]]
 
 
 def _old_candidates(layer: int, expert: int, tensor: str) -> list[str]:
