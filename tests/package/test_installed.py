@@ -134,7 +134,7 @@ from helpers import plain_env, run
 README = ROOT / "README.md"
 KSY = ROOT / "spec" / "smoe.ksy"  # what `smoe spec --ksy` prints (its copy ships in smoe_gen)
 CHECKPOINT = "fixtures/checkpoints/qwen3_moe"  # as the README names it, under the work folder
-IMATRIX = "fixtures/imatrix_tiny.dat"
+IMATRIX = "imatrix.gguf"  # a GGUF importance matrix (a legacy .dat needs no gguf): its magic
 VAULT = "out/qwen3_moe.smoe"  # what the README's first sculpt writes
 # where each package's files are in the source tree (pyproject's [tool.setuptools.package-dir])
 SOURCES = {"smoe": Path("smoe"), "smoe_gen": Path("generated/python/smoe_gen")}
@@ -588,11 +588,12 @@ def first_steps_lines() -> list[str]:
 def lay_out_work(work: Path) -> None:
     """Copies of the fixtures, where the README's commands name them."""
     shutil.copytree(CKPTS / "qwen3_moe", work / CHECKPOINT)
-    for name in ("q4_v2.smoe", "q4_v1.smoe", "imatrix_tiny.dat"):
+    for name in ("q4_v2.smoe", "q4_v1.smoe"):
         shutil.copy2(FIXTURES / name, work / "fixtures" / name)
         manifest = FIXTURES / f"{name}.manifest.json"
         if manifest.exists():
             shutil.copy2(manifest, work / "fixtures" / manifest.name)
+    (work / IMATRIX).write_bytes(b"GGUF" + bytes(28))  # the hint comes before any parsing
     (work / "olmoe.config.json").write_text(json.dumps(OLMOE_CONFIG), encoding="utf-8")
     (work / "readme").mkdir()
     shutil.copy2(README, work / "readme" / "README.md")
