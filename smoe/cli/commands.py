@@ -237,7 +237,9 @@ def _sculpt_dry_run(args: argparse.Namespace, opts: SculptOptions) -> int:
     plan = sculpt(args.model_dir, args.out_dir, opts)
     assert isinstance(plan, dict)  # with dry_run: the planned layout
     if args.json:
-        print_json(plan)
+        from smoe.sculpt.options import PLAN_SCHEMA
+
+        print_json({"schema": PLAN_SCHEMA, **plan})
     else:
         _show_dry_run(plan)
     return 0

@@ -11,7 +11,13 @@ from typing import Any, TypeGuard
 from smoe import quant
 from smoe_gen import layout
 
-__all__ = ["SculptOptions", "SculptResult", "finite", "spread"]
+__all__ = ["PLAN_SCHEMA", "SUMMARY_SCHEMA", "SculptOptions", "SculptResult", "finite", "spread"]
+
+
+SUMMARY_SCHEMA = "smoe-sculpt/1"
+"""The ``schema`` of a sculpt's summary (``smoe sculpt --json``; docs/JSON.md)."""
+PLAN_SCHEMA = "smoe-sculpt-plan/1"
+"""The ``schema`` of a dry run's plan (``smoe sculpt --dry-run --json``; docs/JSON.md)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,8 @@ class SculptResult:
     """Up to this many low-SNR tensors get a warning line each; more collapse into one."""
 
     def summary(self) -> dict:
-        """The CLI's summary; JSON-safe (RFC 8259: no NaN or Infinity anywhere).
+        """The CLI's summary (``smoe sculpt --json``, schema :data:`SUMMARY_SCHEMA`, keys in
+        docs/JSON.md); JSON-safe (RFC 8259: no NaN or Infinity anywhere).
 
         ``snr_db``: per tensor name, ``{"min", "median"}`` in dB over the experts in the
         vault (those a resume kept, recomputed from their blobs, included),
@@ -149,6 +156,7 @@ class SculptResult:
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         mb_in = self.bytes_in / 1e6
         return {
+            "schema": SUMMARY_SCHEMA,
             "vault": str(self.vault),
             "scout": str(self.scout),
             "config": None if self.config is None else str(self.config),
