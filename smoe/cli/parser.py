@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeAlias
@@ -61,9 +62,91 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         _add_warmup,
     ):
         add(sub)
-    for p in sub.choices.values():
+    for name, p in sub.choices.items():
         _debug_flag(p)
+        _describe(p, name)
     return ap
+
+
+ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "spec": (
+        "Print the format's constants and struct layouts as the generated code has them "
+        "(spec/smoe.ksy is the source of truth).",
+        ("smoe spec", "smoe spec --json", "smoe spec --ksy > smoe.ksy"),
+    ),
+    "families": (
+        "List the MoE model families smoe sculpt converts, and those it refuses with the "
+        "reason; with MODEL_TYPE, one family in full.",
+        ("smoe families", "smoe families qwen3_moe", "smoe families --json"),
+    ),
+    "sculpt": (
+        "Convert a HuggingFace MoE checkpoint (a folder, or a model id with smoe[hub]) into "
+        "a vault of 2- or 4-bit experts, plus its scout (the weights outside the experts), "
+        "its integrity manifest and a copy of config.json. Writes are atomic; an interrupted "
+        "run continues with --resume.",
+        (
+            "smoe sculpt ./Qwen3-30B-A3B out/",
+            "smoe sculpt Qwen/Qwen3-30B-A3B out/ --bits 2 --calibrate calib.txt",
+            "smoe sculpt ./model out/ --dry-run --json",
+        ),
+    ),
+    "verify": (
+        "Check every rule of the format (docs/FORMAT.md); with --deep also every blob "
+        "against the manifest's checksums. Exit 0 valid, 1 a rule broken, 2 unreadable.",
+        ("smoe verify out/model.smoe", "smoe verify out/model.smoe --deep --json"),
+    ),
+    "dump": ("", ()),  # described from cmd_dump, with its own epilog
+    "export": (
+        "Dequantise a vault's experts: to one float32 .safetensors file, or (--hf) back "
+        "into a whole checkpoint folder transformers loads (scout tensors, experts, config).",
+        (
+            "smoe export out/model.smoe experts.safetensors --layer 0",
+            "smoe export out/model.smoe hf/ --hf --dtype bf16",
+        ),
+    ),
+    "upgrade": (
+        "Give a v1 vault the v2 arch block, from the model's config.json or folder: in "
+        "place (one page-aligned write) or as a copy (--out).",
+        (
+            "smoe upgrade old.smoe --model ./Qwen3-30B-A3B",
+            "smoe upgrade old.smoe --config config.json --out new.smoe",
+        ),
+    ),
+    "report": (
+        "Write one self-contained HTML page (inline SVG, no script) picturing a vault: its "
+        "file map, fields, per-layer sizes and costs, findings and the manifest's SNR.",
+        (
+            "smoe report out/model.smoe -o report.html",
+            "smoe report out/model.smoe -o r.html --deep",
+        ),
+    ),
+    "meta": (
+        "Show a vault's free-form metadata (name, description, license, ...), or edit it in "
+        "the manifest atomically; the blobs and their checksums are untouched.",
+        (
+            "smoe meta out/model.smoe",
+            "smoe meta out/model.smoe --set license=Apache-2.0 --unset description",
+        ),
+    ),
+    "warmup": (
+        "Compile the compiled kernels (smoe[fast], numba) now, once per machine, so that no "
+        "later command pays the compile; say how long it took.",
+        ("smoe warmup", "smoe warmup --json"),
+    ),
+}
+"""Per subcommand its ``--help`` description and example command lines (data, not code:
+a test checks every command has both, and that no markup leaks into ``--help``)."""
+
+
+def _describe(p: argparse.ArgumentParser, name: str) -> None:
+    """Give subcommand ``name``'s parser its description and examples (:data:`ABOUT`),
+    unless it has its own (``dump``)."""
+    text, examples = ABOUT[name]
+    if p.description is None:  # (wrapped here: the raw formatter keeps the examples' lines)
+        p.description = textwrap.fill(text, 88)
+    if p.epilog is None:
+        p.epilog = "examples:\n" + "".join(f"  {line}\n" for line in examples)
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def build_dump_parser() -> argparse.ArgumentParser:
@@ -151,12 +234,21 @@ def _add_sculpt(sub: _Subparsers) -> None:
 
 def _sculpt_options(p: argparse.ArgumentParser) -> None:
     """What the vault holds and how it is written (``smoe sculpt``'s SculptOptions)."""
-    p.add_argument("--bits", type=int, choices=layout.SUPPORTED_BITS, default=layout.BITS_Q4)
+    p.add_argument(
+        "--bits",
+        type=int,
+        choices=layout.SUPPORTED_BITS,
+        default=layout.BITS_Q4,
+        help=f"bits per weight of the experts' codes (default {layout.BITS_Q4}; 2 is half the "
+        "size and loses more: see --calibrate)",
+    )
     p.add_argument(
         "--format-version",
         type=int,
         default=layout.VERSION_MAX,
         choices=range(layout.VERSION_MIN, layout.VERSION_MAX + 1),
+        help=f"the vault's format version (default {layout.VERSION_MAX}; 1 has no arch block, "
+        "for readers of the original format)",
     )
     p.add_argument(
         "--max-layers", type=_positive_int, help="only the first N MoE layers (partial vault)"
@@ -225,7 +317,7 @@ def _sculpt_options(p: argparse.ArgumentParser) -> None:
 
 def _add_verify(sub: _Subparsers) -> None:
     p = sub.add_parser("verify", help="check every rule of the format")
-    p.add_argument("vault", type=Path)
+    _vault_arg(p)
     p.add_argument(
         "--deep",
         action="store_true",
@@ -273,7 +365,7 @@ def _add_export(sub: _Subparsers) -> None:
         help="dequantise experts to float32 safetensors, or (--hf) "
         "a runnable HuggingFace checkpoint folder",
     )
-    p.add_argument("vault", type=Path)
+    _vault_arg(p)
     p.add_argument(
         "out",
         type=Path,
@@ -288,7 +380,11 @@ def _add_export(sub: _Subparsers) -> None:
         "transformers loads: scout tensors, dequantised experts, config.json",
     )
     _export_hf_options(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print what was written as JSON (schema smoe-export/1, or smoe-export-hf/1 with --hf)",
+    )
     p.set_defaults(func=commands.cmd_export)
 
 
@@ -329,13 +425,15 @@ def _export_hf_options(p: argparse.ArgumentParser) -> None:
 
 def _add_upgrade(sub: _Subparsers) -> None:
     p = sub.add_parser("upgrade", help="upgrade a v1 vault to v2 (arch block)")
-    p.add_argument("vault", type=Path)
+    _vault_arg(p, "the v1 vault (edited in place unless --out)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", type=Path, help="the model's config.json")
     src.add_argument("--model", type=Path, help="the model directory (tensor shapes win)")
     p.add_argument("--force", action="store_true", help="re-stamp the arch block of a v2 vault")
     p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--json", action="store_true", help="print the result as JSON (schema smoe-upgrade/1)"
+    )
     p.set_defaults(func=commands.cmd_upgrade)
 
 
@@ -354,7 +452,7 @@ def _add_warmup(sub: _Subparsers) -> None:
 
 def _add_report(sub: _Subparsers) -> None:
     p = sub.add_parser("report", help="write an HTML page picturing a vault (map, fields, SNR)")
-    p.add_argument("vault", type=Path)
+    _vault_arg(p)
     p.add_argument(
         "-o",
         "--out",
@@ -405,7 +503,7 @@ def _add_meta(sub: _Subparsers) -> None:
         "meta",
         help="show or edit a vault's metadata (name, description, license, ...) in its manifest",
     )
-    p.add_argument("vault", type=Path)
+    _vault_arg(p, "the vault (its manifest VAULT.manifest.json holds the metadata)")
     p.add_argument(
         "--set",
         type=_assignment,
@@ -423,6 +521,10 @@ def _add_meta(sub: _Subparsers) -> None:
 
 
 # ---- shared options ------------------------------------------------------------------------
+def _vault_arg(p: argparse.ArgumentParser, text: str = "the vault (.smoe file)") -> None:
+    p.add_argument("vault", type=Path, help=text)
+
+
 def _debug_flag(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand's parser must not reset a --debug given before the command
     p.add_argument(
@@ -454,7 +556,7 @@ def _manifest_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dump_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("vault", type=Path)
+    _vault_arg(p)
     p.add_argument("--experts", action="store_true", help="list every expert and its tensors")
     p.add_argument("--layer", type=int, help="expand one layer")
     p.add_argument("--deep", action="store_true", help="verify blob contents too, and the manifest")
