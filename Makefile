@@ -119,7 +119,7 @@ DEMO_MODEL := fixtures/checkpoints/qwen3_moe
 DEMO_OUT := build/demo
 demo: setup build
 	@echo "== 1. sculpt $(DEMO_MODEL) -> $(DEMO_OUT)"
-	$(PY) -m smoe sculpt $(DEMO_MODEL) $(DEMO_OUT) --jobs 2
+	$(PY) -m smoe sculpt $(DEMO_MODEL) $(DEMO_OUT) --jobs 2 --force  # (a rerun replaces it)
 	@echo "== 2. verify (deep)"
 	$(PY) -m smoe verify --deep $(DEMO_OUT)/qwen3_moe.smoe
 	@echo "== 3. dump"

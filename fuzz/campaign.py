@@ -166,8 +166,10 @@ def kill_sculpt(kills: int, seed: int, work: Path) -> dict:
         if final.exists() and final.read_bytes() != ref_vault:  # complete is fine, partial not
             partial_seen += 1
             failures.append(f"kill {interrupted}: a partial vault appeared under the final name")
-        done = subprocess.run(
-            [*SMOE, "sculpt", str(ck), str(out), "--resume"], capture_output=True, text=True
+        done = subprocess.run(  # --force: a kill after the commit left the vault complete
+            [*SMOE, "sculpt", str(ck), str(out), "--resume", "--force"],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             failures.append(f"kill {interrupted}: resume failed: {done.stderr[-300:]}")

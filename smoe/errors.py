@@ -8,6 +8,7 @@ prints the message as one ``error:`` line, word for word:
   cannot be opened, stat'ed or listed;
 * :class:`UsageError` (2): a command line or API call refused as such; its
   :class:`MissingExtra`: an optional dependency the request needs is not installed;
+  :class:`OutputExists`: an output is there already, and ``--force`` was not given;
 * :class:`RefusedInput` (1): an input was read but is refused: a family the format cannot
   hold, a lying config, a file of another model;
 * :class:`FormatError` (1): a vault or manifest breaks a rule of the format;
@@ -23,6 +24,7 @@ import os
 __all__ = [
     "FormatError",
     "MissingExtra",
+    "OutputExists",
     "RefusedInput",
     "SmoeError",
     "Terminated",
@@ -97,6 +99,25 @@ class MissingExtra(UsageError):
     >>> isinstance(e, UsageError)
     True
     """
+
+
+class OutputExists(UsageError):
+    """A command would replace an output that already exists, and was not told to (exit 2:
+    the command line names another output, or adds ``--force``). Raised before any work,
+    and again at the commit if the output appeared meanwhile (it is then not replaced).
+
+    >>> str(OutputExists.at("out/model.smoe"))
+    'out/model.smoe: exists; --force replaces it'
+    """
+
+    @classmethod
+    def at(cls, path: object) -> OutputExists:
+        """The error for ``path``, in the one wording of the policy.
+
+        >>> str(OutputExists.at("r.html"))
+        'r.html: exists; --force replaces it'
+        """
+        return cls(f"{path}: exists; --force replaces it")
 
 
 class RefusedInput(SmoeError):

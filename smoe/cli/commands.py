@@ -210,6 +210,7 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         resume=args.resume,
         dry_run=args.dry_run,
+        replace=args.force,
         scale=args.scale,
         name=args.name if args.name is not None else stem,
         imatrix=args.imatrix,
@@ -483,7 +484,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return fail(args, "--rebuild-config needs --hf (see smoe export --help)", 2)
     from smoe.export.float32 import export
 
-    names = export(args.vault, args.out, layer=args.layer, expert=args.expert)
+    names = export(args.vault, args.out, layer=args.layer, expert=args.expert, replace=args.force)
     if args.json:
         print_json({"schema": EXPORT_SCHEMA, "out": str(args.out), "tensors": names})
     else:
@@ -515,6 +516,7 @@ def _export_hf(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_shard_size=args.max_shard_size or MAX_SHARD_SIZE,
         rebuild_config=args.rebuild_config,
+        replace=args.force,
     )
     summary = result.summary()
     if args.json:
@@ -557,7 +559,12 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
     arch, warnings = _arch_of(args)
     result = upgrade(
-        args.vault, arch, force=args.force, out=args.out, inputs=[args.config or args.model]
+        args.vault,
+        arch,
+        force=args.force,
+        out=args.out,
+        inputs=[args.config or args.model],
+        replace=args.force,
     )
     info = {
         "schema": UPGRADE_SCHEMA,
@@ -613,7 +620,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     """
     from smoe.cli.report import write_report
 
-    result = write_report(args.vault, args.out, deep=args.deep, manifest=manifest_choice(args))
+    result = write_report(
+        args.vault, args.out, deep=args.deep, manifest=manifest_choice(args), replace=args.force
+    )
     if args.json:
         print_json(result.to_dict())
     else:

@@ -265,6 +265,7 @@ def _sculpt_options(p: argparse.ArgumentParser) -> None:
         f"{usable_cores()} here; never more than there are batches of experts)",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
+    _force_flag(p, "replace an existing vault (and its scout, manifest and config copy)")
     p.add_argument("--dry-run", action="store_true", help="print the planned layout, write nothing")
     p.add_argument(
         "--scale",
@@ -380,6 +381,10 @@ def _add_export(sub: _Subparsers) -> None:
         "transformers loads: scout tensors, dequantised experts, config.json",
     )
     _export_hf_options(p)
+    _force_flag(
+        p,
+        "replace an existing output file (with --hf: a folder holding only what an export writes)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -429,7 +434,12 @@ def _add_upgrade(sub: _Subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", type=Path, help="the model's config.json")
     src.add_argument("--model", type=Path, help="the model directory (tensor shapes win)")
-    p.add_argument("--force", action="store_true", help="re-stamp the arch block of a v2 vault")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="re-stamp the arch block of a v2 vault; with --out, replace an existing file "
+        "(without it: refused)",
+    )
     p.add_argument("--out", type=Path, help="write a v2 copy here instead of editing in place")
     p.add_argument(
         "--json", action="store_true", help="print the result as JSON (schema smoe-upgrade/1)"
@@ -459,8 +469,9 @@ def _add_report(sub: _Subparsers) -> None:
         type=Path,
         required=True,
         metavar="HTML",
-        help="the page to write (replaced atomically; never the vault or manifest)",
+        help="the page to write (atomically; never the vault or manifest)",
     )
+    _force_flag(p, "replace an existing page")
     p.add_argument(
         "--deep", action="store_true", help="also read every blob and check it against the manifest"
     )
@@ -521,6 +532,11 @@ def _add_meta(sub: _Subparsers) -> None:
 
 
 # ---- shared options ------------------------------------------------------------------------
+def _force_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--force``: the one overwrite policy: an output that exists is refused without it."""
+    p.add_argument("--force", action="store_true", help=what + " (without it: refused)")
+
+
 def _vault_arg(p: argparse.ArgumentParser, text: str = "the vault (.smoe file)") -> None:
     p.add_argument("vault", type=Path, help=text)
 

@@ -213,8 +213,10 @@ def write_report(
     out: str | os.PathLike,
     deep: bool = False,
     manifest: str | os.PathLike | None = "auto",
+    replace: bool = True,
 ) -> ReportResult:
-    """Write the report page of ``vault`` to ``out`` atomically.
+    """Write the report page of ``vault`` to ``out`` atomically (``replace`` False, as
+    ``smoe report`` without ``--force``: an existing ``out`` is refused and never replaced).
 
     ``manifest``: "auto" (the sidecar ``VAULT.manifest.json`` when it exists), a path, or
     None (no SNR). ``deep`` also reads every blob and checks them against the manifest, as
@@ -235,11 +237,13 @@ def write_report(
     fileio.refuse_same_file(out, [vault, manifests.path_for(vault), *([side] if side else [])])
     if out.is_dir():
         raise WriteFailed(f"{out}: is a folder; name the .html file to write")
+    if not replace:
+        fileio.refuse_existing(out)
     with FileView.open(vault) as view:
         report = verify_file(view, vault, deep=deep, manifest=manifest)
         context = collect(view, vault, report, side, deep)
     html = render(context).encode("utf-8")
-    with AtomicFile(out) as f:
+    with AtomicFile(out, replace=replace) as f:
         f.pwrite(html, 0)
         f.commit()
     return ReportResult(

@@ -33,8 +33,11 @@ def export(
     out: str | os.PathLike,
     layer: int | None = None,
     expert: int | None = None,
+    replace: bool = True,
 ) -> list[str]:
     """Write the selected experts' float32 weights; returns the tensor names written.
+    ``replace`` False (``smoe export`` without ``--force``): an existing ``out`` is refused
+    (:class:`~smoe.errors.OutputExists`), before anything is read, and never replaced.
 
     One expert is dequantised at a time, straight into its place in the output file.
 
@@ -51,6 +54,8 @@ def export(
     fileio.refuse_same_file(out, [vault_path, manifest.path_for(vault_path)])
     if out.is_dir():
         raise WriteFailed(f"{out}: is a folder; name the .safetensors file to write")
+    if not replace:
+        fileio.refuse_existing(out)
     vault = Vault.open(vault_path)
     keys = [
         k for k in vault if (layer is None or k[0] == layer) and (expert is None or k[1] == expert)
@@ -82,5 +87,7 @@ def export(
         quant.decode(view.packed, view.scales, view.bits, view.shape, out=data)
         fileio.pwrite_all(fd, data.astype("<f4", copy=False), offset, out)
 
-    write_file(out, items, fill, metadata={"format": "pt", "source": vault_path.name})
+    write_file(
+        out, items, fill, metadata={"format": "pt", "source": vault_path.name}, replace=replace
+    )
     return [name for name, _, _ in items]

@@ -434,6 +434,7 @@ def write_file(
     metadata: dict[str, str] | None = None,
     *,
     stage: Literal[False] = False,
+    replace: bool = True,
 ) -> int: ...
 @overload
 def write_file(
@@ -443,6 +444,7 @@ def write_file(
     metadata: dict[str, str] | None = None,
     *,
     stage: Literal[True],
+    replace: bool = True,
 ) -> tuple[int, AtomicFile]: ...
 @overload
 def write_file(
@@ -452,6 +454,7 @@ def write_file(
     metadata: dict[str, str] | None = None,
     *,
     stage: bool,
+    replace: bool = True,
 ) -> int | tuple[int, AtomicFile]: ...
 def write_file(
     path: Path,
@@ -460,10 +463,12 @@ def write_file(
     metadata: dict[str, str] | None = None,
     *,
     stage: bool = False,
+    replace: bool = True,
 ) -> int | tuple[int, AtomicFile]:
     """Write a safetensors file whose tensors ``items`` = (name, dtype, shape) are in name
     order; ``fill(fd, i, offset)`` writes tensor i's bytes at absolute ``offset`` (with
-    :func:`fileio.pwrite_all`).
+    :func:`fileio.pwrite_all`). ``replace`` False: an existing ``path`` is refused and never
+    replaced (:class:`~smoe.plumbing.atomic.AtomicFile`).
 
     The header is written first (all sizes are known), so data can be streamed tensor by
     tensor with bounded memory. Atomic: temp file, fsync, rename; on any error the temp
@@ -497,7 +502,7 @@ def write_file(
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     base = 8 + len(raw)
-    out = AtomicFile(path)
+    out = AtomicFile(path, replace=replace)
     try:
         fd = out.fd
         assert fd is not None

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Buffer
     from types import TracebackType
 
-__all__ = ["AtomicFile", "sweep_stale"]
+__all__ = ["AtomicFile", "put_in_place", "sweep_stale"]
 
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
@@ -58,6 +58,22 @@ def sweep_stale(path: str | os.PathLike) -> int:
     return removed
 
 
+def put_in_place(f: AtomicFile) -> None:
+    """Rename ``f``'s closed temporary file onto its path: replacing what is there, or
+    (``f.replace`` False) only if nothing is (:func:`~smoe.plumbing.fileio.rename_new`).
+
+    >>> import os, tempfile
+    >>> f = AtomicFile(tempfile.mkdtemp() + "/out.bin", replace=False)
+    >>> os.close(f.fd); f.fd = None  # (as a commit closes it)
+    >>> put_in_place(f); f.path.exists(), f.tmp.exists()
+    (True, False)
+    """
+    if f.replace:
+        fileio.rename(f.tmp, f.path)
+    else:
+        fileio.rename_new(f.tmp, f.path)
+
+
 class AtomicFile:
     """A file written under a temporary name and renamed onto ``path`` when complete.
 
@@ -73,8 +89,16 @@ class AtomicFile:
     ['out.bin']
     """
 
-    def __init__(self, path: str | os.PathLike, tmp: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike, tmp: str | os.PathLike | None = None, replace: bool = True
+    ) -> None:
+        """``replace=False``: an existing ``path`` is refused now and at the commit, which
+        then never replaces it (:func:`~smoe.plumbing.fileio.rename_new`), so that an output
+        that appears meanwhile (another run) is kept: :class:`~smoe.errors.OutputExists`."""
         self.path = Path(path)
+        self.replace = replace
+        if not replace:
+            fileio.refuse_existing(self.path)
         replaced = fileio.existing_output(self.path)  # a FIFO or a device: refused here
         fileio.ensure_dir(self.path.parent)
         if tmp is None:
@@ -156,7 +180,7 @@ class AtomicFile:
             fileio.fsync(self.fd, self.path)
             os.close(self.fd)
             self.fd = None
-            fileio.rename(self.tmp, self.path)
+            put_in_place(self)
             fsync_dir(self.path.parent)
         except BaseException:
             self.abort()

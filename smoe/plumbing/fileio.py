@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from smoe.errors import SmoeError, UnreadableInput, WriteFailed
+from smoe.errors import OutputExists, SmoeError, UnreadableInput, WriteFailed
 
 if TYPE_CHECKING:
     from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
@@ -52,8 +52,10 @@ __all__ = [
     "pwrite_all",
     "read_whole",
     "reading",
+    "refuse_existing",
     "refuse_same_file",
     "rename",
+    "rename_new",
     "require_regular",
     "same_file",
     "take_over",
@@ -199,6 +201,51 @@ def rename(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         os.replace(src, dst)
     except OSError as e:
         raise WriteFailed(f"{dst}: cannot rename {Path(src).name} onto it: {_why(e)}") from None
+
+
+def rename_new(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Put the file ``src`` of ours in place as ``dst``, which must not exist: never replaced,
+    also when it appears at the last moment (a hard link, which fails if ``dst`` exists, then
+    the temporary name removed); :class:`~smoe.errors.OutputExists` if it is there. Where the
+    file system has no hard links, a check just before a rename.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.close(create_new(f"{d}/.a.tmp")); rename_new(f"{d}/.a.tmp", f"{d}/a")
+    >>> os.close(create_new(f"{d}/.a.tmp")); rename_new(f"{d}/.a.tmp", f"{d}/a")
+    Traceback (most recent call last):
+    smoe.errors.OutputExists: /.../a: exists; --force replaces it
+    >>> sorted(os.listdir(d))  # the temporary file is the caller's to remove
+    ['.a.tmp', 'a']
+    """
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise OutputExists.at(dst) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise WriteFailed(f"{dst}: cannot put {Path(src).name} in place: {_why(e)}") from None
+        if os.path.lexists(dst):  # no hard links here: checked, then renamed
+            raise OutputExists.at(dst) from None
+        rename(src, dst)
+        return
+    try:
+        os.unlink(src)
+    except OSError as e:
+        raise WriteFailed(f"{src}: cannot remove after linking it to {dst}: {_why(e)}") from None
+
+
+def refuse_existing(path: str | os.PathLike) -> None:
+    """:class:`~smoe.errors.OutputExists` if ``path`` exists (a dangling symlink too; what
+    is not a regular file is refused as :func:`existing_output` refuses it, ``--force`` or not).
+
+    >>> refuse_existing("fixtures/q4_v2.smoe")
+    Traceback (most recent call last):
+    smoe.errors.OutputExists: fixtures/q4_v2.smoe: exists; --force replaces it
+    """
+    existing_output(path)
+    if os.path.lexists(path):
+        raise OutputExists.at(path)
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:

@@ -198,7 +198,7 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
     arch = run.ckpt.arch_info() if opts.version >= layout.VERSION_WITH_ARCH else None
     paths = Paths.of(model_dir, out_dir, opts.name)
     paths.refuse_inputs(run.inputs())
-    paths.check_slots()  # what would fail only at the commit, refused before any work
+    paths.check_slots(replace=opts.replace)  # what would fail only at the commit, refused now
     record = run.record
     writer = _new_writer(run, arch, paths, record)
     shapes = {(r.layer, r.expert): cast("tuple[Shape, Shape, Shape]", r.shapes) for r in run.refs}
@@ -208,6 +208,8 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
         return _dry_run(run, plan0, arch, record, warnings)
     fileio.ensure_dir(out_dir)
     with fileio.Lock(paths.lock, paths.vault):
+        if not opts.replace:  # again, under the lock: another run may have finished meanwhile
+            fileio.refuse_existing(paths.vault)
         for staged in (paths.scout, paths.config, paths.manifest, paths.vault):
             sweep_stale(staged)  # temporary files of a killed run (the partial is kept)
         fp = fingerprint(
@@ -242,6 +244,7 @@ def _new_writer(
         tool=tool,
         source=source,
         metadata=metadata_of(opts),
+        replace=opts.replace,
     )
     for ref in run.refs:
         writer.add_expert(ref.layer, ref.expert, ref.shapes)

@@ -55,6 +55,10 @@ class SculptOptions:
     """Tokens per calibration sequence, for text and 1-D ids (2-D ids give their own)."""
     calib_max_tokens: int | None = None
     """At most this many calibration tokens (whole sequences); None: all."""
+    replace: bool = True
+    """Replace an existing vault (``smoe sculpt`` passes ``--force``; False: an existing
+    vault is refused before any work, :class:`~smoe.errors.OutputExists`, and never
+    replaced at the commit)."""
     title: str | None = None
     """The vault's human-readable name, the manifest's ``metadata.name`` (``--title``; not
     ``name``, the outputs' stem); None: none."""

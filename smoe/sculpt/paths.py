@@ -55,11 +55,13 @@ class Paths:
     TMP_EXTRA = len("..0123abcd.tmp")
     """What an atomic write adds to a name for its temporary file (``.<name>.<8 hex>.tmp``)."""
 
-    def check_slots(self) -> None:
+    def check_slots(self, replace: bool = True) -> None:
         """Refuse, before the first expert is quantised, what would otherwise fail only at
         the commit: a name too long for the folder's file system (the longest name a run
-        makes is an output's temporary file), and an existing output that is not a regular
-        file (a folder at ``<stem>.scout.safetensors``, a FIFO): nothing is written then.
+        makes is an output's temporary file), an existing output that is not a regular
+        file (a folder at ``<stem>.scout.safetensors``, a FIFO), and (``replace`` False) an
+        existing vault: nothing is written then. (The companions of a missing vault are
+        left over from an earlier run: they are replaced.)
 
         >>> Paths.of(Path("m"), Path("out"), "x" * 250).check_slots()  # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -76,6 +78,8 @@ class Paths:
                 )
         for path in (self.vault, self.scout, self.manifest, self.config):
             fileio.existing_output(path)
+        if not replace:
+            fileio.refuse_existing(self.vault)
 
     def refuse_inputs(self, inputs: list[Path]) -> None:
         """Refuse any output (or partial, journal or lock) that is one of ``inputs``: a run

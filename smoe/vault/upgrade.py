@@ -238,8 +238,12 @@ def upgrade(
     out: str | os.PathLike | None = None,
     ops: FileOps | None = None,
     inputs: Iterable[str | os.PathLike] = (),
+    replace: bool = True,
 ) -> UpgradeResult:
     """Upgrade ``path`` to v2 with ``arch`` (see the module docstring).
+
+    ``replace`` False (``smoe upgrade --out`` without ``--force``): an existing ``out`` is
+    refused (:class:`~smoe.errors.OutputExists`) and never replaced.
 
     ``inputs`` are the files the arch came from (config.json, a model folder): a
     config.json among them is checked against the vault's header, table and descriptors
@@ -275,7 +279,7 @@ vault's table, which holds experts of layer 2
     inputs = list(inputs)
     configs = _configs(inputs)
     if out is not None:
-        return _rewrite(path, arch, Path(out), inputs=inputs, configs=configs)
+        return _rewrite(path, arch, Path(out), inputs=inputs, configs=configs, replace=replace)
     fileio.require_regular(path)
     fd = _open_for_writing(path)  # first: a read-only vault is named as such
     try:
@@ -534,6 +538,7 @@ def _rewrite(
     out: Path,
     inputs: Iterable[str | os.PathLike] = (),
     configs: Sequence[tuple[Path, object]] = (),
+    replace: bool = True,
 ) -> UpgradeResult:
     """A v2 copy in a new file, blobs shifted by whole pages; the original is untouched."""
     man_out = manifest.path_for(out)
@@ -543,6 +548,8 @@ def _rewrite(
     if out.is_dir():
         raise WriteFailed(f"{out}: is a folder; --out names the new vault file")
     fileio.require_regular(path)
+    if not replace:
+        fileio.refuse_existing(out)
     fileio.ensure_dir(out.parent)
     with fileio.Lock(out.parent / f".{out.name}.lock", out):
         vault = Vault.open(path)
@@ -565,7 +572,7 @@ def _rewrite(
         meta[layout.TABLE_OFFSET : g.descriptors_offset] = table.tobytes()
         meta[g.descriptors_offset : g.descriptors_end] = vault.descriptors.tobytes()
         meta[slot : slot + layout.ARCH_BLOCK_SIZE] = arch_record(arch).tobytes()
-        with AtomicFile(out) as dst, AtomicFile(man_out) as mdst:
+        with AtomicFile(out, replace=replace) as dst, AtomicFile(man_out) as mdst:
             dst.truncate(end + shift)
             dst.pwrite(meta, 0)
             crcs = _copy_blobs(vault, dst, end, shift)

@@ -40,7 +40,7 @@ from smoe.format.manifest import ManifestBuilder, checksum, encode, path_for, to
 from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.format.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
 from smoe.plumbing import fileio
-from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.atomic import AtomicFile, put_in_place
 from smoe.vault.meta import check_metadata
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
@@ -207,8 +207,13 @@ class VaultWriter:
         tool: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         metadata: dict[str, str] | None = None,
+        replace: bool = True,
     ) -> None:
         """``partial``: a fixed temporary path (for resumable writes); default a fresh one.
+
+        ``replace``: an existing vault at ``path`` is replaced at commit (False: it is
+        refused at :meth:`begin` and never replaced at commit,
+        :class:`~smoe.errors.OutputExists`; its companions are replaced either way).
 
         ``manifest``: write ``<vault>.manifest.json`` beside the vault at commit (False: none,
         and one left there by an older vault is removed); ``tool`` and ``source`` are its
@@ -242,6 +247,7 @@ class VaultWriter:
         self._written: set[tuple[int, int]] = set()
         self._out: AtomicFile | None = None
         self._partial = Path(partial) if partial is not None else None
+        self._replace = replace
         self._manifest: ManifestBuilder | None = None
         if manifest:
             self._manifest = ManifestBuilder(
@@ -366,7 +372,7 @@ of gate_proj shape (32, 64)
         """
         self._require(State.DECLARING, action="begin")
         plan = make_plan(self._shapes, self.bits, self.version)
-        self._out = AtomicFile(self.path, tmp=self._partial)
+        self._out = AtomicFile(self.path, tmp=self._partial, replace=self._replace)
         try:
             if not keep:
                 self._out.truncate(0)
@@ -744,7 +750,7 @@ def _commit_together(files: Sequence[AtomicFile]) -> None:
             assert f.fd is not None
             os.close(f.fd)
             f.fd = None
-            fileio.rename(f.tmp, f.path)
+            put_in_place(f)
             renamed.append(f)
         for folder in dict.fromkeys(f.path.parent for f in files):
             fileio.fsync_dir(folder)

@@ -379,8 +379,8 @@ def test_outputs_that_are_or_hold_inputs_are_refused(
         (q4, f"{q4}: the output is the input {q4} itself; refusing to overwrite an input"),
         (
             busy,
-            f"{busy}: exists and is not empty; remove it or name a new folder (the "
-            "checkpoint folder is written whole, never merged)",
+            f"{busy}: exists and is not empty; --force replaces it (a folder an earlier export "
+            "wrote), or name a new folder (the folder is written whole, never merged)",
         ),
         (busy / "keep", f"{busy / 'keep'}: exists and is not a folder"),
     ):

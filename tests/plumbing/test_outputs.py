@@ -145,7 +145,8 @@ def test_a_planted_symlink_is_still_replaced(vault: Path, tmp_path: Path) -> Non
     os.mkfifo(fifo)
     out = tmp_path / "r.html"
     out.symlink_to(fifo)
-    proc = run("report", vault, "-o", out)
+    assert run("report", vault, "-o", out).returncode == 2  # it exists: --force replaces it
+    proc = run("report", vault, "-o", out, "--force")
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and not out.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
@@ -180,7 +181,7 @@ def test_a_replaced_file_keeps_its_mode(
     out = tmp_path / out_name(command)
     out.write_bytes(b"old\n")
     os.chmod(out, 0o600)
-    proc = run(*file_commands(vault, config)[command](out))
+    proc = run(*file_commands(vault, config)[command](out), "--force")  # (the policy)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() != b"old\n"
     assert mode_of(out) == (0o600, os.geteuid(), os.getegid())
@@ -195,7 +196,7 @@ def test_a_replaced_file_keeps_its_owner_and_group(
     out.write_bytes(b"old\n")
     os.chown(out, DAEMON, DAEMON)
     os.chmod(out, 0o640)
-    proc = run(*file_commands(vault, config)[command](out))
+    proc = run(*file_commands(vault, config)[command](out), "--force")  # (the policy)
     assert proc.returncode == 0, proc.stderr
     assert mode_of(out) == (0o640, DAEMON, DAEMON)
 

@@ -370,6 +370,8 @@ def test_report_shows_the_provenance(
         in section
     )
     assert '<td><code>source.card.license</code></td><td class="mono">apache-2.0</td>' in section
-    code, out, _ = smoe(capsys, "report", sculpted, "-o", page, "--no-manifest", "--json")
+    code, out, _ = smoe(
+        capsys, "report", sculpted, "-o", page, "--no-manifest", "--json", "--force"
+    )
     assert json.loads(out)["provenance"] is None
     assert 'id="provenance"' not in page.read_text()

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from smoe import quant
-from smoe.errors import FormatError, RefusedInput, UsageError, WriteFailed
+from smoe.errors import FormatError, OutputExists, RefusedInput, UsageError, WriteFailed
 from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.families.config import parse_json
@@ -425,8 +425,16 @@ def _stat_unless_missing(path: str | Path) -> os.stat_result | None:
         return None
 
 
-def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
-    """OUT_DIR may be new or an empty folder; never an input, nor a folder holding one."""
+EXPORT_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|model\.safetensors\.index\.json"
+    r"|model(-[0-9]{5}-of-[0-9]{5})?\.safetensors)$"
+)
+"""The names of the files an export writes: what ``--force`` may replace."""
+
+
+def _refuse_outputs(out_dir: Path, inputs: list[Path], replace: bool = False) -> None:
+    """OUT_DIR may be new or an empty folder (or, ``replace``, a folder of an earlier
+    export: :func:`_replaceable`); never an input, nor a folder holding one."""
     if os.path.islink(out_dir):
         raise WriteFailed(
             f"{out_dir}: is a symlink; name the folder to write itself (the "
@@ -456,10 +464,24 @@ def _refuse_outputs(out_dir: Path, inputs: list[Path]) -> None:
         return
     fileio.existing_output(out_dir, folder=True)  # a file, a FIFO, a device: refused
     if os.listdir(out_dir):
-        raise WriteFailed(
-            f"{out_dir}: exists and is not empty; remove it or name a new folder "
-            "(the checkpoint folder is written whole, never merged)"
-        )
+        if not replace:
+            raise OutputExists(
+                f"{out_dir}: exists and is not empty; --force replaces it (a folder an earlier "
+                "export wrote), or name a new folder (the folder is written whole, never merged)"
+            )
+        _replaceable(out_dir)
+
+
+def _replaceable(out_dir: Path) -> None:
+    """Refuse to replace a folder holding anything an export does not write (a folder, a
+    link, a file of another name): ``--force`` never deletes what smoe did not make."""
+    for entry in sorted(os.scandir(out_dir), key=lambda e: e.name):
+        if not (entry.is_file(follow_symlinks=False) and EXPORT_FILES.match(entry.name)):
+            raise WriteFailed(
+                f"{out_dir}: holds {entry.name!r}, which smoe export does not write; --force "
+                "replaces only a folder of an earlier export (remove it yourself, or name a "
+                "new folder)"
+            )
 
 
 def _remove_tree(path: Path) -> None:
@@ -621,6 +643,7 @@ def export_hf(
     max_shard_size: int = MAX_SHARD_SIZE,
     threads: int | None = None,
     rebuild_config: bool = False,
+    replace: bool = False,
 ) -> HfExportResult:
     """Write the checkpoint folder ``out_dir`` for ``vault_path`` (see the module docstring).
 
@@ -629,7 +652,9 @@ def export_hf(
     vault cannot give exactly); ``rebuild_config``: rebuild it, not copy it, even then
     (not with ``config``); ``dtype`` (``bf16``, ``f16``, ``f32``): the experts' dtype,
     default the source's (manifest; BF16 for FP8 sources), else the scout's, else bf16;
-    ``threads``: decoding threads (default: the usable cores).
+    ``threads``: decoding threads (default: the usable cores); ``replace`` (``--force``):
+    replace a non-empty ``out_dir`` that holds only what an export writes
+    (:data:`EXPORT_FILES`), else refused; the new folder takes its place in one rename.
 
     >>> import tempfile, numpy as np
     >>> from safetensors.numpy import save_file
@@ -669,9 +694,9 @@ again without --max-layers/--max-experts
         cfg = _config_file(vault, src, config, explicit, fallback, notes, rebuild_config)
         _check_scout(vault, src, experts, cfg.facts)
         inputs = [vault_path, src.manifest_path, src.scout_path, cfg.path]
-        _refuse_outputs(out_dir, inputs)
+        _refuse_outputs(out_dir, inputs, replace)
         plan = _Plan.build(src.scout, experts, dtypes, max_shard_size)
-        files = _write_checkpoint(vault, src, plan, cfg.data, out_dir, inputs, threads)
+        files = _write_checkpoint(vault, src, plan, cfg.data, out_dir, inputs, threads, replace)
     return HfExportResult(
         out_dir,
         files,
@@ -1003,6 +1028,7 @@ def _write_checkpoint(
     out_dir: Path,
     inputs: list[Path],
     threads: int | None,
+    replace: bool = False,
 ) -> list[str]:
     """Decode the experts in ``threads`` threads (default: the usable cores) while the
     folder is written and put in place; the names of the files written."""
@@ -1015,28 +1041,51 @@ def _write_checkpoint(
     )
     try:
         return _commit_folder(
-            out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs
+            out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs, replace
         )
     finally:
         decoder.close()
 
 
 def _commit_folder(
-    out_dir: Path, write: Callable[[Path], list[str]], inputs: list[Path]
+    out_dir: Path, write: Callable[[Path], list[str]], inputs: list[Path], replace: bool = False
 ) -> list[str]:
     """Run ``write(tmp)`` in a temporary folder beside ``out_dir``, then rename it onto
-    ``out_dir``; under ``.<name>.lock``; the temporary folder is removed on any failure."""
+    ``out_dir`` (``replace``: an earlier export there is first renamed aside, then removed);
+    under ``.<name>.lock``; the temporary folder is removed on any failure."""
     parent = fileio.ensure_dir(out_dir.parent if str(out_dir.parent) else Path("."))
     with fileio.Lock(parent / f".{out_dir.name}.lock", out_dir):
         _sweep_stale_dirs(out_dir)
-        _refuse_outputs(out_dir, inputs)  # again, under the lock
+        _refuse_outputs(out_dir, inputs, replace)  # again, under the lock
         tmp = _make_tmp_dir(out_dir)
         try:
             files = write(tmp)
             fileio.fsync_dir(tmp)
-            fileio.rename(tmp, out_dir)
+            old = _aside(out_dir) if replace and os.path.isdir(out_dir) else None
+            try:
+                fileio.rename(tmp, out_dir)
+            except BaseException:
+                if old is not None:
+                    os.replace(old, out_dir)  # the earlier export back in place
+                raise
         except BaseException:
             _remove_tree(tmp)
             raise
         fileio.fsync_dir(parent)
+        if old is not None:
+            _remove_tree(old)  # (a crash before this: the next export's sweep removes it)
     return files
+
+
+def _aside(out_dir: Path) -> Path | None:
+    """Rename a non-empty earlier export out of ``out_dir``'s way (an empty folder is
+    replaced by the rename itself): its new name, one the sweep of stale folders removes."""
+    if not os.listdir(out_dir):
+        return None
+    old = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        os.rename(out_dir, old)
+    except OSError as e:
+        why = e.strerror or e
+        raise WriteFailed(f"{out_dir}: cannot move the earlier export aside: {why}") from None
+    return old
