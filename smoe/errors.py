@@ -93,12 +93,22 @@ class UsageError(SmoeError):
 class MissingExtra(UsageError):
     """What was asked for needs an optional dependency this install lacks (exit 2, as the
     command line asked for something the install cannot do): the message names the module
-    and the ``pip install 'smoe[EXTRA]'`` that brings it.
+    and the ``pip install 'smoe[EXTRA]'`` that brings it (:meth:`needs`).
 
-    >>> e = MissingExtra("a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'")
-    >>> isinstance(e, UsageError)
+    >>> isinstance(MissingExtra.needs("a model id needs huggingface_hub", "hub"), UsageError)
     True
     """
+
+    @classmethod
+    def needs(cls, what: str, extra: str) -> MissingExtra:
+        """``what`` (naming the missing module) and the one install command of every hint,
+        which works wherever the user is (the pip of smoe's environment takes the installed
+        smoe as satisfying ``smoe``).
+
+        >>> str(MissingExtra.needs("SMOE_KERNEL=fast needs numba", "fast"))
+        "SMOE_KERNEL=fast needs numba: pip install 'smoe[fast]'"
+        """
+        return cls(f"{what}: pip install 'smoe[{extra}]'")
 
 
 class OutputExists(UsageError):

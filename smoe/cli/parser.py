@@ -95,7 +95,6 @@ ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         "against the manifest's checksums. Exit 0 valid, 1 a rule broken, 2 unreadable.",
         ("smoe verify out/model.smoe", "smoe verify out/model.smoe --deep --json"),
     ),
-    "dump": ("", ()),  # described from cmd_dump, with its own epilog
     "export": (
         "Dequantise a vault's experts: to one float32 .safetensors file, or (--hf) back "
         "into a whole checkpoint folder transformers loads (scout tensors, experts, config).",
@@ -140,7 +139,9 @@ a test checks every command has both, and that no markup leaks into ``--help``).
 
 def _describe(p: argparse.ArgumentParser, name: str) -> None:
     """Give subcommand ``name``'s parser its description and examples (:data:`ABOUT`),
-    unless it has its own (``dump``)."""
+    unless it has its own (``dump``: from cmd_dump, with its own epilog)."""
+    if name not in ABOUT:
+        return
     text, examples = ABOUT[name]
     if p.description is None:  # (wrapped here: the raw formatter keeps the examples' lines)
         p.description = textwrap.fill(text, 88)

@@ -61,6 +61,7 @@ from smoe.format.provenance import rows as provenance_rows
 from smoe.format.records import model_type_str
 from smoe.format.verify import Report, verify_file
 from smoe.format.view import FileView, Geometry, arch_view, header_view, table_views
+from smoe.interop.safetensors_io import DTYPE_SIZES
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 from smoe.quant import SNR_FLOOR_DB
@@ -93,7 +94,7 @@ CELL_TITLES_MAX = 2048  # up to this many experts, every heat-map cell has a too
 MAX_ROWS = 1024  # layers shown in the heat map and the per-layer table at most
 MAX_COLS = 1024  # expert columns of the heat map at most
 HIST_BINS = 40
-BF16_BYTES = 2  # bytes per weight of the BF16 the compression is measured against
+BF16_BYTES = DTYPE_SIZES["BF16"]  # per weight, of the BF16 the compression is measured against
 UNKNOWN_V1 = "unknown (v1 vault)"  # the cost per token of a vault without moe_top_k
 UNKNOWN_ARCH = "unknown (no readable arch block)"
 UNKNOWN_TABLE = "unknown (no readable expert table)"

@@ -39,7 +39,7 @@ def _compiled(key: str, name: str, n: int, kernel: Kernel | None) -> ModuleType 
     module = _imported(key, name)
     if module is None:  # the kernels could not be imported
         if choice == "fast":
-            raise MissingExtra(f"{KERNEL_ENV}=fast needs numba: pip install 'smoe[fast]'")
+            raise MissingExtra.needs(f"{KERNEL_ENV}=fast needs numba", "fast")
         return None
     return module
 

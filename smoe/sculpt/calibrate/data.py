@@ -336,9 +336,9 @@ def _tokenizer(path: Path, model_dir: Path) -> tuple[Any, Any]:
     try:  # imported here: transformers (and torch) only for text DATA
         transformers = importlib.import_module("transformers")
     except ImportError:
-        raise MissingExtra(
-            f"{path}: text DATA is tokenised with transformers, which is not installed: "
-            "pip install 'smoe[calibrate]'"
+        raise MissingExtra.needs(
+            f"{path}: text DATA is tokenised with transformers, which is not installed",
+            "calibrate",
         ) from None
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(

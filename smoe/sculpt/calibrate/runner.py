@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ExpertStats", "LayerRunner", "import_torch"]
 
-INSTALL = "pip install 'smoe[calibrate]'"
 _FLOATS = ("F32", "F16", "BF16")
 _WRAPPERS = ("AutoModelForImageTextToText", "AutoModelForMultimodalLM", "AutoModel")
 """Tried after ``AutoModelForCausalLM``: multimodal wrappers, whose text decoder is run."""
@@ -59,8 +58,8 @@ def import_torch() -> Any:
         import torch
         import transformers  # noqa: F401
     except ImportError as e:
-        raise MissingExtra(
-            f"--calibrate needs torch and transformers ({e.name} is missing): {INSTALL}"
+        raise MissingExtra.needs(
+            f"--calibrate needs torch and transformers ({e.name} is missing)", "calibrate"
         ) from None
     return torch
 

@@ -191,9 +191,7 @@ def _hub() -> ModuleType:
         import huggingface_hub.constants
         import huggingface_hub.utils
     except ImportError:
-        raise MissingExtra(
-            "a HuggingFace model id needs huggingface_hub: pip install 'smoe[hub]'"
-        ) from None
+        raise MissingExtra.needs("a HuggingFace model id needs huggingface_hub", "hub") from None
     return huggingface_hub
 
 

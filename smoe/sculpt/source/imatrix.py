@@ -103,9 +103,8 @@ def _gguf(path: object) -> Any:
     try:
         import gguf
     except ImportError:
-        raise MissingExtra(
-            f"{path}: a GGUF importance matrix is read with the gguf package: "
-            "pip install 'smoe[imatrix]'"
+        raise MissingExtra.needs(
+            f"{path}: a GGUF importance matrix is read with the gguf package", "imatrix"
         ) from None
     return gguf
 
