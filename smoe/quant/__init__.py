@@ -102,7 +102,13 @@ from smoe.quant.dispatch import fast_kernels, run_choice
 from smoe.quant.encoder import encode, encode_into, prepare_fast
 from smoe.quant.errors import NonFiniteWeights, ScaleOverflow, UnrepresentableWeights
 from smoe.quant.first_run import pick_kernel, run_kernel, warmup
-from smoe.quant.hessian import HessianReport, encode_hessian, encode_hessian_into, hessian_error
+from smoe.quant.hessian import (
+    SCALE_STARTS,
+    HessianReport,
+    encode_hessian,
+    encode_hessian_into,
+    hessian_error,
+)
 from smoe.quant.inputs import as_float32, bf16_to_f32
 from smoe.quant.stats import QuantStats, snr_db
 from smoe.quant.traits import (
@@ -125,6 +131,7 @@ __all__ = [
     "FAST_MIN_WEIGHTS",
     "FP16_MAX",
     "KERNEL_ENV",
+    "SCALE_STARTS",
     "SNR_FLOOR_DB",
     "HessianReport",
     "Kernel",

@@ -42,6 +42,8 @@ one row, each with one fp16 scale. Hence the algorithm:
    updates). It lowers the output error further (4-5 %), but on the trained model below it
    did not lower the loss at Q2 (it fits the calibration statistics of a model whose later
    layers then see other inputs), so it is off by default.
+6. **Starts** (``starts``): steps 2-5 run again from other starting scales, the static ones
+   times each of :data:`SCALE_STARTS` (0.8 ... 1.2), below.
 
 Every candidate is scored by its exact ``e_i H e_i^T`` per row, the plain encoding
 (``encode(w, bits)``) included, and each row keeps the best (with ``cols % 64 != 0``, groups
@@ -56,19 +58,21 @@ dampening.
 usual value; "refit" includes the second pass.
 
 *Synthetic* (``tests/quant/test_hessian.py``'s generator: ``W`` 256 x 512 Student-t(4) x
-0.02; inputs with 128 shared factors plus noise, lognormal channel scales, 2 % outlier
-channels at 10x; ``H`` from 8192 samples, the error measured on 8192 others):
+0.02, seed 100; inputs with 128 shared factors plus noise, lognormal channel scales, 2 %
+outlier channels at 10x, seed 101; ``H`` from 8192 samples, the error measured on 8192
+others):
 
 ==============================================  =====  =====
 variant                                          Q4     Q2
 ==============================================  =====  =====
-importance matrix ``diag(H)`` (``--imatrix``)    0.549  0.485
-A: GPTQ, natural order, static scales            0.264  0.249
-B: A + refit                                     0.251  0.234
-C: A + act-order                                 0.190  0.182
-D: act-order + refit                             0.185  0.174
-the defaults (D, ``damp`` 0.03)                  0.190  0.176
-the defaults + ``descent=2``                     0.176  0.158
+importance matrix ``diag(H)`` (``--imatrix``)    0.660  0.642
+A: GPTQ, natural order, static scales            0.267  0.283
+B: A + refit                                     0.258  0.269
+C: A + act-order                                 0.223  0.233
+D: act-order + refit                             0.217  0.224
+D, ``damp`` 0.03                                 0.221  0.225
+**the defaults** (D, ``damp`` 0.03, 5 starts)    0.219  0.224
+the defaults + ``descent=2``                     0.204  0.204
 ==============================================  =====  =====
 
 *Trained* (``../shared/models/tiny-moe-py``: all 192 expert matrices, ``H`` of each
@@ -78,7 +82,7 @@ on the routed inputs of ``eval_ids.npy``, summed over the matrices; loss: bits/b
 *one-shot*: every ``H`` from the unquantised model, no sequential propagation):
 
 ==============================================  ======  ======  =======  =======
-variant                                          Q4      Q2      Q4 loss  Q2 loss
+variant (one start)                              Q4      Q2      Q4 loss  Q2 loss
 ==============================================  ======  ======  =======  =======
 plain encoder                                    1       1       +0.0031  +0.0905
 importance matrix ``diag(H)``                                    +0.0033  +0.0879
@@ -86,14 +90,14 @@ A: GPTQ, natural order, static scales            0.674   0.669   +0.0027  +0.067
 B: A + refit                                     0.644   0.626   +0.0022  +0.0514
 C: A + act-order                                 0.643   0.639   +0.0021  +0.0647
 D: act-order + refit                             0.619   0.601   +0.0020  +0.0492
-**the defaults** (D, ``damp`` 0.03)              0.617   0.598   +0.0024  +0.0477
+D, ``damp`` 0.03                                 0.617   0.598   +0.0024  +0.0477
 D, ``damp`` 0.1                                                  +0.0023  +0.0487
-the defaults + ``descent=1``                                     +0.0021  +0.0520
-the defaults + ``descent=2``                     0.598   0.570   +0.0022  +0.0511
+D, ``damp`` 0.03, + ``descent=1``                                +0.0021  +0.0520
+D, ``damp`` 0.03, + ``descent=2``                0.598   0.570   +0.0022  +0.0511
 D + ``descent=2``                                0.601   0.574   +0.0019  +0.0510
 ==============================================  ======  ======  =======  =======
 
-So at Q2 the defaults halve the plain encoder's loss (-47 %) and at Q4 cut it by a quarter
+So at Q2 one start halves the plain encoder's loss (-47 %) and at Q4 cuts it by a quarter
 (the Q4 differences, ~0.0005 bits/byte, are near what any change of codes moves); the
 importance matrix alone gains little on this model. The refit of the scales and act-order
 each gain most at Q2; more dampening than 0.01 helps at Q2 (0.03 best of 0.01, 0.03, 0.1;
@@ -102,12 +106,34 @@ error-updated weights when the sweep reaches it (natural order, or act-order by 
 groups), as GPTQ usually does, was measured in an earlier one-pass version: no better
 overall (Q2 +0.0502 against +0.0513 for static scales with act-order in the same run, Q4
 +0.0029 against +0.0020), and it rules out act-order by single columns. Sequential
-propagation (each layer calibrated on the quantised layers' outputs) is the caller's part:
-``smoe sculpt --calibrate`` gives Q2 +0.0492 with it. Two refinements of it were measured
-there and left out, each worse: the asymmetric target (quantise ``W M``, ``M`` the ridge
-least-squares map from the quantised model's routed inputs to the unquantised model's at the
-same tokens, so that ``W_hat x_q`` matches ``W x``: +0.0521 at ridge 0.1, +0.0513 at 1.0),
-and down's statistics taken from the quantised gate and up (+0.0510).
+propagation (each layer calibrated on the quantised layers' outputs) is the caller's part;
+measured through it (``smoe sculpt --calibrate calib_ids.npy``, each expert's statistics
+weighted by its routing weights squared from the second row on, see
+:mod:`smoe.sculpt.calibrate.runner`):
+
+=======================================================  =======  =======
+sequential ``smoe sculpt --calibrate``, ``damp`` 0.03     Q4 loss  Q2 loss
+=======================================================  =======  =======
+one start, unweighted statistics                                   +0.0490
+one start                                                          +0.0481
+3 starts (0.9, 1.0, 1.1), unweighted statistics                    +0.0470
+3 starts (0.9, 1.0, 1.1)                                           +0.0454
+**the defaults**: 5 starts (0.8 ... 1.2)                  +0.0015  +0.0429
+7 starts (0.7 ... 1.3)                                             +0.0438
+=======================================================  =======  =======
+
+**Starts** (``starts``, :data:`SCALE_STARTS`): the passes (sweep, refit, sweep, refit) run
+from the static scales times each multiple in turn, in increasing order, every row keeping
+the best encoding so far (a start's second pass sets out from the scales of that best).
+The refit finds the nearest optimum of the scales *given* the codes, and the codes follow
+the scales they were rounded at: a start a step away lands in another basin, and at Q2
+(four levels) the basins differ most. On synthetic weights they gain almost nothing
+(above), on the trained model a tenth of the Q2 loss. Two refinements of sequential
+calibration were measured and left out, each worse (one start, unweighted): the asymmetric
+target (quantise ``W M``, ``M`` the ridge least-squares map from the quantised model's
+routed inputs to the unquantised model's at the same tokens, so that ``W_hat x_q`` matches
+``W x``: +0.0521 at ridge 0.1, +0.0513 at 1.0), and down's statistics taken from the
+quantised gate and up (+0.0510).
 
 **Memory** (besides the caller's ``w`` and ``h`` and the outputs): one ``cols x cols``
 float64 array (the dampened, permuted Cholesky factor, computed in place by blocks of 256:
@@ -125,11 +151,13 @@ differently under another BLAS build or thread count, which can move a code at a
 **Cost.** ``O(rows x cols^2)`` per pass (the sweep, each descent sweep, the error forms and
 the refit each about one ``rows x cols x cols`` product), plus ``cols^3 / 3`` for the
 factor: the 192 expert matrices of the trained model above (128 x 256 and 256 x 128) take
-~3 s with the defaults on 2 cores (~11 s with ``descent=2``).
+~3 s per start on 2 cores, ~15 s with the defaults' five (~11 s per start with
+``descent=2``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,11 +169,22 @@ from smoe.quant.scales import f16_round
 from smoe.quant.traits import FP16_MAX, OK_BITS, Overflow, level_center
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS, num_groups, packed_size
 
-__all__ = ["HessianReport", "encode_hessian", "encode_hessian_into", "hessian_error"]
+__all__ = [
+    "SCALE_STARTS",
+    "HessianReport",
+    "encode_hessian",
+    "encode_hessian_into",
+    "hessian_error",
+]
 
 DEFAULT_DAMP = 0.03
 """Default relative dampening ``lambda / mean(diag H)`` (measured in the module's docs: of
 0.01, 0.03 and 0.1, 0.03 gave the least loss at Q2 on the trained model)."""
+
+SCALE_STARTS = (0.8, 0.9, 1.0, 1.1, 1.2)
+"""The starting group scales, as multiples of the static ones: each start runs the passes
+and every row keeps its best (measured in the module's docs: three starts 0.9-1.1 gained
+less at Q2, seven 0.7-1.3 no more)."""
 
 _BLOCK = 128
 """Columns per lazy batch of the sweep."""
@@ -268,6 +307,7 @@ def encode_hessian(
     act_order: bool = True,
     refit: bool = True,
     descent: int = 0,
+    starts: Sequence[float] = SCALE_STARTS,
     overflow: Overflow = "clip",
     report: HessianReport | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -280,7 +320,9 @@ def encode_hessian(
     preferred), symmetric, positive semi-definite, finite. ``damp``: dampening, as a
     fraction of ``mean(diag h)``. ``act_order``: process input channels by decreasing
     ``diag(h)``. ``refit``: least-squares refit of the group scales, then a second pass.
-    ``descent``: coordinate-descent sweeps over the codes per pass. ``overflow``: as for
+    ``descent``: coordinate-descent sweeps over the codes per pass. ``starts``: the
+    starting group scales as multiples of the static ones (:data:`SCALE_STARTS`), each row
+    keeping the best encoding of all. ``overflow``: as for
     :func:`~smoe.quant.encode`. ``report``: if given, filled in (:class:`HessianReport`).
 
     Returns ``(packed, scales)`` exactly as :func:`~smoe.quant.encode` does:
@@ -308,7 +350,7 @@ def encode_hessian(
     >>> report.ratio < 0.2  # the output error, against the plain encoder's
     True
     """
-    _check_args(w, h, bits, damp, descent, overflow)
+    _check_args(w, h, bits, damp, descent, starts, overflow)
     packed = np.empty(packed_size(w.size, bits), np.uint8)
     scales = np.empty(num_groups(w.size), np.dtype("<f2"))
     encode_hessian_into(
@@ -321,6 +363,7 @@ def encode_hessian(
         act_order=act_order,
         refit=refit,
         descent=descent,
+        starts=starts,
         overflow=overflow,
         report=report,
     )
@@ -338,6 +381,7 @@ def encode_hessian_into(
     act_order: bool = True,
     refit: bool = True,
     descent: int = 0,
+    starts: Sequence[float] = SCALE_STARTS,
     overflow: Overflow = "clip",
     report: HessianReport | None = None,
 ) -> None:
@@ -355,7 +399,7 @@ def encode_hessian_into(
     >>> bytes(blob) == b"".join(bytes(a) for a in encode_hessian(w, np.eye(128), 4))
     True
     """
-    _check_args(w, h, bits, damp, descent, overflow)
+    _check_args(w, h, bits, damp, descent, starts, overflow)
     rows, cols = w.shape
     n = w.size
     packed = _out_view(packed_out, np.uint8, packed_size(n, bits), "packed_out")
@@ -380,6 +424,7 @@ def encode_hessian_into(
     factored = _factor(h, order, diag, damp)
     static = encode(w32, bits, overflow=overflow, importance=diag)[1]
     job = _Job(w32, h, bits, order, static, refit, descent, plain_packed, plain_scales)
+    job.starts = tuple(float(m) for m in starts)
     if isinstance(factored, str):
         rep.fallback = factored
         job.sweep_r = None
@@ -398,7 +443,9 @@ def encode_hessian_into(
 # ---------------------------------------------------------------------------- checks
 
 
-def _check_args(w: object, h: object, bits: int, damp: float, descent: int, overflow: str) -> None:
+def _check_args(
+    w: object, h: object, bits: int, damp: float, descent: int, starts: object, overflow: str
+) -> None:
     """Refuse arguments of the wrong kind or shape (``UsageError``)."""
     if not isinstance(w, np.ndarray) or w.ndim != 2:
         got = f"shape {w.shape}" if isinstance(w, np.ndarray) else type(w).__name__
@@ -413,8 +460,20 @@ def _check_args(w: object, h: object, bits: int, damp: float, descent: int, over
         raise UsageError(f"damp must be a finite number >= 0, got {damp!r}")
     if not isinstance(descent, int) or descent < 0:
         raise UsageError(f"descent must be an integer >= 0, got {descent!r}")
+    if not _positive_numbers(starts):
+        raise UsageError(f"starts must be a non-empty sequence of numbers > 0, got {starts!r}")
     if overflow not in OK_BITS:
         raise UsageError(f"overflow must be 'clip' or 'raise', got {overflow!r}")
+
+
+def _positive_numbers(v: object) -> bool:
+    """Whether ``v`` is a non-empty sequence of finite numbers > 0."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or not v:
+        return False
+    return all(
+        isinstance(m, (int, float)) and not isinstance(m, bool) and np.isfinite(m) and m > 0
+        for m in v
+    )
 
 
 def _check_h_shape(h: object, cols: int) -> None:
@@ -583,6 +642,7 @@ class _Job:
         self.plain_packed, self.plain_scales = plain_packed, plain_scales
         self.sweep_r: np.ndarray | None = None
         self.lam = 0.0
+        self.starts: tuple[float, ...] = SCALE_STARTS
         cols = w32.shape[1]
         self.c = level_center(bits)
         self.half = 1 << (bits - 1)
@@ -609,7 +669,17 @@ class _Job:
         plain_err = best.err.copy()
         if self.sweep_r is None:
             return rows, float(plain_err.sum()), float(plain_err.sum())
-        s = self.static[g0:g1]
+        for m in self.starts:
+            best = self._passes(w, f16_round(self.static[g0:g1] * np.float32(m)), best)
+        kept = best.plain_rows(plain_err, self.by_row)
+        f = (best.v - np.float32(0.5)).reshape(-1)
+        pack_into(f, self.bits, packed[p0:p1], np.empty(f.size, np.uint8))
+        scales[g0:g1] = best.s.astype(np.float16)
+        return kept, float(best.err.sum()), float(plain_err.sum())
+
+    def _passes(self, w: np.ndarray, s: np.ndarray, best: _Candidate) -> _Candidate:
+        """Sweeps (and refits) of the chunk ``w`` from the group scales ``s``, each merged
+        into ``best`` (a later pass starts from the merged best's scales); the new best."""
         passes = _PASSES if self.refit and self.by_row else 1
         for _ in range(passes):
             v = self._sweep(w, s)
@@ -621,11 +691,7 @@ class _Job:
             s_fit = self._refit(w, best.v, best.s)
             best = self._merge(best, _Candidate(best.v, s_fit, self._forms(w, best.v, s_fit)))
             s = best.s
-        kept = best.plain_rows(plain_err, self.by_row)
-        f = (best.v - np.float32(0.5)).reshape(-1)
-        pack_into(f, self.bits, packed[p0:p1], np.empty(f.size, np.uint8))
-        scales[g0:g1] = best.s.astype(np.float16)
-        return kept, float(best.err.sum()), float(plain_err.sum())
+        return best
 
     def _unpack(self, data: np.ndarray, n: int) -> np.ndarray:
         """The levels ``code - c`` (float32 half-integers) of the first ``n`` codes of the

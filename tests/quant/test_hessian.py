@@ -149,7 +149,8 @@ def test_correlated_inputs_lower_the_held_out_output_error(bits: int, most: floa
         "no act-order": {"act_order": False},
         "no refit": {"refit": False},
         "descent 2": {"descent": 2},
-        "plain GPTQ": {"act_order": False, "refit": False, "descent": 0},
+        "one start": {"starts": (1.0,)},
+        "plain GPTQ": {"act_order": False, "refit": False, "descent": 0, "starts": (1.0,)},
     }.items():
         w_hat = decoded(*encode_hessian(w, h, bits, **kw), bits, w.shape)
         got[name] = held_out_error(w, w_hat, x_test) / base
@@ -170,6 +171,18 @@ def test_groups_straddling_rows(bits: int) -> None:
     base = hessian_error(w, plain(w, bits), h)
     assert hessian_error(w, w_hat, h) == pytest.approx(report.error)
     assert report.error < base, f"Q{bits}: ratio {report.error / base:.3f}"
+
+
+def test_every_start_is_a_candidate_row_by_row() -> None:
+    """More starts never make a row worse on ``H`` than its plain encoding, and the
+    defaults' error is at most that of the best single start of theirs run first."""
+    w = weights(128, 256, 31)
+    h = moments(inputs(256, 4096, 32))
+    for bits in SUPPORTED_BITS:
+        rep, first = HessianReport(), HessianReport()
+        encode_hessian(w, h, bits, report=rep)
+        encode_hessian(w, h, bits, starts=quant.SCALE_STARTS[:1], report=first)
+        assert rep.error <= first.error <= rep.plain_error, (bits, rep.error, first.error)
 
 
 def test_deterministic() -> None:
@@ -293,6 +306,13 @@ def test_bad_arguments_are_refused_word_for_word() -> None:
         ({"damp": -0.1}, "damp must be a finite number >= 0, got -0.1"),
         ({"damp": float("nan")}, "damp must be a finite number >= 0, got nan"),
         ({"descent": -1}, "descent must be an integer >= 0, got -1"),
+        ({"starts": ()}, "starts must be a non-empty sequence of numbers > 0, got ()"),
+        ({"starts": (1.0, 0)}, "starts must be a non-empty sequence of numbers > 0, got (1.0, 0)"),
+        ({"starts": "1"}, "starts must be a non-empty sequence of numbers > 0, got '1'"),
+        (
+            {"starts": [float("inf")]},
+            "starts must be a non-empty sequence of numbers > 0, got [inf]",
+        ),
         ({"overflow": "wrap"}, "overflow must be 'clip' or 'raise', got 'wrap'"),
     ]:
         with pytest.raises(UsageError) as e:

@@ -9,7 +9,10 @@ carried from layer to layer. In each layer the routed experts' module is replace
 stand-in (:class:`_Experts`) that computes the same SiLU-gated experts from smoe's own
 reading of them (:class:`~smoe.sculpt.source.checkpoint.ExpertRef`) and accumulates, per
 expert, the second moments of its routed inputs: ``x`` (what gate and up see) and
-``act(g x) * (u x)`` (what down sees).
+``act(g x) * (u x)`` (what down sees), each token's weighted by its routing weight ``r``
+squared. An expert's output enters the layer's output times ``r``, so its error on a token
+does too: a token the router gives a small weight matters that much less (on the trained
+model of :mod:`smoe.quant.hessian`: Q2 +0.0490 -> +0.0481 bits/byte, the rest the same).
 
 Per layer, :meth:`LayerRunner.collect` runs the layer over the calibration set with the
 source experts and returns their statistics; the caller quantises; then
@@ -66,10 +69,10 @@ def import_torch() -> Any:
 
 @dataclass
 class ExpertStats:
-    """One routed expert's calibration statistics: ``h_in`` = ``sum x x^T`` over its routed
-    tokens (gate's and up's input), ``h_down`` = the same of down's input, ``tokens`` the
-    count; float64. :meth:`hessians` gives the means, per matrix gate, up, down (None for
-    an expert no token reached).
+    """One routed expert's calibration statistics: ``h_in`` = ``sum r^2 x x^T`` over its
+    routed tokens (gate's and up's input ``x``, routing weight ``r``), ``h_down`` = the same
+    of down's input, ``tokens`` the count; float64. :meth:`hessians` gives the means, per
+    matrix gate, up, down (None for an expert no token reached).
 
     >>> ExpertStats(np.zeros((2, 2)), np.zeros((3, 3)), 0).tokens
     0
@@ -130,13 +133,14 @@ def _define_stand_in(torch: Any) -> Any:
             for e, mats in weights.items():
                 self.mats[e] = [torch.from_numpy(m).to(self.device) for m in mats]
 
-        def _accumulate(self, e: int, x: Any, a: Any) -> None:
+        def _accumulate(self, e: int, x: Any, a: Any, r: Any) -> None:
             st = self.stats.get(e)
             if st is None:
                 g, _, d = self.mats[e]
                 st = self.stats[e] = ExpertStats(
                     np.zeros((g.shape[1], g.shape[1])), np.zeros((d.shape[1], d.shape[1]))
                 )
+            x, a = x * r, a * r  # rows times the routing weights: sum r^2 x x^T
             st.h_in += (x.T @ x).double().cpu().numpy()
             st.h_down += (a.T @ a).double().cpu().numpy()
             st.tokens += int(x.shape[0])
@@ -151,10 +155,11 @@ def _define_stand_in(torch: Any) -> Any:
                 x = x_all[tok]
                 g, u, d = self.mats[e]
                 a = self.act(x @ g.T) * (x @ u.T)
+                r = top_k_weights[tok, pos, None].float()
                 if self.collecting:  # the layer's output is not kept: down is not needed
-                    self._accumulate(e, x, a)
+                    self._accumulate(e, x, a, r)
                     continue
-                y = (a @ d.T) * top_k_weights[tok, pos, None].float()
+                y = (a @ d.T) * r
                 out.index_add_(0, tok, y.to(out.dtype))
             return out
 
