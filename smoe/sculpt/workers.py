@@ -23,6 +23,7 @@ from smoe.errors import SmoeError, WriteFailed
 from smoe.format.manifest import checksum
 from smoe.format.plan import ExpertSlot
 from smoe.plumbing import fileio
+from smoe.plumbing.cpus import limit_blas_threads, usable_cores
 from smoe.sculpt.blob_writer import BlobWriter
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.source.checkpoint import ExpertRef
@@ -284,12 +285,33 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def blas_threads(todo: Sequence[Job], processes: int) -> int | None:
+    """The BLAS threads each of ``processes`` workers may start for ``todo``: the usable
+    cores shared among them when a job is Hessian-aware (matrix products), else None (the
+    plain encoder multiplies no matrices: nothing to cap).
+
+    >>> blas_threads([], 2) is None
+    True
+    """
+    if not any(job.hessians for job in todo):
+        return None
+    return max(1, usable_cores() // max(1, processes))
+
+
 def _worker_main(
-    parent: int, todo: list[Job], claims: Claims, target: Target, conn: Connection
+    parent: int,
+    todo: list[Job],
+    claims: Claims,
+    target: Target,
+    conn: Connection,
+    blas: int | None = None,
 ) -> None:
     """A worker process: take the next unclaimed job until none is left, send each result
-    (or the exception that stopped it) to the parent, exit."""
+    (or the exception that stopped it) to the parent, exit. ``blas``: its BLAS threads
+    (:func:`blas_threads`)."""
     _worker_init(parent)
+    if blas is not None:
+        limit_blas_threads(blas)
     code = 0
     try:
         with ExpertReader() as reader:
@@ -343,10 +365,13 @@ class Workers:
         ctx = mp.get_context("fork")
         claims = Claims(len(todo), ctx.Value("q", 0))
         live: dict[Connection, Any] = {}
+        blas = blas_threads(todo, self.processes)
         for _ in range(self.processes):
             recv, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=_worker_main, daemon=True, args=(os.getpid(), todo, claims, target, send)
+                target=_worker_main,
+                daemon=True,
+                args=(os.getpid(), todo, claims, target, send, blas),
             )
             proc.start()
             send.close()  # only the worker holds the sending end: EOF when it exits

@@ -143,6 +143,30 @@ def test_calibration_is_deterministic(model: dict, vaults: dict, tmp_path: Path)
     assert m1 == m2
 
 
+def test_encoding_workers_share_the_cores_among_their_blas_threads(
+    model: dict, vaults: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from smoe.plumbing.cpus import usable_cores
+    from smoe.sculpt import workers
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+
+    def record(n: int) -> bool:  # runs in each forked worker
+        (calls / str(os.getpid())).write_text(str(n))
+        return True
+
+    monkeypatch.setattr(workers, "limit_blas_threads", record)
+    res = sculpt(
+        model["ck"],
+        tmp_path / "two-workers",
+        SculptOptions(bits=2, jobs=2, calibrate=model["root"] / "calib.npy"),
+    )
+    got = sorted(int(p.read_text()) for p in calls.iterdir())
+    assert got == [max(1, usable_cores() // 2)] * 4  # 2 workers in each of the 2 layers
+    assert res.vault.read_bytes() == vaults["calib"].vault.read_bytes()
+
+
 def test_unrouted_experts_keep_the_plain_encoding(
     model: dict, vaults: dict, tmp_path: Path
 ) -> None:
