@@ -430,7 +430,8 @@ def run_jobs(
     todo: list[Job], jobs: int, target: Target, marks: dict[str, float] | None = None
 ) -> Generator[Result, None, None]:
     """Results as experts finish, in file order: in this process, or in up to ``jobs``
-    worker processes, never more than there are batches of :data:`BATCH` experts.
+    worker processes, never more than there are batches of :data:`BATCH` experts (of one
+    expert, when one is encoded Hessian-aware: each takes far longer than a fork).
     ``marks["experts"]``: when the work starts (compiled kernels loaded, workers forked).
 
     A run too small to make up for starting the compiled encoder (compiling it into a cold
@@ -448,7 +449,8 @@ def run_jobs(
     if not todo:
         return
     todo = file_order(todo)
-    workers = min(jobs, -(-len(todo) // BATCH))
+    per = 1 if any(job.hessians for job in todo) else BATCH  # a Hessian-aware one: seconds
+    workers = min(jobs, -(-len(todo) // per))
     weighted = any(job.imatrix is not None for job in todo)
     sets = sorted({(job.bits, cast("quant.ScaleMode", job.scale)) for job in todo})
     large = [r * c for j in todo for r, c in j.ref.shapes if r * c >= quant.FAST_MIN_WEIGHTS]
