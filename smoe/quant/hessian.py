@@ -423,8 +423,7 @@ def encode_hessian_into(
     order = np.argsort(-diag, kind="stable") if act_order else np.arange(cols)
     factored = _factor(h, order, diag, damp)
     static = encode(w32, bits, overflow=overflow, importance=diag)[1]
-    job = _Job(w32, h, bits, order, static, refit, descent, plain_packed, plain_scales)
-    job.starts = tuple(float(m) for m in starts)
+    job = _Job(w32, h, bits, order, static, refit, descent, starts, plain_packed, plain_scales)
     if isinstance(factored, str):
         rep.fallback = factored
         job.sweep_r = None
@@ -633,16 +632,17 @@ class _Job:
         static: np.ndarray,
         refit: bool,
         descent: int,
+        starts: Sequence[float],
         plain_packed: np.ndarray,
         plain_scales: np.ndarray,
     ) -> None:
         self.w32, self.h, self.bits, self.order = w32, h, bits, order
         self.static = static.astype(np.float32)
         self.refit, self.descent = refit, descent
+        self.starts = tuple(float(m) for m in starts)
         self.plain_packed, self.plain_scales = plain_packed, plain_scales
         self.sweep_r: np.ndarray | None = None
         self.lam = 0.0
-        self.starts: tuple[float, ...] = SCALE_STARTS
         cols = w32.shape[1]
         self.c = level_center(bits)
         self.half = 1 << (bits - 1)

@@ -285,15 +285,24 @@ def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def hessian_aware(todo: Sequence[Job]) -> bool:
+    """Whether any job is encoded Hessian-aware (``--calibrate``): matrix products, seconds
+    an expert, where the plain encoder takes milliseconds and multiplies no matrices.
+
+    >>> hessian_aware([])
+    False
+    """
+    return any(job.hessians for job in todo)
+
+
 def blas_threads(todo: Sequence[Job], processes: int) -> int | None:
     """The BLAS threads each of ``processes`` workers may start for ``todo``: the usable
-    cores shared among them when a job is Hessian-aware (matrix products), else None (the
-    plain encoder multiplies no matrices: nothing to cap).
+    cores shared among them when it is :func:`hessian_aware`, else None (nothing to cap).
 
     >>> blas_threads([], 2) is None
     True
     """
-    if not any(job.hessians for job in todo):
+    if not hessian_aware(todo):
         return None
     return max(1, usable_cores() // max(1, processes))
 
@@ -449,7 +458,7 @@ def run_jobs(
     if not todo:
         return
     todo = file_order(todo)
-    per = 1 if any(job.hessians for job in todo) else BATCH  # a Hessian-aware one: seconds
+    per = 1 if hessian_aware(todo) else BATCH
     workers = min(jobs, -(-len(todo) // per))
     weighted = any(job.imatrix is not None for job in todo)
     sets = sorted({(job.bits, cast("quant.ScaleMode", job.scale)) for job in todo})

@@ -1,21 +1,12 @@
-"""The processor budget: the usable cores, and the BLAS threads an encoding worker may use."""
+"""The processor budget: the BLAS threads a process may start."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from dataclasses import replace
 
-import numpy as np
 import pytest
-
-from smoe.format.plan import make_plan
-from smoe.plumbing.cpus import usable_cores
-from smoe.sculpt.source.checkpoint import Checkpoint
-from smoe.sculpt.workers import Job, blas_threads
-
-from fixtures_data import CKPTS
 
 
 def test_the_cap_reaches_numpys_blas() -> None:
@@ -43,12 +34,3 @@ def test_without_threadpoolctl_nothing_is_capped() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
-
-
-def test_only_hessian_jobs_share_the_cores() -> None:
-    ref = Checkpoint.open(CKPTS / "qwen3_moe").experts[(0, 1)]
-    plain = Job(ref, make_plan({(0, 1): ref.shapes}, 4, 2).experts[0], 4, "optimal")
-    hessian = replace(plain, hessians=(np.eye(64), np.eye(64), None))
-    assert blas_threads([plain], 2) is None
-    assert blas_threads([plain, hessian], 2) == max(1, usable_cores() // 2)
-    assert blas_threads([hessian], 10 * usable_cores()) == 1

@@ -159,7 +159,7 @@ def test_encoding_workers_share_the_cores_among_their_blas_threads(
     monkeypatch.setattr(workers, "limit_blas_threads", record)
     res = sculpt(
         model["ck"],
-        tmp_path / "two-workers",
+        tmp_path / "three-workers",
         SculptOptions(bits=2, jobs=3, calibrate=model["root"] / "calib.npy"),
     )
     got = sorted(int(p.read_text()) for p in calls.iterdir())
