@@ -222,8 +222,9 @@ def write_report(
     ``manifest``: "auto" (the sidecar ``VAULT.manifest.json`` when it exists), a path, or
     None (no SNR). ``deep`` also reads every blob and checks them against the manifest, as
     ``smoe verify --deep`` does. An output that is the vault or its manifest (also through
-    symlinks or hard links), or a folder, is refused before anything is written. A vault that
-    breaks rules still gets its page (its findings are on it).
+    symlinks or hard links), or a folder, is refused before anything is written, and so is a
+    named ``manifest`` that is not a regular file (a missing one is not "no manifest"). A
+    vault that breaks rules still gets its page (its findings are on it).
 
     >>> import os, tempfile
     >>> out = os.path.join(tempfile.mkdtemp(), "q4.html")
@@ -235,6 +236,8 @@ def write_report(
     """
     vault, out = Path(vault), Path(out)
     side = manifest_for(vault, manifest)
+    if side is not None and not (isinstance(manifest, str) and manifest == "auto"):
+        fileio.require_regular(side)  # a named manifest that is not there: refused (exit 2)
     fileio.refuse_same_file(out, [vault, manifests.path_for(vault), *([side] if side else [])])
     if out.is_dir():
         raise WriteFailed(f"{out}: is a folder; name the .html file to write")

@@ -216,6 +216,21 @@ def test_without_a_manifest_the_page_says_so(demo: Path, tmp_path: Path) -> None
     assert json.loads(proc.stdout)["snr"] is False
 
 
+def test_a_named_manifest_that_is_missing_is_refused(demo: Path, tmp_path: Path) -> None:
+    """``--manifest MISSING`` is an unreadable input (exit 2, one line), not "no manifest":
+    no page is written."""
+    missing = tmp_path / "missing.json"
+    out = tmp_path / "r.html"
+    proc = run("report", demo, "-o", out, "--manifest", missing)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: {missing}: cannot open: No such file or directory\n"
+    proc = run("report", demo, "-o", out, "--manifest", missing, "--json")
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["exit_code"] == 2
+    proc = run("report", demo, "-o", out, "--manifest", tmp_path)  # a folder: refused too
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert not out.exists()
+
+
 def test_a_manifest_of_another_vault_is_not_used(demo: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.smoe"
     shutil.copyfile(FIXTURES / "q4_v2.smoe", other)
