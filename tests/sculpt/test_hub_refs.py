@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from smoe.sculpt.source.hub import check_revision
+
 from fixtures_data import CKPTS
-from helpers import python, refused
+from helpers import python, refused, run
 
 SINGLE = CKPTS / "qwen3_moe"
 SHARDED = CKPTS / "qwen3_moe_sharded"
@@ -153,3 +155,27 @@ def test_a_snapshot_file_that_is_not_regular_is_refused(
     assert sculpt_id(cache, tmp_path, code=2) == (
         f"error: org/name: {target}: not a regular file ({why})"
     )
+
+
+@pytest.mark.parametrize(
+    "revision",
+    ["{secret}", "../../../../../../../..{secret}", "v1/../../x", "a\\b", "v1.lock", "x y", ".x"],
+)
+def test_a_revision_that_is_no_ref_name_is_refused_reading_nothing(
+    tmp_path: Path, revision: str
+) -> None:
+    """``--revision`` is joined to the cache's ``refs/``: an absolute path or ``..`` would
+    read (and quote) a file elsewhere. A revision is a ref name or a commit hash, else a
+    usage error (exit 2) in one line, before anything is read or written."""
+    secret = tmp_path / "secret"
+    secret.write_text("TOP-SECRET")
+    rev = revision.format(secret=secret)
+    out = tmp_path / "out"
+    line = refused(run("sculpt", "org/name", out, "--revision", rev), 2, absent=out)
+    assert line.startswith(f"error: --revision {rev!r}: not a branch, tag or commit hash (")
+    assert "TOP-SECRET" not in line
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", COMMIT, "b" * 64])
+def test_ref_names_and_commit_hashes_pass_the_check(revision: str) -> None:
+    assert check_revision(revision) == revision

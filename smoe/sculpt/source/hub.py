@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from smoe.errors import MissingExtra, RefusedInput, SmoeError, UnreadableInput
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, UnreadableInput, UsageError
 from smoe.families.config import read_json
 from smoe.plumbing import fileio
 
 __all__ = [
     "cache_origin",
     "check_cache",
+    "check_revision",
     "check_stem",
     "is_repo_id",
     "lfs_sha256",
@@ -51,6 +52,8 @@ _OFF = ("1", "ON", "YES", "TRUE")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _TREE_BYTES = 64 << 20  # a cached tree listing (trees/<commit>.json) of a repository
+_REVISION_CHARS = 255  # git's own limit is the file system's name length
+_REF_FORBIDDEN = re.compile(r"\.\.|@\{|//|[\s~^:?*\[\\]")
 
 
 def is_repo_id(text: str) -> bool:
@@ -149,6 +152,46 @@ def check_stem(name: str) -> str:
     return name
 
 
+def check_revision(revision: str) -> str:
+    """``--revision``: a commit hash (40 or 64 hex digits) or a ref name by git's rules
+    (``git check-ref-format --allow-onelevel``), else a :class:`UsageError` before anything is
+    read: the revision is joined to the cache's ``refs/`` folder, so an absolute path or a
+    ``..`` would read a file outside it.
+
+    >>> check_revision("main"), check_revision("refs/pr/1"), check_revision("a" * 40)[:4]
+    ('main', 'refs/pr/1', 'aaaa')
+    >>> check_revision("../../../etc/passwd")
+    Traceback (most recent call last):
+    smoe.errors.UsageError: --revision '../../../etc/passwd': not a branch, tag or commit ...
+    """
+    why = _ref_fault(revision)
+    if why is not None:
+        raise UsageError(
+            f"--revision {revision!r}: not a branch, tag or commit hash ({why}); a revision "
+            "is a ref name (git check-ref-format) or 40 or 64 hex digits"
+        )
+    return revision
+
+
+def _ref_fault(ref: str) -> str | None:
+    """Why ``ref`` is not a ref name by git's rules (None: it is one)."""
+    if _COMMIT.fullmatch(ref) or _SHA256.fullmatch(ref):
+        return None
+    if not ref or len(ref) > _REVISION_CHARS:
+        return f"empty or longer than {_REVISION_CHARS} characters"
+    if not ref.isprintable():
+        return "a control character or undecodable byte"
+    found = _REF_FORBIDDEN.search(ref)
+    if found is not None:
+        return f"holds {found.group()!r}"
+    if ref.startswith("/") or ref.endswith(("/", ".")) or ref == "@":
+        return "a leading or trailing '/', a trailing '.', or '@' alone"
+    for part in ref.split("/"):
+        if part.startswith(".") or part.endswith(".lock"):
+            return f"the part {part!r} starts with '.' or ends with '.lock'"
+    return None
+
+
 def output_stem(model_dir: str | os.PathLike[str], name: str | None = None) -> str:
     """The stem of a sculpt's outputs: ``name`` (checked by :func:`check_stem`) when given,
     else :func:`stem_of` the model folder.
@@ -172,6 +215,8 @@ def resolve(model: str | os.PathLike[str], revision: str | None = None) -> tuple
     (PosixPath('fixtures/checkpoints/qwen3_moe'), 'qwen3_moe')
     """
     text = os.fspath(model)
+    if revision is not None:
+        check_revision(revision)
     if os.path.lexists(text):
         if revision is not None:
             raise SmoeError(
@@ -240,7 +285,7 @@ def check_cache(cache: Path, repo_id: str, revision: str | None, what: str) -> N
     smoe.errors.UnreadableInput: org/name: /.../refs/main: not a regular file (a FIFO)
     """
     repo = cache / f"models--{repo_id.replace('/', '--')}"
-    rev = "main" if revision is None else revision
+    rev = "main" if revision is None else check_revision(revision)
     commit = rev if _COMMIT.fullmatch(rev) else _ref_commit(repo / "refs" / rev, what)
     if commit is None:
         return
