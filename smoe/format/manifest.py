@@ -22,6 +22,7 @@ from smoe.errors import FormatError, SmoeError
 from smoe.format.findings import Finding
 from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
+from smoe.plumbing.text import utf8_tree
 from smoe_gen import layout
 from smoe_gen.layout import Rule
 
@@ -169,7 +170,9 @@ class ManifestBuilder:
 
 
 def encode(doc: dict[str, Any]) -> bytes:
-    """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline.
+    """RFC 8259 JSON: sorted keys, ASCII only, no NaN/Infinity, a final newline; every
+    string valid Unicode (:func:`smoe.plumbing.text.utf8_tree`: a byte of a name that is not
+    UTF-8 as ``\\xNN``, never a lone surrogate, which strict readers refuse).
 
     >>> print(encode({"vault": {"name": "é.smoe"}, "schema": SCHEMA}).decode("ascii"), end="")
     {
@@ -180,7 +183,8 @@ def encode(doc: dict[str, Any]) -> bytes:
     }
     """
     return (
-        json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False) + "\n"
+        json.dumps(utf8_tree(doc), indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
+        + "\n"
     ).encode("ascii")
 
 

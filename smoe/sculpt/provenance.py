@@ -24,6 +24,7 @@ from typing import Any
 from smoe.errors import SmoeError
 from smoe.format.manifest import tool_info
 from smoe.plumbing import fileio
+from smoe.plumbing.text import utf8_text
 from smoe.sculpt.options import SculptOptions, finite
 from smoe.sculpt.source.card import CARD, read_card
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
@@ -184,7 +185,7 @@ def text_of(name: str) -> str:
     >>> text_of(os.fsdecode(b"model-caf\\xe9.safetensors"))
     'model-caf\\\\xe9.safetensors'
     """
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return utf8_text(name)
 
 
 def tensor_entries(

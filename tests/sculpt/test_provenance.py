@@ -375,3 +375,41 @@ def test_report_shows_the_provenance(
     )
     assert json.loads(out)["provenance"] is None
     assert 'id="provenance"' not in page.read_text()
+
+
+def strings(obj: object) -> list[str]:
+    """Every string of a JSON document, keys included."""
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for k, v in obj.items() for s in (k, *strings(v))]
+    if isinstance(obj, list):
+        return [s for v in obj for s in strings(v)]
+    return []
+
+
+def test_no_lone_surrogate_reaches_the_manifest(tmp_path: Path) -> None:
+    """A checkpoint folder whose name is not UTF-8 (the vault is named after it), written
+    into a folder whose name is not either, and a card value holding a ``\\ud800`` escape:
+    the manifest is strict UTF-8 JSON with no lone surrogate, an undecodable byte written
+    ``\\xNN`` (issue 31)."""
+    model = Path(os.fsdecode(bytes(tmp_path) + b"/m\xff"))
+    shutil.copytree(SHARDED, model)
+    (model / "README.md").write_text('---\nlicense: "apache\\ud800-2.0"\n---\n')
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/out\xfd"))
+    result = sculpt(model, out, SculptOptions(jobs=1))
+    raw = manifest.path_for(result.vault).read_bytes()
+    doc = json.loads(raw.decode("utf-8"))  # strict: a lone surrogate escape would pass here
+    for s in strings(doc):
+        s.encode("utf-8")  # ... but not here
+    assert doc["vault"]["name"] == "m\\xff.smoe"
+    assert doc["source"]["card"]["license"] == "apache\ufffd-2.0"
+    assert verify_path(result.vault, deep=True).ok
+
+
+def test_the_manifest_encoder_writes_no_lone_surrogate() -> None:
+    """Whatever a caller hands it: keys and values, bytes of names and escapes alike."""
+    doc = {"vault": {"name": os.fsdecode(b"v\xff.smoe")}, "k\ud800": ["x\udfff"]}
+    text = manifest.encode(doc).decode("ascii")
+    assert json.loads(text) == {"vault": {"name": "v\\xff.smoe"}, "k\ufffd": ["x\ufffd"]}
+    assert "\\ud" not in text.lower()
