@@ -31,9 +31,9 @@ ASAN_FLAGS := -std=c++20 -O1 -g -Wall -Wextra -Werror -fsanitize=address,undefin
 all: test
 
 # ---- setup: Python venv with the package (editable) and dev extras (no node, no atheris)
-$(VENV_STAMP): pyproject.toml
+$(VENV_STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 setup: $(VENV_STAMP)
