@@ -112,6 +112,9 @@ extern "C" void on_signal(int sig) {
 }  // namespace
 
 void handle_signals() {
+    // A write past `ulimit -f` fails with EFBIG (one line, write_failed, the temporary file
+    // removed) instead of SIGXFSZ killing the process with its temporary file left.
+    ::signal(SIGXFSZ, SIG_IGN);
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);

@@ -148,7 +148,8 @@ private:
 /// SIGINT and SIGTERM (and SIGHUP) end the process as the exit-code table says: every
 /// AtomicFile's temporary file is removed, one line "smoe-stream: interrupted" (or
 /// "terminated") goes to stderr, and the status is `interrupted` (130) or `terminated` (143),
-/// so that no signal leaves a temporary file behind. Called once, first thing in main.
+/// so that no signal leaves a temporary file behind. SIGXFSZ is ignored: a write past the
+/// file size limit (`ulimit -f`) is then an EFBIG WriteFailed. Called once, first thing in main.
 void handle_signals();
 
 /// fsync a folder so that a rename in it is durable.

@@ -6,20 +6,27 @@ replaced output keeps its mode, owner and group (issue 23, items 1 and 9).
   exit 2, one line, the special file still there, no temporary file left.
 * A symlink there is still replaced, never followed (test_harness_safety.py).
 * A file that is replaced keeps its mode, owner and group; a new one takes the umask's mode.
+* An output that outgrows the file size limit (``ulimit -f``, issue 31) is one line naming
+  it (EFBIG, exit ``write_failed``), not a death by SIGXFSZ, and no temporary file is left.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import resource
 import stat
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from smoe_gen import exit_codes
+
 from fixtures_data import FIXTURES
-from helpers import SMOE_STREAM, refused, run
+from helpers import SMOE_STREAM, plain_env, refused, run
 
 STREAM = [SMOE_STREAM]
 GOOD = FIXTURES / "q4_v2.smoe"
@@ -140,3 +147,40 @@ def test_new_outputs_take_the_umask(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert mode_of(out)[0] == 0o640
+
+
+def _under_file_limit(limit: int, *args: str | Path) -> subprocess.CompletedProcess:
+    """``smoe-stream ARGS`` with a file size limit of ``limit`` bytes (``ulimit -f``)."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run(
+        [str(SMOE_STREAM), *map(str, args)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=plain_env(),
+        preexec_fn=limited,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", ["forward", "dequant"])
+def test_an_output_past_the_file_size_limit_is_one_line_and_leaves_nothing(
+    command: str, tmp_path: Path
+) -> None:
+    vault, x = inputs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    if command == "forward":
+        r = _under_file_limit(100, "forward", vault, 0, 0, x, out / "y.f32")
+        path = out / "y.f32"  # 256 bytes: 100 written, then EFBIG
+    else:
+        r = _under_file_limit(4096, "dequant", vault, 0, 0, out)
+        path = out / "gate.f32"  # 8 KiB, the first of three
+    assert r.returncode == exit_codes.WRITE_FAILED.status, r.stderr
+    assert r.stderr.splitlines() == [r.stderr.rstrip("\n")]
+    assert r.stderr.startswith(f"smoe-stream: {path}: cannot write ")
+    assert r.stderr.endswith(f": {os.strerror(errno.EFBIG)}\n")
+    assert os.listdir(out) == []  # neither the output nor its temporary file
