@@ -293,6 +293,12 @@ void Vault::check_arch() {
     if (a.moe_top_k < 1 || a.moe_top_k > MAX_MOE_TOP_K)
         fail(rules::ARCH_MOE_TOP_K, ARCH_AT(moe_top_k), top_k_range, a.moe_top_k,
              "moe_top_k %u is outside 1..%u", a.moe_top_k, MAX_MOE_TOP_K);
+    // The block counts every layer and has no field for multi-token-prediction layers.
+    if (a.num_hidden_layers < header.num_moe_layers)
+        fail(rules::ARCH_NUM_HIDDEN_LAYERS, ARCH_AT(num_hidden_layers),
+             ">= " + std::to_string(header.num_moe_layers), a.num_hidden_layers,
+             "num_hidden_layers %u is less than the header's num_moe_layers %u",
+             a.num_hidden_layers, header.num_moe_layers);
     if (a.activation != static_cast<uint32_t>(Activation::silu))
         fail(rules::ARCH_ACTIVATION, ARCH_AT(activation), 0u, a.activation,
              "activation %u is not 0 (SiLU), the only one the kernels implement", a.activation);

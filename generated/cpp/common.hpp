@@ -152,7 +152,7 @@ struct SmoeArchBlock {
     uint32_t dense_ffn_dim;              ///< @40: Intermediate size of the dense layer(s); 0 when there are none.
     uint32_t shared_expert_ffn_dim;      ///< @44: Shared expert intermediate size; 0 = no shared expert.
     uint32_t activation;                 ///< @48: Expert activation; only SiLU/SwiGLU (0) is implemented by the kernels.
-    uint32_t num_hidden_layers;          ///< @52: Total transformer layers, dense and MoE.
+    uint32_t num_hidden_layers;          ///< @52: Total transformer layers, dense and MoE: at least the header's `num_moe_layers`. The block has no field...
     float rms_norm_eps;                  ///< @56: RMS-norm epsilon; the kernels compile 1e-6 and a value more than 10% away warns.
     char model_type[24];                 ///< @60: HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL (ruling R2, checked byte...
     uint8_t reserved[44];                ///< @84: Must be zero.
@@ -459,6 +459,10 @@ inline constexpr Rule ARCH_MOE_TOP_K{
     .code = "arch.moe_top_k", .severity = Severity::error, .load = true, .deep = false,
     .ksy = true, .sidecar = false, .rulings = "D6",
     .message = "moe_top_k is in 1..16"};
+inline constexpr Rule ARCH_NUM_HIDDEN_LAYERS{
+    .code = "arch.num_hidden_layers", .severity = Severity::error, .load = true, .deep = false,
+    .ksy = true, .sidecar = false, .rulings = "D6",
+    .message = "num_hidden_layers is at least the header's num_moe_layers"};
 inline constexpr Rule ARCH_ACTIVATION{
     .code = "arch.activation", .severity = Severity::error, .load = true, .deep = false,
     .ksy = true, .sidecar = false, .rulings = "D6",
@@ -639,6 +643,7 @@ inline constexpr const Rule* ALL[] = {
     &ARCH_NUM_KV_HEADS,
     &ARCH_HEAD_DIM,
     &ARCH_MOE_TOP_K,
+    &ARCH_NUM_HIDDEN_LAYERS,
     &ARCH_ACTIVATION,
     &ARCH_MODEL_TYPE,
     &ARCH_RESERVED,

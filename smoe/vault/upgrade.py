@@ -211,7 +211,9 @@ def _check_against(vault: Vault, arch: ArchInfo, configs: Sequence[tuple[Path, o
     """Refuse what the vault's header, table and descriptors contradict: each config the
     arch came from (:func:`refuse_contradictions`, not against an arch block being
     replaced), then the arch itself: top-k above the experts per layer, fewer layers than
-    the table's highest MoE layer (plus the config's multi-token-prediction layers)."""
+    the table's highest MoE layer (plus the config's multi-token-prediction layers), fewer
+    than the header's ``num_moe_layers`` (rule ``arch.num_hidden_layers``: the block has no
+    field for multi-token-prediction layers)."""
     mtp = 0
     for path, doc in configs:
         refuse_contradictions(doc, path, vault, arch=False)
@@ -227,6 +229,13 @@ def _check_against(vault: Vault, arch: ArchInfo, configs: Sequence[tuple[Path, o
         raise RefusedInput(
             f"{vault.path}: arch.num_hidden_layers {arch.num_hidden_layers} disagrees with "
             f"the vault's table, which holds experts of layer {max(held)}"
+        )
+    moe_layers = int(vault.header["num_moe_layers"])
+    if moe_layers > arch.num_hidden_layers:
+        raise RefusedInput(
+            f"{vault.path}: arch.num_hidden_layers {arch.num_hidden_layers} is less than the "
+            f"vault's num_moe_layers {moe_layers} (the arch block has no field for "
+            "multi-token-prediction layers)"
         )
 
 

@@ -233,6 +233,12 @@ class VaultWriter:
             if arch is None:
                 raise FormatError(f"version {version} needs an arch block (arch=ArchInfo(...))")
             arch.check()
+            if arch.num_hidden_layers < model.num_moe_layers:
+                raise FormatError(
+                    f"arch.num_hidden_layers: {arch.num_hidden_layers} is less than "
+                    f"num_moe_layers {model.num_moe_layers} (the arch block counts every "
+                    "layer; it has no field for multi-token-prediction layers)"
+                )
         self.path = Path(path)
         self.model = model
         self.bits = bits

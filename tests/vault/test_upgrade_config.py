@@ -96,16 +96,24 @@ def test_force_re_stamps_only_what_the_vault_allows(
 
 
 def test_a_config_the_vault_agrees_with_is_accepted(tmp_path: Path) -> None:
-    """The fixture's own config; and a DeepSeek-V3-style config whose multi-token-prediction
-    layer holds the table's last MoE layer (num_hidden_layers 1 + num_nextn_predict_layers 1
-    for MoE layers 0 and 1)."""
+    """The fixture's own config is accepted."""
     vault, cfg = vault_in(tmp_path), config(tmp_path)
     proc = run("upgrade", vault, "--config", cfg, "--out", tmp_path / "same.smoe")
     assert proc.returncode == 0, proc.stderr
+    assert int(Vault.open(tmp_path / "same.smoe").arch["num_hidden_layers"]) == 2
+
+
+def test_more_moe_layers_than_num_hidden_layers_is_refused(tmp_path: Path) -> None:
+    """A DeepSeek-V3-style config whose multi-token-prediction layer holds the table's last
+    MoE layer (num_hidden_layers 1 + num_nextn_predict_layers 1 for MoE layers 0 and 1):
+    the arch block has no field for MTP layers, and a num_hidden_layers below the header's
+    num_moe_layers breaks rule arch.num_hidden_layers; refused, nothing written."""
+    vault = vault_in(tmp_path)
     mtp = config(tmp_path, num_hidden_layers=1, num_nextn_predict_layers=1)
-    proc = run("upgrade", vault, "--config", mtp)
-    assert proc.returncode == 0, proc.stderr
-    assert int(Vault.open(vault).arch["num_hidden_layers"]) == 1
+    assert refused(["upgrade", vault, "--config", mtp], 1, unchanged=[vault.parent, mtp]) == (
+        f"error: {vault}: arch.num_hidden_layers 1 is less than the vault's num_moe_layers 2 "
+        "(the arch block has no field for multi-token-prediction layers)"
+    )
 
 
 def test_the_api_refuses_an_arch_the_vault_contradicts(tmp_path: Path) -> None:

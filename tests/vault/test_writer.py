@@ -322,3 +322,14 @@ def test_round_trip_through_kaitai(tmp_path: Path) -> None:
                 )
                 want_p, want_s = quant.encode(w, bits)
                 assert np.array_equal(got, quant.decode(want_p, want_s, bits, w.shape))
+
+
+def test_an_arch_of_fewer_layers_than_moe_layers_is_refused(tmp_path: Path) -> None:
+    """Rule arch.num_hidden_layers: no vault is written that the verifier would reject."""
+    with exactly(
+        SmoeError,
+        "arch.num_hidden_layers: 2 is less than num_moe_layers 3 (the arch block counts every "
+        "layer; it has no field for multi-token-prediction layers)",
+    ):
+        VaultWriter(tmp_path / "v.smoe", MODEL, arch=replace(ARCH, num_hidden_layers=2))
+    assert not (tmp_path / "v.smoe").exists()

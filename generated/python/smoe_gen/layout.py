@@ -183,7 +183,7 @@ FIELD_DOCS: dict[str, dict[str, str]] = {
         "dense_ffn_dim": 'Intermediate size of the dense layer(s); 0 when there are none.',
         "shared_expert_ffn_dim": 'Shared expert intermediate size; 0 = no shared expert.',
         "activation": 'Expert activation; only SiLU/SwiGLU (0) is implemented by the kernels.',
-        "num_hidden_layers": 'Total transformer layers, dense and MoE.',
+        "num_hidden_layers": "Total transformer layers, dense and MoE: at least the header's `num_moe_layers`. The block has no field for multi-token-prediction layers, so it counts no MoE layer beyond this one.",
         "rms_norm_eps": 'RMS-norm epsilon; the kernels compile 1e-6 and a value more than 10% away warns.',
         "model_type": "HF `model_type` (e.g. `qwen3_moe`), UTF-8, NUL-padded; a 24-byte name has no NUL (ruling R2, checked byte by byte, so that every target rejects invalid UTF-8 alike; `model_type.text` is the name). Ruling D6: a name is never stored split inside a UTF-8 character; smoe's writer refuses a name longer than 24 bytes (or not printable ASCII) rather than cut it.",
         "reserved": 'Must be zero.',
@@ -502,6 +502,10 @@ class Rule(Enum):
         "arch.moe_top_k", "error", load=True, deep=False, ksy=True,
         sidecar=False, rulings=('D6',),
         message='moe_top_k is in 1..16')
+    ARCH_NUM_HIDDEN_LAYERS = _R(
+        "arch.num_hidden_layers", "error", load=True, deep=False, ksy=True,
+        sidecar=False, rulings=('D6',),
+        message="num_hidden_layers is at least the header's num_moe_layers")
     ARCH_ACTIVATION = _R(
         "arch.activation", "error", load=True, deep=False, ksy=True,
         sidecar=False, rulings=('D6',),

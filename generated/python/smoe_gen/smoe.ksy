@@ -684,7 +684,12 @@ types:
         doc: Expert activation; only SiLU/SwiGLU (0) is implemented by the kernels.
       - id: num_hidden_layers
         type: u4
-        doc: Total transformer layers, dense and MoE.
+        valid:
+          expr: _.as<u4> >= _root.header.num_moe_layers.as<u4>
+        doc: |
+          Total transformer layers, dense and MoE: at least the header's
+          `num_moe_layers`. The block has no field for multi-token-prediction
+          layers, so it counts no MoE layer beyond this one.
       - id: rms_norm_eps
         type: f4
         doc: RMS-norm epsilon; the kernels compile 1e-6 and a value more than 10% away warns.
@@ -962,6 +967,12 @@ enums:
     ksy: true
     ruling: [D6]
     message: moe_top_k is in 1..16
+  - code: arch.num_hidden_layers
+    severity: error
+    load: true
+    ksy: true
+    ruling: [D6]
+    message: num_hidden_layers is at least the header's num_moe_layers
   - code: arch.activation
     severity: error
     load: true

@@ -184,6 +184,9 @@ class Smoe(KaitaiStruct):
             if not self.activation == Smoe.Activation.silu:
                 raise kaitaistruct.ValidationNotEqualError(Smoe.Activation.silu, self.activation, self._io, u"/types/arch_block/seq/12")
             self.num_hidden_layers = self._io.read_u4le()
+            _ = self.num_hidden_layers
+            if not _ >= self._root.header.num_moe_layers:
+                raise kaitaistruct.ValidationExprError(self.num_hidden_layers, self._io, u"/types/arch_block/seq/13")
             self.rms_norm_eps = self._io.read_f4le()
             self._raw_model_type = self._io.read_bytes(24)
             _io__raw_model_type = KaitaiStream(BytesIO(self._raw_model_type))

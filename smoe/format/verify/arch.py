@@ -13,7 +13,7 @@ import numpy as np
 
 from smoe.format.verify.report import Collector, Given, Report
 from smoe.format.verify.rules import Section, rule
-from smoe.format.view import Data, Geometry, arch_block
+from smoe.format.view import Data, Geometry, arch_block, header_view
 from smoe_gen import layout
 from smoe_gen.layout import Rule
 
@@ -26,10 +26,11 @@ _HEADER_AT = layout.HEADER_OFFSETS
 class _Arch:
     """What the arch rules read: the block's bytes, as a record, and where it lies."""
 
-    def __init__(self, block: np.ndarray, base: int, report: Report) -> None:
+    def __init__(self, block: np.ndarray, base: int, report: Report, moe_layers: int) -> None:
         self.c = Collector(report)
         self.block = block
         self.base = base
+        self.moe_layers = moe_layers  # the header's num_moe_layers
 
     @cached_property
     def a(self) -> np.void:
@@ -56,7 +57,8 @@ def check_arch(data: Data, geo: Geometry, report: Report) -> None:
     >>> [(f.code, f.offset, f.message, f.expected, f.actual) for f in report.errors]
     [('arch.head_dim', 1564, 'head_dim must be in 1..256', '1..256', 300)]
     """
-    ARCH.run(_Arch(arch_block(data, geo), geo.reserved_ext, report))
+    moe_layers = int(header_view(data)["num_moe_layers"])
+    ARCH.run(_Arch(arch_block(data, geo), geo.reserved_ext, report, moe_layers))
 
 
 @ARCH.rule(Rule.ARCH_MAGIC, gate=True)
@@ -156,6 +158,21 @@ def _moe_top_k(f: _Arch) -> None:
             f"moe_top_k must be in 1..{layout.MAX_MOE_TOP_K}",
             f"1..{layout.MAX_MOE_TOP_K}",
             k,
+        )
+
+
+@ARCH.rule(Rule.ARCH_NUM_HIDDEN_LAYERS)
+def _num_hidden_layers(f: _Arch) -> None:
+    """The block counts every layer, and has no field for multi-token-prediction layers:
+    a model of fewer layers than the header has MoE layers is not one model."""
+    layers = int(f.a["num_hidden_layers"])
+    if layers < f.moe_layers:
+        f.bad(
+            Rule.ARCH_NUM_HIDDEN_LAYERS,
+            "num_hidden_layers",
+            f"num_hidden_layers {layers} is less than the header's num_moe_layers {f.moe_layers}",
+            f">= {f.moe_layers}",
+            layers,
         )
 
 
