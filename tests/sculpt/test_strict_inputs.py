@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from smoe.errors import SmoeError
 from smoe.interop.safetensors_io import read_header
 from smoe_testkit.synth import write_checkpoint
 
+from fixtures_data import FIXTURES
 from helpers import refused, run, snapshot
 
 
@@ -556,13 +558,22 @@ def test_layer_count_from_the_tensors(tmp_path: Path) -> None:
         "num_hidden_layers: config.json says 1, the tensors say 2; using the tensors"
     ]
     edit_config(ck, num_hidden_layers=1, num_nextn_predict_layers=1)  # DeepSeek-V3's MTP
-    plan = dry_run(ck, tmp_path)
-    assert plan["arch"]["num_hidden_layers"] == 1
-    assert plan["warnings"] == [
-        "num_hidden_layers: config.json says 1; the tensors' model.layers.1 is a "
+    out = tmp_path / "out"
+    assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (  # 2 MoE layers in 1
+        f"error: {ck}: the tensors have 2 MoE layers, more than num_hidden_layers 1; refused: "
+        "the arch block counts every MoE layer in num_hidden_layers and has no field for "
+        "multi-token-prediction layers"
+    )
+    mtp = tmp_path / "mtp"  # a dense layer 0: MoE layers 1 and 2 fit num_hidden_layers 2
+    shutil.copytree(FIXTURES / "checkpoints" / "deepseek_v2", mtp)
+    edit_config(mtp, num_hidden_layers=2, num_nextn_predict_layers=1)
+    plan = dry_run(mtp, tmp_path)
+    assert plan["arch"]["num_hidden_layers"] == 2
+    assert (
+        "num_hidden_layers: config.json says 2; the tensors' model.layers.2 is a "
         "multi-token-prediction layer (num_nextn_predict_layers 1), kept beyond "
         "num_hidden_layers"
-    ]
+    ) in plan["warnings"]
     edit_config(ck, num_hidden_layers=3, num_nextn_predict_layers=None)
     out = tmp_path / "out"
     assert refused(["sculpt", ck, out], unchanged=[ck], absent=out) == (

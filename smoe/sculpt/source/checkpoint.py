@@ -49,6 +49,7 @@ from smoe.families.registry import (
     FUSED_NAMES,
     PER_EXPERT_ROLES,
     PREFIXES,
+    QK_NORMS,
     Family,
     Layout,
     assumptions,
@@ -83,7 +84,7 @@ _ATTENTION = re.compile(
 _DENSE_GATE = re.compile(
     r"^(?:mlp|feed_forward|ffn|block_sparse_moe|mixer|moe)\.(?:gate_proj|w1)\.weight$"
 )
-_Q_NORMS = ("attn.q_norm.weight", "attention.q_norm.weight")
+_Q_NORMS = tuple(f"{a}.{n}" for a in ("attn", "attention") for n in QK_NORMS)  # self_attn too
 _ROLE_NAMES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
 _SHARED_GATE = re.compile(r"^(?:\w+\.)*shared_\w+\.(?:gate_proj|w1)\.weight$")
 _SHARED_FUSED = re.compile(  # gate and up in one tensor, gate rows first (Granite)
@@ -309,9 +310,11 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
             )
         m = _PER_EXPERT.match(rest)
         if m:
-            found.parts.setdefault((layer, int(m.group(1))), {})[PER_EXPERT_ROLES[m.group(2)]] = (
-                info
-            )
+            key, role = (layer, int(m.group(1))), PER_EXPERT_ROLES[m.group(2)]
+            roles = found.parts.setdefault(key, {})
+            if role in roles:
+                raise _stored_twice(root, roles[role].name, name, f"layer {layer} expert {key[1]}")
+            roles[role] = info
             found.names.add(name)
             found.prefixes.add(prefix)
             found.stems.add(stem)
@@ -323,10 +326,16 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
                     raise RefusedInput(
                         f"{root}: layer {layer} has fused experts {name!r} but no {down_name!r}"
                     )
+                if layer in found.fused:
+                    raise _stored_twice(root, found.fused[layer][0].name, name, f"layer {layer}")
                 found.fused[layer] = (info, tensors[down_name])
                 found.names.update((name, down_name))
                 found.prefixes.add(prefix)
                 found.stems.add(stem)
+    for layer, e in sorted(found.parts):
+        if layer in found.fused:  # a layer's experts are in one layout
+            first = min(t.name for t in found.parts[(layer, e)].values())
+            raise _stored_twice(root, first, found.fused[layer][0].name, f"layer {layer}")
     if len(found.stems) > 1:
         raise RefusedInput(
             f"{root}: routed experts under more than one prefix "
@@ -334,6 +343,16 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
             "model per checkpoint"
         )
     return found
+
+
+def _stored_twice(root: Path, a: str, b: str, what: str) -> RefusedInput:
+    """The refusal of two tensors that both claim ``what``'s expert weights: which one the
+    vault (and, for the other, the scout) should take cannot be told."""
+    first, second = sorted((a, b))
+    return RefusedInput(
+        f"{root}: {first!r} and {second!r} both hold {what}'s expert weights; refused: one "
+        "expert matrix stored under two names (which copy is the model's cannot be told)"
+    )
 
 
 def _per_expert_refs(
@@ -779,6 +798,13 @@ class Checkpoint:
         )
         self.warnings.extend(w for w in warnings if w not in self.warnings)
         arch = self._attention(self._layers(arch))
+        if len(self.moe_layers) > arch.num_hidden_layers:  # MTP layers beyond the count
+            raise RefusedInput(
+                f"{self.root}: the tensors have {len(self.moe_layers)} MoE layers, more than "
+                f"num_hidden_layers {arch.num_hidden_layers}; refused: the arch block counts "
+                "every MoE layer in num_hidden_layers and has no field for "
+                "multi-token-prediction layers"
+            )
         if self.family.beyond:
             self._warn(
                 f"the arch block cannot carry {self.model_type}'s "
