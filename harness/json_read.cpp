@@ -3,6 +3,7 @@
 #include "json.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 
 namespace smoe::harness {
 
@@ -172,6 +173,8 @@ JsonNumber JsonReader::number() {
                         std::to_string(MAX_INTEGER_DIGITS) + ", as Python's json reads them)");
     n.is_u64 = integer && fits && (!minus || v == 0);
     n.u = n.is_u64 ? v : 0;
+    // the value as a double (the closest; +-inf beyond its range), for settings like 1e-6
+    n.value = std::strtod(std::string(text_.substr(start, pos_ - start)).c_str(), nullptr);
     return n;
 }
 

@@ -29,6 +29,7 @@ inline constexpr size_t MAX_INTEGER_DIGITS = 4300;
 struct JsonNumber {
     bool is_u64 = false;
     uint64_t u = 0;
+    double value = 0;  // any number, as the closest double
 };
 
 class JsonReader {

@@ -1,0 +1,86 @@
+#include "engine/family.hpp"
+
+#include "io.hpp"
+#include "json_read.hpp"
+
+namespace smoe::harness::engine {
+
+namespace {
+
+const std::vector<FamilyRule>& rules() {
+    static const std::vector<FamilyRule> all = {
+        {"qwen3_moe", Scoring::softmax, {}},
+        {"mixtral", Scoring::softmax, {}},
+        {"olmoe", Scoring::softmax, {}},
+        // the shared expert's width comes from the scout's shapes; its gate when the scout
+        // has one
+        {"qwen2_moe", Scoring::softmax, {{"shared_expert_intermediate_size", 0}}},
+        {"granitemoe",
+         Scoring::softmax,
+         {{"embedding_multiplier", 1},
+          {"attention_multiplier", 0},  // 0: 1/sqrt(head_dim), as when absent
+          {"residual_multiplier", 1},
+          {"logits_scaling", 1}}},
+        // no key says so: minimax_m2 scores with a sigmoid plus a correction bias
+        {"minimax_m2", Scoring::sigmoid, {{"rope_parameters.partial_rotary_factor", 1}}},
+        {"glm4_moe",
+         Scoring::sigmoid,
+         {{"rope_parameters.partial_rotary_factor", 0.5},
+          {"partial_rotary_factor", 0.5},
+          {"routed_scaling_factor", 1},
+          {"n_group", 1},
+          {"topk_group", 1}}},
+    };
+    return all;
+}
+
+/// A config copy larger than this is not a config.
+constexpr size_t CONFIG_MAX_BYTES = size_t{16} << 20;
+
+}  // namespace
+
+const FamilyRule* family_rule(const std::string& model_type) {
+    for (const FamilyRule& r : rules())
+        if (model_type == r.model_type)
+            return &r;
+    return nullptr;
+}
+
+std::string families_run() {
+    std::string s;
+    for (const FamilyRule& r : rules())
+        s += (s.empty() ? "" : ", ") + std::string(r.model_type);
+    return s;
+}
+
+std::map<std::string, double> read_config_numbers(const std::string& path) {
+    const auto bytes = read_whole_file(path, CONFIG_MAX_BYTES);
+    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    std::map<std::string, double> out;
+    try {
+        JsonReader(text, 64).validate();
+        JsonReader j(text, 64);
+        auto value = [&](const std::string& key, auto&& self, int depth) -> void {
+            switch (j.peek()) {
+                case JsonReader::Kind::number:
+                    out[key] = j.number().value;
+                    break;
+                case JsonReader::Kind::object:
+                    if (depth == 0) {
+                        j.object([&](std::string k) { self(key + "." + k, self, depth + 1); });
+                        break;
+                    }
+                    j.skip();
+                    break;
+                default:
+                    j.skip();
+            }
+        };
+        j.object([&](std::string key) { value(key, value, 0); });
+    } catch (const JsonSyntaxError& e) {
+        throw RefusedInput(path + ": not a JSON config: " + e.what());
+    }
+    return out;
+}
+
+}  // namespace smoe::harness::engine
