@@ -56,6 +56,7 @@ int cmd_check(const Args& args);
 int cmd_forward(const Args& args);
 int cmd_dequant(const Args& args);
 int cmd_bench(const Args& args);
+int cmd_generate(const Args& args);
 int cmd_fuzz(const Args& args);
 int cmd_fp16_table(const Args& args);
 int cmd_crc32c(const Args& args);

@@ -12,6 +12,13 @@ const std::vector<Command>& table() {
          "bench VAULT [--threads N|auto] [--direct] [--pattern seq|random]\n"
          "                               [--topk K] [--seconds S] [--seed N]",
          cmd_bench},
+        {"generate",
+         "generate VAULT --prompt IDS --max-new N [--scout PATH]\n"
+         "                               [--cache-mb M | --cache-slots S] [--io-threads T]\n"
+         "                               [--threads C] [--direct|--buffered]\n"
+         "                               [--temperature X --top-k K --top-p P --seed S]\n"
+         "                               [--logits OUT.f32] [--trace OUT.jsonl] [--json]",
+         cmd_generate},
         // hidden, for the test suite (harness/main.cpp says what each does)
         {"fuzz", nullptr, cmd_fuzz},
         {"fp16-table", nullptr, cmd_fp16_table},
