@@ -22,9 +22,12 @@ by rules this module does not implement, and must never be read as if they were.
 Rulings:
 
 * **block size**: the declared one (``quantization_config.weight_block_size`` of
-  config.json, :func:`declared_block`) must give the scale shape exactly, else the weight is
-  refused. Without one, each axis of ``n`` weights and ``s`` scales takes the smallest power
-  of two ``b >= ceil(n/s)`` with ``ceil(n/b) == s``; if there is none, the single ``b`` that
+  config.json, or compressed-tensors' ``config_groups.*.weights.block_structure``, or
+  ``(1, group_size)`` for its ``group`` strategy: :func:`declared_block`, which refuses
+  declarations that differ and values that are not two positive integers below 2^31) must
+  give the scale shape exactly, else the weight is refused. Without one, each axis of ``n``
+  weights and ``s`` scales takes the smallest power of two ``b >= ceil(n/s)`` with
+  ``ceil(n/b) == s``; if there is none, the single ``b`` that
   gives ``s`` blocks; if several do and none is a power of two, the weight is refused as
   ambiguous. (With ``s >= 2`` at most one power of two fits; with ``s == 1`` every fitting
   ``b`` gives the same values.) See :func:`block_size`.
@@ -54,6 +57,8 @@ from smoe.interop.safetensors_io import FLOAT_DTYPES, TensorInfo, json_excerpt, 
 __all__ = [
     "CHUNK_ELEMENTS",
     "FP8_DTYPES",
+    "MAX_DECLARED_BLOCK",
+    "DeclaredBlock",
     "Scheme",
     "block_size",
     "declared_block",
@@ -75,6 +80,7 @@ SchemeKind = Literal["none", "fp8-block", "fp8-channel", "fp8-tensor"]
 
 _WHY = "only BF16, F16 and F32 weights, and FP8 ones with their scales, can be read"
 _SCALE_DTYPES = ("F32", "BF16", "F16")
+_WEIGHT_BLOCK_SIZE = "quantization_config.weight_block_size"
 
 
 # ---------------------------------------------------------------------------- the codes
@@ -209,13 +215,14 @@ need [3, 2]; refused: the scales would be applied to the wrong weights
     ssh = (int(scale_shape[0]), int(scale_shape[1]))
     if declared is not None:
         br, bc = int(declared[0]), int(declared[1])
+        key = getattr(declared, "key", _WEIGHT_BLOCK_SIZE)
         if br < 1 or bc < 1:
             raise ValueError(f"block sizes must be positive, got {list(declared)}")
         need = _need(sh, (br, bc))
         if need != ssh:
             raise RefusedInput(
                 f"{what}: scale shape {list(ssh)} does not fit weight shape {list(sh)} in the "
-                f"declared blocks {[br, bc]} (quantization_config.weight_block_size), which "
+                f"declared blocks {[br, bc]} ({key}), which "
                 f"need {list(need)}; refused: the scales would be applied to the wrong weights"
             )
         return br, bc
@@ -243,14 +250,102 @@ need [3, 2]; refused: the scales would be applied to the wrong weights
     return out[0], out[1]
 
 
+class DeclaredBlock(tuple[int, int]):
+    """A block size config.json declares, ``(rows, columns)``, and the key that declares it
+    (``key``: ``quantization_config.weight_block_size`` or a compressed-tensors group's
+    ``block_structure``), which refusals name.
+
+    >>> b = DeclaredBlock((128, 64), "quantization_config.weight_block_size")
+    >>> b, b.key
+    ((128, 64), 'quantization_config.weight_block_size')
+    """
+
+    key: str
+
+    def __new__(cls, block: tuple[int, int], key: str) -> DeclaredBlock:
+        self = super().__new__(cls, block)
+        self.key = key
+        return self
+
+
+MAX_DECLARED_BLOCK = (1 << 31) - 1
+"""The largest block length per axis a config.json may declare (a larger one is refused,
+never carried into index arithmetic)."""
+
+
+def _pair(value: object, key: str, where: str) -> DeclaredBlock:
+    """``value`` as a declared block: two positive integers (not booleans) up to
+    :data:`MAX_DECLARED_BLOCK`, else refused naming ``key``."""
+    if not (
+        isinstance(value, list) and len(value) == 2 and all(type(v) is int and v > 0 for v in value)
+    ):
+        raise RefusedInput(
+            f"{where}: {key} is {json_excerpt(value)}, expected two positive integers"
+        )
+    if max(value) > MAX_DECLARED_BLOCK:
+        raise RefusedInput(
+            f"{where}: {key} is {json_excerpt(value)}, expected two positive integers of at "
+            f"most {MAX_DECLARED_BLOCK} (2^31 - 1)"
+        )
+    return DeclaredBlock((value[0], value[1]), key)
+
+
+def _group_blocks(qc: Mapping[str, object], where: str) -> list[DeclaredBlock]:
+    """The blocks compressed-tensors' ``config_groups`` declare for weights: a group's
+    ``weights.block_structure`` (strategy ``block``), or ``(1, group_size)`` for strategy
+    ``group``; refused where they are not of that shape."""
+    groups = qc.get("config_groups")
+    if groups is None:
+        return []
+    if not isinstance(groups, dict):
+        raise RefusedInput(
+            f"{where}: quantization_config.config_groups is {json_excerpt(groups)}, expected "
+            "an object"
+        )
+    out = []
+    for name, group in groups.items():
+        at = f"quantization_config.config_groups.{name}"
+        if not isinstance(group, dict):
+            raise RefusedInput(f"{where}: {at} is {json_excerpt(group)}, expected an object")
+        weights = group.get("weights")
+        if weights is None:
+            continue
+        if not isinstance(weights, dict):
+            raise RefusedInput(
+                f"{where}: {at}.weights is {json_excerpt(weights)}, expected an object"
+            )
+        if weights.get("block_structure") is not None:
+            out.append(_pair(weights["block_structure"], f"{at}.weights.block_structure", where))
+        if weights.get("strategy") == "group" and weights.get("group_size") is not None:
+            size = weights["group_size"]
+            key = f"{at}.weights.group_size"
+            if type(size) is not int or not 0 < size <= MAX_DECLARED_BLOCK:
+                raise RefusedInput(
+                    f"{where}: {key} is {json_excerpt(size)}, expected a positive integer of "
+                    f"at most {MAX_DECLARED_BLOCK} (2^31 - 1)"
+                )
+            out.append(DeclaredBlock((1, size), key))
+    return out
+
+
 def declared_block(
     config: Mapping[str, object], where: str = "config.json"
-) -> tuple[int, int] | None:
-    """``quantization_config.weight_block_size`` of a config.json (None when not given).
+) -> DeclaredBlock | None:
+    """The block size a config.json declares for FP8 weights (None when none is):
+    ``quantization_config.weight_block_size`` (DeepSeek, transformers' fine-grained FP8), or
+    compressed-tensors' ``config_groups.*.weights.block_structure`` (``(1, group_size)`` for
+    a ``group`` strategy). Every declaration is read: several that differ are refused, as
+    are values that are not two positive integers below 2^31.
 
     >>> declared_block({"quantization_config": {"quant_method": "fp8",
     ...                                          "weight_block_size": [128, 128]}})
     (128, 128)
+    >>> ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+    ...     "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+    ...                 "block_structure": [128, 64]}, "targets": ["Linear"]}}}
+    >>> b = declared_block({"quantization_config": ct})
+    >>> b, b.key
+    ((128, 64), 'quantization_config.config_groups.group_0.weights.block_structure')
     >>> declared_block({"model_type": "qwen3_moe"}) is None
     True
     >>> declared_block({"quantization_config": {"weight_block_size": [128, 0]}})
@@ -265,17 +360,16 @@ expected two positive integers
         raise RefusedInput(
             f"{where}: quantization_config is {json_excerpt(qc)}, expected an object"
         )
-    size = qc.get("weight_block_size")
-    if size is None:
-        return None
-    if not (
-        isinstance(size, list) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)
-    ):
-        raise RefusedInput(
-            f"{where}: quantization_config.weight_block_size is {json_excerpt(size)}, "
-            "expected two positive integers"
-        )
-    return size[0], size[1]
+    found = _group_blocks(qc, where)
+    if qc.get("weight_block_size") is not None:
+        found.insert(0, _pair(qc["weight_block_size"], _WEIGHT_BLOCK_SIZE, where))
+    for other in found[1:]:
+        if tuple(other) != tuple(found[0]):
+            raise RefusedInput(
+                f"{where}: {found[0].key} declares blocks {list(found[0])}, but {other.key} "
+                f"declares {list(other)}; refused: which one scales the experts cannot be told"
+            )
+    return found[0] if found else None
 
 
 # ---------------------------------------------------------------------------- schemes

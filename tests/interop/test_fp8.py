@@ -483,6 +483,112 @@ def test_declared_block_refusals(config: dict, message: str) -> None:
     assert str(e.value) == message
 
 
+def ct(*groups: dict, **extra: object) -> dict:
+    """A config whose compressed-tensors quantization_config has ``groups`` (the weights of
+    each config group, named group_0, group_1...)."""
+    return {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                f"group_{i}": {"targets": ["Linear"], "weights": w} for i, w in enumerate(groups)
+            },
+            **extra,
+        }
+    }
+
+
+BLOCK = {"num_bits": 8, "type": "float", "strategy": "block"}
+G0 = "quantization_config.config_groups.group_0.weights"
+
+
+@pytest.mark.parametrize(
+    "config, block, key",
+    [
+        (ct({**BLOCK, "block_structure": [128, 64]}), (128, 64), f"{G0}.block_structure"),
+        (ct({**BLOCK, "strategy": "group", "group_size": 96}), (1, 96), f"{G0}.group_size"),
+        (ct({**BLOCK, "strategy": "channel"}), None, None),
+        (ct(None), None, None),  # type: ignore[arg-type]
+        (  # two declarations that agree
+            ct({**BLOCK, "block_structure": [128, 128]}, weight_block_size=[128, 128]),
+            (128, 128),
+            "quantization_config.weight_block_size",
+        ),
+    ],
+)
+def test_compressed_tensors_declarations_are_read(config: dict, block: tuple, key: str) -> None:
+    """Issue #31: block_structure (and a group strategy's group_size) was ignored."""
+    got = declared_block(config)
+    assert got == block and getattr(got, "key", None) == key
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {"quantization_config": {"weight_block_size": [2**63, 128]}},
+            "m/config.json: quantization_config.weight_block_size is [9223372036854775808, 128], "
+            "expected two positive integers of at most 2147483647 (2^31 - 1)",
+        ),
+        (
+            {"quantization_config": {"weight_block_size": [128, -1]}},
+            "m/config.json: quantization_config.weight_block_size is [128, -1], expected two "
+            "positive integers",
+        ),
+        (
+            ct({**BLOCK, "block_structure": "128x128"}),
+            f'm/config.json: {G0}.block_structure is "128x128", expected two positive integers',
+        ),
+        (
+            ct({**BLOCK, "block_structure": [2**31, 1]}),
+            f"m/config.json: {G0}.block_structure is [2147483648, 1], expected two positive "
+            "integers of at most 2147483647 (2^31 - 1)",
+        ),
+        (
+            ct({**BLOCK, "strategy": "group", "group_size": True}),
+            f"m/config.json: {G0}.group_size is true, expected a positive integer of at most "
+            "2147483647 (2^31 - 1)",
+        ),
+        (
+            ct({**BLOCK, "block_structure": [128, 128]}, weight_block_size=[64, 64]),
+            "m/config.json: quantization_config.weight_block_size declares blocks [64, 64], but "
+            f"{G0}.block_structure declares [128, 128]; refused: which one scales the experts "
+            "cannot be told",
+        ),
+        (
+            ct({**BLOCK, "block_structure": [128, 128]}, {**BLOCK, "block_structure": [64, 128]}),
+            f"m/config.json: {G0}.block_structure declares blocks [128, 128], but "
+            "quantization_config.config_groups.group_1.weights.block_structure declares "
+            "[64, 128]; refused: which one scales the experts cannot be told",
+        ),
+        (
+            {"quantization_config": {"config_groups": [1]}},
+            "m/config.json: quantization_config.config_groups is [1], expected an object",
+        ),
+        (
+            ct("block"),  # type: ignore[arg-type]
+            f'm/config.json: {G0} is "block", expected an object',
+        ),
+    ],
+)
+def test_absurd_or_conflicting_declarations_are_refused_naming_the_key(
+    config: dict, message: str
+) -> None:
+    with pytest.raises(RefusedInput) as e:
+        declared_block(config, "m/config.json")
+    assert str(e.value) == message
+
+
+def test_a_block_structure_that_does_not_fit_is_refused_naming_it() -> None:
+    declared = declared_block(ct({**BLOCK, "block_structure": [100, 128]}))
+    with pytest.raises(RefusedInput) as e:
+        block_size((256, 256), (2, 2), declared)
+    assert str(e.value) == (
+        "FP8 weight: scale shape [2, 2] does not fit weight shape [256, 256] in the declared "
+        f"blocks [100, 128] ({G0}.block_structure), which need [3, 2]; refused: the scales "
+        "would be applied to the wrong weights"
+    )
+
+
 # ---------------------------------------------------------------------------- schemes
 
 

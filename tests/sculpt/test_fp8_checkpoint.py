@@ -33,6 +33,8 @@ from smoe.sculpt.source.fp8 import Fp8Scale, read_raw, scale_of  # noqa: E402
 from smoe.vault.reader import Vault  # noqa: E402
 from smoe_testkit import tiny  # noqa: E402
 
+from helpers import refused  # noqa: E402
+
 E4M3_MAX = 448.0
 ROUTED = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")  # deepseek_v3
 FUSED_T = re.compile(r"\.feed_forward\.experts\.(gate_up|down)_proj$")  # llama4: [E, H, 2I]
@@ -282,6 +284,73 @@ def test_scale_of_applies_the_declared_block() -> None:
         "does not fit weight shape [24, 64] in the declared blocks [8, 16] "
         "(quantization_config.weight_block_size), which need [3, 4]; refused: the scales "
         "would be applied to the wrong weights"
+    )
+
+
+def compressed_tensors(model: Path, weights: dict) -> Path:
+    """``model``'s config.json with a compressed-tensors ``quantization_config`` instead of
+    DeepSeek's: one config group whose ``weights`` are ``weights``."""
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "symmetric": True, **weights},
+            }
+        },
+    }
+    (model / "config.json").write_text(json.dumps(cfg))
+    return model
+
+
+def test_a_compressed_tensors_block_structure_is_the_block_applied(
+    written: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Issue #31: blocks of 20 x 16 declared as compressed-tensors' block_structure. The
+    shapes alone say 16 rows (gate/up [24, 64] have scales [2, 4], down [64, 24] [4, 2]);
+    before, the declaration was ignored and the 16-row reading sculpted wrong weights with
+    exit 0."""
+    fp8_pair(written("deepseek_v3"), tmp_path, ROUTED, (20, 16), None)  # declared below
+    fp8 = compressed_tensors(
+        tmp_path / "fp8" / "model", {"strategy": "block", "block_structure": [20, 16]}
+    )
+    assert Checkpoint.open(fp8).experts[(1, 0)].scales[0].block == (20, 16)  # type: ignore[union-attr]
+    assert_same_vault(*sculpt_both(tmp_path, tmp_path / "out"))
+
+
+def test_a_block_structure_the_scales_contradict_is_refused_naming_it(
+    written: Callable[[str], Path], tmp_path: Path
+) -> None:
+    fp8_pair(written("deepseek_v3"), tmp_path, ROUTED, (16, 16), None)
+    fp8 = compressed_tensors(
+        tmp_path / "fp8" / "model", {"strategy": "block", "block_structure": [8, 16]}
+    )
+    out = tmp_path / "out"
+    line = refused(["sculpt", fp8, out], 1, unchanged=[fp8], absent=out)
+    assert (
+        "in the declared blocks [8, 16] (quantization_config.config_groups.group_0.weights"
+        ".block_structure), which need [3, 4]; refused: the scales would be applied to the "
+        "wrong weights" in line
+    )
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64, 2**31, -128, 0, 128.0, True, "128"])
+def test_an_absurd_weight_block_size_is_refused_naming_the_key(
+    deepseek: Path, tmp_path: Path, value: object
+) -> None:
+    """Issue #31: a block size of 2^63 was an internal error (numpy overflow)."""
+    model = tmp_path / "model"
+    shutil.copytree(deepseek / "fp8" / "model", model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [value, 16]
+    (model / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    line = refused(["sculpt", model, out], 1, unchanged=[model], absent=out)
+    assert line.startswith(
+        f"error: {model}/config.json: quantization_config.weight_block_size is "
+        f"[{json.dumps(value)}, 16], expected two positive integers"
     )
 
 
