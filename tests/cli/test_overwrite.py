@@ -105,8 +105,9 @@ def test_export_hf_force_never_replaces_a_folder_smoe_did_not_write(
     proc = run("export", sculpted, hf, "--hf", "--force")
     assert (proc.returncode, proc.stderr) == (
         1,
-        f"error: {hf}: holds 'notes.txt', which smoe export does not write; --force replaces "
-        "only a folder of an earlier export (remove it yourself, or name a new folder)\n",
+        f"error: {hf}: has no smoe-export.json, the marker every export writes, so smoe did "
+        "not write it; --force replaces only a folder an earlier smoe export wrote, as it "
+        "wrote it (remove it yourself, or name a new folder)\n",
     )
     assert sorted(os.listdir(hf)) == ["config.json", "notes.txt"]
     assert sorted(os.listdir(tmp_path)) == ["hf"]

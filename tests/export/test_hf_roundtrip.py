@@ -260,7 +260,12 @@ def test_shards_and_index(sculpted: Callable[[str, int], Path], work: Path) -> N
     shards = sorted(p.name for p in out.glob("*.safetensors"))
     n = len(shards)
     assert n > 1 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-    assert result.files == [*shards, "model.safetensors.index.json", "config.json"]
+    assert result.files == [
+        *shards,
+        "model.safetensors.index.json",
+        "config.json",
+        "smoe-export.json",  # the marker, last
+    ]
     index = json.loads((out / "model.safetensors.index.json").read_text())
     tensors = exported_tensors(out)
     assert index["weight_map"] == {n: t.path.name for n, t in sorted(tensors.items())}
@@ -307,7 +312,7 @@ def test_cli_defaults(sculpted: Callable[[str, int], Path], work: Path) -> None:
     proc = run("export", q2, out, "--hf", "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["files"] == ["model.safetensors", "config.json"]
+    assert summary["files"] == ["model.safetensors", "config.json", "smoe-export.json"]
     assert summary["dtype"] == "BF16" and summary["notes"] == []
     assert (out / "config.json").read_bytes() == (CKPTS / "mixtral" / "config.json").read_bytes()
     proc = run("export", q2, work / "x", "--dtype", "f32")

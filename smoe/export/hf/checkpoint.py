@@ -7,14 +7,16 @@ several (as ``save_pretrained`` writes them), and ``config.json``
 (:mod:`smoe.export.hf.transformers_config`).
 
 * **Complete or absent**: everything is written in a temporary folder beside ``OUT_DIR``
-  (``.<name>.<hex>.tmp``), each file fsynced, then the folder is renamed onto ``OUT_DIR``
-  (which must not exist, or be an empty folder) under the lock ``.<name>.lock``; on any
-  error the temporary folder is removed.
+  (``.<name>.<hex>.tmp``), each file fsynced, the marker ``smoe-export.json`` last (every
+  file with its size and SHA-256: :mod:`smoe.export.hf.folder`), then the folder is renamed
+  onto ``OUT_DIR`` (which must not exist, or be an empty folder; with ``--force`` an earlier
+  export its marker vouches for) under the lock ``.<name>.lock``; on any error the
+  temporary folder is removed.
 * **Bounded memory**: vault tensors are decoded ahead by worker threads (one per usable
   core), each of ``2 * threads`` slots holding one tensor in reused buffers; the calling
   thread writes each at its place; scout tensors are copied in chunks.
 * **Inputs untouched**: ``OUT_DIR`` may not be, or contain, the vault, its manifest, the
-  scout or the config.
+  scout or the config, nor be the checkpoint the vault was sculpted from.
 * **Only whole models**: a partial vault (``sculpt --max-layers/--max-experts``) is
   refused, naming the layers and experts it lacks; a manifest that describes another vault
   is refused; each blob's CRC-32C is checked against the manifest as it is read.
@@ -38,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import secrets
 import time
 from collections import deque
@@ -52,6 +53,7 @@ import numpy as np
 
 from smoe import quant
 from smoe.errors import FormatError, OutputExists, RefusedInput, UsageError, WriteFailed
+from smoe.export.hf import folder
 from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.names import OutTensor, Piece, family_layout, manifest_layout
 from smoe.families.config import parse_json
@@ -81,7 +83,6 @@ __all__ = ["MAX_SHARD_SIZE", "HfExportResult", "export_hf"]
 MAX_SHARD_SIZE = 5 * 10**9
 """Default bytes of tensor data per shard (``save_pretrained``'s ``max_shard_size`` "5GB")."""
 INDEX_NAME = "model.safetensors.index.json"
-_TMP_DIR = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
 
 
 @dataclass
@@ -97,7 +98,7 @@ class HfExportResult:
     >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
     >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", threads=1)
     >>> result.files, result.tensors, result.expert_tensors, result.dtype
-    (['model.safetensors', 'config.json'], 27, 24, 'F32')
+    (['model.safetensors', 'config.json', 'smoe-export.json'], 27, 24, 'F32')
     >>> result.config, result.config_path, result.assumed[1]
     ('rebuilt', None, 'max_position_embeddings 4096')
     """
@@ -425,16 +426,18 @@ def _stat_unless_missing(path: str | Path) -> os.stat_result | None:
         return None
 
 
-EXPORT_FILES = re.compile(
-    r"^(config\.json|generation_config\.json|model\.safetensors\.index\.json"
-    r"|model(-[0-9]{5}-of-[0-9]{5})?\.safetensors)$"
-)
-"""The names of the files an export writes: what ``--force`` may replace."""
-
-
-def _refuse_outputs(out_dir: Path, inputs: list[Path], replace: bool = False) -> None:
+def _refuse_outputs(
+    out_dir: Path,
+    inputs: list[Path],
+    replace: bool = False,
+    doc: dict[str, Any] | None = None,
+    hashes: bool = True,
+) -> folder.Earlier | None:
     """OUT_DIR may be new or an empty folder (or, ``replace``, a folder of an earlier
-    export: :func:`_replaceable`); never an input, nor a folder holding one."""
+    export its marker vouches for: :func:`smoe.export.hf.folder.check_earlier`, by size
+    only unless ``hashes``); never an input, nor a folder holding one, nor the checkpoint
+    the vault was sculpted from (by its manifest ``doc``), which is refused first. The
+    earlier export to replace, or None."""
     if os.path.islink(out_dir):
         raise WriteFailed(
             f"{out_dir}: is a symlink; name the folder to write itself (the "
@@ -461,54 +464,22 @@ def _refuse_outputs(out_dir: Path, inputs: list[Path], replace: bool = False) ->
                 f"{out_dir}: the output folder holds the input {src}; refusing to replace an input"
             )
     if st is None:
-        return
+        return None
     fileio.existing_output(out_dir, folder=True)  # a file, a FIFO, a device: refused
-    if os.listdir(out_dir):
-        if not replace:
-            raise OutputExists(
-                f"{out_dir}: exists and is not empty; --force replaces it (a folder an earlier "
-                "export wrote), or name a new folder (the folder is written whole, never merged)"
-            )
-        _replaceable(out_dir)
-
-
-def _replaceable(out_dir: Path) -> None:
-    """Refuse to replace a folder holding anything an export does not write (a folder, a
-    link, a file of another name): ``--force`` never deletes what smoe did not make."""
-    for entry in sorted(os.scandir(out_dir), key=lambda e: e.name):
-        if not (entry.is_file(follow_symlinks=False) and EXPORT_FILES.match(entry.name)):
-            raise WriteFailed(
-                f"{out_dir}: holds {entry.name!r}, which smoe export does not write; --force "
-                "replaces only a folder of an earlier export (remove it yourself, or name a "
-                "new folder)"
-            )
-
-
-def _remove_tree(path: Path) -> None:
-    """Remove a temporary folder of ours: its regular files, then itself (a symlink or a
-    folder in it is left alone, and so is the folder then)."""
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.is_file(follow_symlinks=False):
-            fileio.unlink_owned(entry.path)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
-def _sweep_stale_dirs(out_dir: Path) -> None:
-    """Temporary folders a killed export of ``out_dir`` left (call under the lock)."""
-    try:
-        names = os.listdir(out_dir.parent)
-    except OSError:
-        return
-    for name in names:
-        m = _TMP_DIR.match(name)
-        path = out_dir.parent / name
-        if m and m.group("name") == out_dir.name and path.is_dir() and not path.is_symlink():
-            _remove_tree(path)
+    if not os.listdir(out_dir):
+        return None
+    source = folder.source_checkpoint(out_dir, doc)
+    if source is not None:
+        raise WriteFailed(
+            f"{out_dir}: is the checkpoint the vault was sculpted from ({source}); "
+            "refusing to replace a source, with or without --force"
+        )
+    if not replace:
+        raise OutputExists(
+            f"{out_dir}: exists and is not empty; --force replaces it (a folder an earlier "
+            "export wrote), or name a new folder (the folder is written whole, never merged)"
+        )
+    return folder.check_earlier(out_dir, hashes)
 
 
 def _make_tmp_dir(out_dir: Path) -> Path:
@@ -653,8 +624,9 @@ def export_hf(
     (not with ``config``); ``dtype`` (``bf16``, ``f16``, ``f32``): the experts' dtype,
     default the source's (manifest; BF16 for FP8 sources), else the scout's, else bf16;
     ``threads``: decoding threads (default: the usable cores); ``replace`` (``--force``):
-    replace a non-empty ``out_dir`` that holds only what an export writes
-    (:data:`EXPORT_FILES`), else refused; the new folder takes its place in one rename.
+    replace a non-empty ``out_dir`` that an earlier export wrote, as its marker
+    ``smoe-export.json`` lists it, else refused (:mod:`smoe.export.hf.folder`; the checkpoint
+    the vault was sculpted from always is); the new folder takes its place in one rename.
 
     >>> import tempfile, numpy as np
     >>> from safetensors.numpy import save_file
@@ -665,7 +637,7 @@ def export_hf(
     >>> save_file(scout, f"{d}/scout.st")  # a scout: the tensors besides the experts
     >>> result = export_hf("fixtures/q4_v2.smoe", f"{d}/hf", scout=f"{d}/scout.st", dtype="bf16")
     >>> sorted(os.listdir(result.out)), result.expert_bytes_out
-    (['config.json', 'model.safetensors'], 98304)
+    (['config.json', 'model.safetensors', 'smoe-export.json'], 98304)
     >>> export_hf("fixtures/partial_vault.smoe", f"{d}/hf2", scout=f"{d}/scout.st")
     Traceback (most recent call last):
     smoe.errors.RefusedInput: fixtures/partial_vault.smoe: a partial vault...: sculpt the model \
@@ -694,9 +666,11 @@ again without --max-layers/--max-experts
         cfg = _config_file(vault, src, config, explicit, fallback, notes, rebuild_config)
         _check_scout(vault, src, experts, cfg.facts)
         inputs = [vault_path, src.manifest_path, src.scout_path, cfg.path]
-        _refuse_outputs(out_dir, inputs, replace)
+        _refuse_outputs(out_dir, inputs, replace, src.doc, hashes=False)  # before any work
         plan = _Plan.build(src.scout, experts, dtypes, max_shard_size)
-        files = _write_checkpoint(vault, src, plan, cfg.data, out_dir, inputs, threads, replace)
+        files = _write_checkpoint(
+            vault, src, plan, cfg.data, out_dir, inputs, threads, replace, notes
+        )
     return HfExportResult(
         out_dir,
         files,
@@ -1029,63 +1003,62 @@ def _write_checkpoint(
     inputs: list[Path],
     threads: int | None,
     replace: bool = False,
+    notes: list[str] | None = None,
 ) -> list[str]:
     """Decode the experts in ``threads`` threads (default: the usable cores) while the
     folder is written and put in place; the names of the files written."""
-    decoder = _Decoder(
-        vault,
-        src.crcs,
-        src.manifest_path,
-        _expert_tasks(plan),
-        usable_cores() if threads is None else threads,
-    )
+    threads = usable_cores() if threads is None else threads
+    decoder = _Decoder(vault, src.crcs, src.manifest_path, _expert_tasks(plan), threads)
+
+    def write(tmp: Path) -> list[str]:
+        files = _write_folder(tmp, plan, decoder, config_bytes)
+        folder.write_marker(tmp, files, src.vault_path.name, threads)
+        return [*files, folder.MARKER]
+
     try:
-        return _commit_folder(
-            out_dir, lambda tmp: _write_folder(tmp, plan, decoder, config_bytes), inputs, replace
-        )
+        return _commit_folder(out_dir, write, inputs, replace, src.doc, notes)
     finally:
         decoder.close()
 
 
 def _commit_folder(
-    out_dir: Path, write: Callable[[Path], list[str]], inputs: list[Path], replace: bool = False
+    out_dir: Path,
+    write: Callable[[Path], list[str]],
+    inputs: list[Path],
+    replace: bool = False,
+    doc: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
 ) -> list[str]:
     """Run ``write(tmp)`` in a temporary folder beside ``out_dir``, then rename it onto
-    ``out_dir`` (``replace``: an earlier export there is first renamed aside, then removed);
-    under ``.<name>.lock``; the temporary folder is removed on any failure."""
+    ``out_dir`` (``replace``: an earlier export there, checked again right before, is first
+    moved aside, then only the files its marker lists are removed:
+    :mod:`smoe.export.hf.folder`); under ``.<name>.lock``; the temporary folder is removed
+    on any failure. An aside folder that keeps a file which appeared meanwhile is named in
+    ``notes``."""
     parent = fileio.ensure_dir(out_dir.parent if str(out_dir.parent) else Path("."))
     with fileio.Lock(parent / f".{out_dir.name}.lock", out_dir):
-        _sweep_stale_dirs(out_dir)
-        _refuse_outputs(out_dir, inputs, replace)  # again, under the lock
+        folder.sweep(out_dir)
+        earlier = _refuse_outputs(out_dir, inputs, replace, doc)  # again, under the lock
         tmp = _make_tmp_dir(out_dir)
         try:
             files = write(tmp)
             fileio.fsync_dir(tmp)
-            old = _aside(out_dir) if replace and os.path.isdir(out_dir) else None
+            old = folder.move_aside(earlier) if earlier is not None else None
             try:
                 fileio.rename(tmp, out_dir)
             except BaseException:
                 if old is not None:
-                    os.replace(old, out_dir)  # the earlier export back in place
+                    folder.put_back(old, out_dir)  # the earlier export back in place
                 raise
         except BaseException:
-            _remove_tree(tmp)
+            folder.remove_written(tmp)
             raise
         fileio.fsync_dir(parent)
-        if old is not None:
-            _remove_tree(old)  # (a crash before this: the next export's sweep removes it)
+        if old is not None and earlier is not None:
+            left = folder.remove_earlier(old, earlier)
+            if left and notes is not None:
+                notes.append(
+                    f"{old}: the earlier export, moved aside, is kept: it holds {left[0]!r}, "
+                    "which appeared in it while this export ran"
+                )
     return files
-
-
-def _aside(out_dir: Path) -> Path | None:
-    """Rename a non-empty earlier export out of ``out_dir``'s way (an empty folder is
-    replaced by the rename itself): its new name, one the sweep of stale folders removes."""
-    if not os.listdir(out_dir):
-        return None
-    old = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        os.rename(out_dir, old)
-    except OSError as e:
-        why = e.strerror or e
-        raise WriteFailed(f"{out_dir}: cannot move the earlier export aside: {why}") from None
-    return old
