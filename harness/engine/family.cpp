@@ -53,6 +53,13 @@ std::string families_run() {
     return s;
 }
 
+std::vector<std::string> split_families() {
+    std::vector<std::string> out;
+    for (const FamilyRule& r : rules())
+        out.emplace_back(r.model_type);
+    return out;
+}
+
 std::map<std::string, double> read_config_numbers(const std::string& path) {
     const auto bytes = read_whole_file(path, CONFIG_MAX_BYTES);
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());

@@ -25,8 +25,10 @@ struct FamilyRule {
 /// The rule of `model_type`, or nullptr when the decoder does not run it.
 const FamilyRule* family_rule(const std::string& model_type);
 
-/// The model types the decoder runs, for messages and `smoe families`.
+/// The model types the decoder runs, comma-separated, for messages.
 std::string families_run();
+/// The same as a list.
+std::vector<std::string> split_families();
 
 /// The numeric settings of a config copy: top-level keys and one level
 /// inside objects ("rope_parameters.partial_rotary_factor"). Bounded (RefusedInput for a

@@ -113,15 +113,42 @@ std::vector<std::string> manifest_config_keys(const std::string& path) {
     return keys;
 }
 
+/// Config keys beyond the block that the decoder answers from the scout's shapes (biases,
+/// q/k norms, dense layers, shared experts) or may ignore (multi-token prediction layers,
+/// which no vault holds).
+constexpr const char* ANSWERED_BY_SHAPES[] = {
+    "attention_bias",
+    "qkv_bias",
+    "use_qk_norm",
+    "first_k_dense_replace",
+    "n_shared_experts",
+    "shared_expert_intermediate_size",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "num_nextn_predict_layers",
+};
+
+/// Whether the decoder implements config key `key` for some family it runs.
+bool implemented(const std::string& key) {
+    for (const char* k : ANSWERED_BY_SHAPES)
+        if (key == k)
+            return true;
+    for (const std::string& run : split_families())
+        for (const auto& [k, dflt] : family_rule(run)->keys)
+            if (key == k || "rope_parameters." + key == k)
+                return true;
+    return false;
+}
+
 [[noreturn]] void refuse_family(const Vault& v, const std::string& model_type) {
-    const auto keys = manifest_config_keys(beside(v.name, ".smoe.manifest.json"));
+    std::string missing;
+    for (const std::string& key : manifest_config_keys(beside(v.name, ".smoe.manifest.json")))
+        if (!implemented(key))
+            missing += (missing.empty() ? "" : ", ") + key;
     std::string why = v.name + ": model type '" + model_type + "' is not one the decoder runs (" +
                       families_run() + ")";
-    if (!keys.empty()) {
-        why += "; it does not implement its keys beyond the arch block:";
-        for (size_t k = 0; k < keys.size(); ++k)
-            why += (k ? ", " : " ") + keys[k];
-    }
+    why += missing.empty() ? "; its computation beyond the arch block is not implemented"
+                           : "; it does not implement: " + missing;
     throw RefusedInput(why);
 }
 
