@@ -33,6 +33,7 @@ from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe_gen import layout
 from smoe_testkit.synth import write_checkpoint
 
+from fixtures_data import CKPTS
 from helpers import HANG_GUARD, plain_env, python, refused, run
 
 REFUSED = "not a file smoe made; refused, not followed and not deleted"
@@ -599,3 +600,84 @@ def test_temporary_files_of_a_killed_run_are_swept(
     )
     assert target.read_bytes() == b"keep me"
     assert contents(out, "qwen") == clean["qwen"]
+
+
+# ---- a vault that appears while the sculpt runs keeps its companions (issue 31) ------------
+QWEN = CKPTS / "qwen3_moe"
+THEIRS = (
+    "qwen3_moe.smoe",
+    "qwen3_moe.scout.safetensors",
+    "qwen3_moe.smoe.manifest.json",
+    "qwen3_moe.config.json",
+)
+
+
+def put_theirs(out: Path) -> dict[str, bytes]:
+    """Another writer's whole set, put in place as an atomic writer would (rename)."""
+    theirs = {}
+    for name in THEIRS:
+        tmp = out / f"{name}.theirs"
+        tmp.write_bytes(f"theirs: {name}".encode())
+        os.replace(tmp, out / name)
+        theirs[name] = (out / name).read_bytes()
+    return theirs
+
+
+def sculpt_no_clobber(out: Path) -> None:
+    with pytest.raises(SmoeError) as e:
+        sculpt(QWEN, out, SculptOptions(jobs=1, replace=False))
+    assert str(e.value) == f"{out / 'qwen3_moe.smoe'}: exists; --force replaces it"
+
+
+def test_a_vault_set_that_appears_before_the_commit_is_kept_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set appears between the early check and the commit: all four names are checked
+    before any is renamed; none of theirs is replaced or deleted."""
+    from smoe.vault import writer
+
+    real = writer._commit_together
+    theirs: dict[str, bytes] = {}
+
+    def meanwhile(files: list) -> None:
+        theirs.update(put_theirs(tmp_path))
+        real(files)
+
+    monkeypatch.setattr(writer, "_commit_together", meanwhile)
+    sculpt_no_clobber(tmp_path)
+    assert {n: (tmp_path / n).read_bytes() for n in THEIRS} == theirs
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        THEIRS
+    )
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["their-set", "their-vault"])
+def test_a_vault_that_appears_at_the_last_instant_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> None:
+    """The vault appears after this run's companions were put in place, before its vault:
+    the vault's no-clobber link refuses, and each companion this run put in place is taken
+    back (only if its name still holds it) and what it replaced is put back: their
+    companions (``whole``), or the leftovers of an earlier run that were there."""
+    from smoe.vault import writer
+
+    before = {n: f"leftover: {n}".encode() for n in THEIRS[1:]}
+    for name, data in before.items():
+        (tmp_path / name).write_bytes(data)
+    real = writer.put_in_place
+    theirs: dict[str, bytes] = {}
+
+    def late(f: object) -> None:
+        if f.path.name == "qwen3_moe.smoe":  # type: ignore[attr-defined]
+            if whole:
+                theirs.update(put_theirs(tmp_path))
+            else:
+                (tmp_path / "qwen3_moe.smoe").write_bytes(b"theirs")
+        real(f)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "put_in_place", late)
+    sculpt_no_clobber(tmp_path)
+    want = theirs if whole else {**before, "qwen3_moe.smoe": b"theirs"}
+    assert {n: (tmp_path / n).read_bytes() for n in THEIRS} == want
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []  # the hard links that kept what was replaced are gone
