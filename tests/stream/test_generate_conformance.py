@@ -12,6 +12,7 @@ a decoder ignoring one fails.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,40 @@ def test_cache_below_one_tokens_working_set(smoe_stream: Path, tmp_path: Path) -
     assert_conforms(tokens, ours, reference(vault, tokens))
     again, logits = generate(vault)  # the default cache holds every expert: the same run
     assert again == tokens and np.array_equal(logits, ours)
+
+
+def test_v1_vault_runs_with_the_qwen3_defaults(smoe_stream: Path, tmp_path: Path) -> None:
+    """No arch block: the format document's Qwen3 defaults (top-8, rope_theta 1e6, eps 1e-6,
+    top-k renormalised), heads and head_dim from the scout's shapes, with a warning."""
+    qwen3 = {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 8,
+        "rope_parameters.rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+        "norm_topk_prob": True,
+    }
+    vault = sculpted(tmp_path, "qwen3_moe", qwen3, version=1)
+    proc = run("generate", vault, "--prompt", "1,2", "--max-new", 1, command=[SMOE_STREAM])
+    assert proc.returncode == 0
+    assert proc.stderr.startswith(f"smoe-stream: warning: {vault}: a v1 vault (no arch block)")
+    tokens, ours = generate(vault)
+    assert_conforms(tokens, ours, reference(vault, tokens))
+
+
+def test_evictions_inside_a_token_are_counted(smoe_stream: Path, tmp_path: Path) -> None:
+    """A cache of one layer's top-k on 3 MoE layers: every decoded token misses."""
+    vault = sculpted(tmp_path, "mixtral", {"num_hidden_layers": 3})
+    proc = run(
+        "generate",
+        vault,
+        "--prompt",
+        "1,2,3",
+        "--max-new",
+        6,
+        "--cache-slots",
+        2,
+        "--json",
+        command=[SMOE_STREAM],
+    )
+    steps = json.loads(proc.stdout)["per_token"]
+    assert all(s["misses"] >= 1 and s["hits"] + s["misses"] == 6 for s in steps[1:])
