@@ -132,6 +132,8 @@ demo: setup build
 	build/smoe-stream forward $(DEMO_OUT)/qwen3_moe.smoe 1 3 $(DEMO_OUT)/x.f32 $(DEMO_OUT)/y.f32
 	$(PY) -c "import numpy as np; y = np.fromfile('$(DEMO_OUT)/y.f32', '<f4'); print('expert (layer 1, expert 3) SwiGLU output:', y.shape, 'first values', y[:4])"
 	build/smoe-stream bench $(DEMO_OUT)/qwen3_moe.smoe --pattern random --topk 2 --seconds 1
+	@echo "== 5. generate: run the model from the vault, token by token (greedy; experts streamed)"
+	build/smoe-stream generate $(DEMO_OUT)/qwen3_moe.smoe --prompt 1,5,9,17 --max-new 16 --cache-slots 4
 
 # The package's bytecode is compiled first, as `pip install .` does for a regular install
 # (an editable one under PYTHONDONTWRITEBYTECODE never writes it): the sculptor's set-up is
