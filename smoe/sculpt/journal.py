@@ -457,7 +457,7 @@ def _verdict(
         return _CONTRADICTED, None, 0
     snrs = tuple(s.finite_snr_db for s in stats)
     weighted = tuple(s.weighted_snr_db for s in stats) if imatrix is not None else None
-    return _KEPT, Entry(entry.blob, crcs, snrs, weighted), sum(a.nbytes for a, _ in mats)
+    return _KEPT, Entry(entry.blob, crcs, snrs, weighted), ref.source_bytes
 
 
 def untouched(slot: ExpertSlot, blob: np.ndarray) -> bool:

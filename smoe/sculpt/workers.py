@@ -182,7 +182,7 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
         srcs,
         [s.finite_snr_db for s in stats],
         [s.weighted_snr_db for s in stats],
-        sum(a.nbytes for a, _ in mats),
+        job.ref.source_bytes,  # as stored: FP8 codes and scales, not their BF16 reading
         None
         if reports is None or hessians is None
         else [r if h is not None else None for r, h in zip(reports, hessians)],

@@ -287,6 +287,38 @@ def test_scale_of_applies_the_declared_block() -> None:
     )
 
 
+def test_expert_bytes_in_count_the_fp8_bytes_and_scales(deepseek: Path, tmp_path: Path) -> None:
+    """Issue #31: FP8 experts were counted at their BF16 size. Per expert tensors with their
+    own block scales: the bytes in are exactly the experts' weight and scale tensors."""
+    results = {}
+    for kind in ("fp8", "bf16"):
+        model = deepseek / kind / "model"
+        res = sculpt(model, tmp_path / kind, SculptOptions(bits=4, jobs=1))
+        assert not isinstance(res, dict)
+        ck = Checkpoint.open(model)
+        assert res.bytes_in == sum(ck.tensors[n].nbytes for n in ck.expert_tensor_names)
+        assert res.summary()["expert_bytes_in"] == res.bytes_in
+        results[kind] = res.bytes_in
+    weights = results["bf16"] // 2  # one byte a weight in FP8, two in BF16
+    assert weights < results["fp8"] < results["bf16"]
+
+
+def test_fused_fp8_bytes_in_count_each_half_s_scales(
+    written: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """granitemoe: gate and up are halves of input_linear [E, 192, 64] in blocks of 64 x 16;
+    the block row both halves straddle (64..128) counts for each of them."""
+    fp8_pair(written("granitemoe"), tmp_path, FUSED, (64, 16), (64, 16))
+    ck = Checkpoint.open(tmp_path / "fp8" / "model")
+    ref = ck.experts[(0, 0)]
+    (gu, _, _), _, (down, _, _) = ref.sources
+    inter, hidden = gu.shape[1] // 2, gu.shape[2]
+    assert (inter, hidden) == (96, 64)
+    scales = (2 + 2) * (hidden // 16) * 4  # gate: block rows 0-1, up: 1-2; F32
+    down_scales = -(-down.shape[1] // 64) * -(-down.shape[2] // 16) * 4
+    assert ref.source_bytes == 3 * inter * hidden + scales + down_scales
+
+
 def compressed_tensors(model: Path, weights: dict) -> Path:
     """``model``'s config.json with a compressed-tensors ``quantization_config`` instead of
     DeepSeek's: one config group whose ``weights`` are ``weights``."""

@@ -147,6 +147,23 @@ class ExpertRef:
             total += r * c * np.dtype(FLOAT_DTYPES.get(info.dtype, np.uint16)).itemsize
         return total
 
+    @property
+    def source_bytes(self) -> int:
+        """Bytes of the three matrices as the checkpoint stores them: each weight at its
+        stored width (one byte for FP8) plus, for FP8, the scales applied to it
+        (:meth:`~smoe.sculpt.source.fp8.Fp8Scale.applied_bytes`); what a sculpt counts as
+        its expert bytes in, whatever the encoder reads them as.
+
+        >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)].source_bytes
+        18432
+        """
+        total = 0
+        for (r, c), (info, _, rows), scale in zip(self.shapes, self.sources, self.scales):
+            total += r * c * DTYPE_SIZES[info.dtype]
+            if scale is not None:
+                total += scale.applied_bytes(rows, self.transposed)
+        return total
+
     def ranges(self) -> tuple[tuple[Path, int, int], ...]:
         """(shard, absolute offset, size) of the bytes read for each matrix, gate, up, down:
         a row slice of a fused tensor is the contiguous run of just its rows; a matrix of a

@@ -64,6 +64,28 @@ class Fp8Scale:
             "block": list(self.block),
         }
 
+    def applied_bytes(self, rows: slice | None = None, transposed: bool = False) -> int:
+        """Bytes of the scales applied to one matrix of the weight: a 2-D weight or one
+        slab, whole, or just its rows ``rows`` (a fused gate or up half; of a transposed
+        layout, its columns ``rows``); a block straddling the half's edge counts in full.
+
+        >>> from pathlib import Path
+        >>> from smoe.interop.fp8 import Scheme
+        >>> w = TensorInfo("e.weight", Path("m.safetensors"), "F8_E4M3", (4, 200, 300), 8, 0)
+        >>> s = TensorInfo("e.weight_scale_inv", Path("m.safetensors"), "F32", (4, 2, 3), 0, 96)
+        >>> scale = Fp8Scale(w, s, Scheme("fp8-block", "F8_E4M3", s.name, (128, 128), True))
+        >>> scale.applied_bytes(), scale.applied_bytes(slice(100, 200))  # 6 scales, or 2 x 3
+        (24, 24)
+        >>> scale.applied_bytes(slice(0, 100)), scale.applied_bytes(slice(0, 100), True)
+        (12, 8)
+        """
+        n_rows, n_cols = self.weight.shape[-2], self.weight.shape[-1]
+        br, bc = self.block
+        lo, hi = (0, n_cols if transposed else n_rows) if rows is None else (rows.start, rows.stop)
+        span = -(-hi // (bc if transposed else br)) - lo // (bc if transposed else br)
+        other = -(-n_rows // br) if transposed else -(-n_cols // bc)
+        return span * other * DTYPE_SIZES[self.scale.dtype]
+
     @property
     def block(self) -> tuple[int, int]:
         """The ``(rows, columns)`` of weights one scale covers.
