@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 
 namespace smoe::harness::engine {
@@ -324,6 +325,35 @@ void compare_block(const Vault& v, const Model& m, std::vector<std::string>& war
     }
 }
 
+/// The MoE layers of the vault, each whole (every expert of the router's width) and each
+/// expert's matrices the shapes the kernel is given (gate, up [I, d_model], down
+/// [d_model, I]): a partial vault or an odd expert cannot run.
+std::set<uint32_t> check_experts(const Vault& v, const ModelConfig& c) {
+    std::map<uint32_t, uint32_t> per_layer;
+    for (const Expert& e : v.experts) {
+        if (e.layer_id >= c.layers)
+            throw RefusedInput(v.name + ": experts of layer " + std::to_string(e.layer_id) +
+                               " in a model of " + std::to_string(c.layers) + " layers");
+        const Tensor* t = e.tensors;
+        if (t[0].cols != c.d_model || t[1].cols != c.d_model || t[2].rows != c.d_model ||
+            t[1].rows != t[0].rows || t[2].cols != t[0].rows)
+            throw RefusedInput(v.name + ": expert " + std::to_string(e.expert_id) + " of layer " +
+                               std::to_string(e.layer_id) +
+                               ": its matrices are not a SwiGLU expert of d_model " +
+                               std::to_string(c.d_model));
+        ++per_layer[e.layer_id];
+    }
+    std::set<uint32_t> layers;
+    for (const auto& [layer, n] : per_layer) {
+        if (n != c.experts)
+            throw RefusedInput(v.name + ": a partial vault (layer " + std::to_string(layer) +
+                               " holds " + std::to_string(n) + " of " + std::to_string(c.experts) +
+                               " experts): the decoder needs every expert the router may pick");
+        layers.insert(layer);
+    }
+    return layers;
+}
+
 }  // namespace
 
 std::string beside(const std::string& vault_path, const std::string& suffix) {
@@ -352,13 +382,7 @@ Model build_model(const Vault& v, const Scout& s, const std::string& config_path
     m.final_norm = s.floats(prefix + "norm.weight", dims({c.d_model}));
     if (s.find("lm_head.weight"))
         m.lm_head = linear(s, "lm_head", c.vocab, c.d_model);
-    std::set<uint32_t> moe;
-    for (const Expert& e : v.experts) {
-        if (e.layer_id >= c.layers)
-            throw RefusedInput(v.name + ": experts of layer " + std::to_string(e.layer_id) +
-                               " in a model of " + std::to_string(c.layers) + " layers");
-        moe.insert(e.layer_id);
-    }
+    const std::set<uint32_t> moe = check_experts(v, c);
     const uint32_t in_scout = scout_layers(s, prefix);
     if (in_scout != c.layers)
         refuse(s, std::to_string(in_scout) + " layers, the vault's model has " +

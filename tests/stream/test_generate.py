@@ -178,3 +178,13 @@ def test_refuses_a_family_it_does_not_run(smoe_stream: Path, tmp_path: Path) -> 
         "it does not implement: topk_method, rope_scaling, q_lora_rank, kv_lora_rank, "
         "qk_nope_head_dim, qk_rope_head_dim, v_head_dim"
     )
+
+
+def test_refuses_a_partial_vault(smoe_stream: Path, tmp_path: Path) -> None:
+    tiny.write("qwen3_moe", tmp_path / "ck")
+    part = sculpt(tmp_path / "ck", tmp_path / "out", SculptOptions(jobs=1, max_experts=2)).vault
+    line = refusal(generate(part, "--prompt", PROMPT, "--max-new", 2))
+    assert line == (
+        f"smoe-stream: {part}: a partial vault (layer 0 holds 2 of 4 experts): the decoder "
+        "needs every expert the router may pick"
+    )
