@@ -6,6 +6,8 @@
 //   smoe-stream dequant VAULT LAYER EXPERT OUT_DIR
 //   smoe-stream bench VAULT [--threads N|auto] [--direct] [--pattern seq|random] [--topk K]
 //                           [--seconds S] [--seed N]
+//   smoe-stream replay VAULT TRACE (--cache-mb M | --cache-slots S) [--io-threads T] [--direct]
+//                                  [--policy lru|cycle] [--json]
 //
 // check --deep also checks the integrity manifest (docs/MANIFEST.md), VAULT.manifest.json
 // beside the vault when it exists: its vault size, expert list and every blob's CRC-32C.
@@ -39,7 +41,9 @@
 // into this program, smoe::rules::ALL, as a JSON array), `exit-codes` (the exit-code table
 // compiled into it, exit_codes::ALL, as a JSON array) and `shown FILE` (FILE: texts, each a
 // little-endian u32 length and its bytes; prints [shown(text), fold_lines(text)] for each,
-// as a JSON array).
+// as a JSON array); `cache-check VAULT SLOTS STEPS SEED [--direct] [--io-threads T]
+// [--policy P]` (the expert cache under a seeded mix of acquires, releases and hints, every
+// held blob checked against the vault after every acquire; what it did as JSON).
 
 #include "commands/command.hpp"
 #include "io.hpp"

@@ -57,6 +57,8 @@ int cmd_forward(const Args& args);
 int cmd_dequant(const Args& args);
 int cmd_bench(const Args& args);
 int cmd_generate(const Args& args);
+int cmd_replay(const Args& args);
+int cmd_cache_check(const Args& args);
 int cmd_fuzz(const Args& args);
 int cmd_fp16_table(const Args& args);
 int cmd_crc32c(const Args& args);

@@ -19,6 +19,10 @@ const std::vector<Command>& table() {
          "                               [--temperature X --top-k K --top-p P --seed S]\n"
          "                               [--logits OUT.f32] [--trace OUT.jsonl] [--json]",
          cmd_generate},
+        {"replay",
+         "replay VAULT TRACE (--cache-mb M | --cache-slots S) [--io-threads T] [--direct]\n"
+         "                                [--policy lru|cycle] [--json]",
+         cmd_replay},
         // hidden, for the test suite (harness/main.cpp says what each does)
         {"fuzz", nullptr, cmd_fuzz},
         {"fp16-table", nullptr, cmd_fp16_table},
@@ -26,6 +30,7 @@ const std::vector<Command>& table() {
         {"rules", nullptr, cmd_rules},
         {"exit-codes", nullptr, cmd_exit_codes},
         {"shown", nullptr, cmd_shown},
+        {"cache-check", nullptr, cmd_cache_check},
     };
     return all;
 }

@@ -16,9 +16,8 @@ class Lru final : public Policy {
 public:
     explicit Lru(const Vault& v) : last_(v.experts.size(), 0) {}
     void demand(uint32_t, const std::vector<uint32_t>& entries) override {
-        ++tick_;
-        for (uint32_t e : entries)
-            last_[e] = tick_;
+        for (uint32_t e : entries)  // a tick each, in the order asked: never a tie
+            last_[e] = ++tick_;
     }
     size_t victim(const std::vector<uint32_t>& candidates) override {
         size_t best = 0;

@@ -1,0 +1,209 @@
+"""`smoe-stream replay`: a routing trace streamed through the real expert cache (real reads,
+no compute). Its counters equal a Python model of the same cache exactly (LRU), Belady's
+optimum equals a Python reference, no policy beats Belady, and every bad input (a trace of
+another vault, a malformed line, a cache below one layer's top-k, a bad command line) is
+refused in one line, with a valid JSON error document under --json."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from stream_traces import belady, header, lru, make_vault, random_steps, write_trace
+
+from helpers import SMOE_STREAM, refused, run, strict_json
+
+PAGE = 16384
+LAYERS, EXPERTS, TOP_K = 3, 6, 2
+
+
+@pytest.fixture(scope="module")
+def vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_vault(tmp_path_factory.mktemp("replay") / "v.smoe", LAYERS, EXPERTS, TOP_K)
+
+
+@pytest.fixture(scope="module")
+def steps() -> list[tuple[int, list[int]]]:
+    return random_steps(np.random.default_rng(7), 40, LAYERS, EXPERTS, TOP_K)
+
+
+def replay(*args: object, code: int = 0) -> dict:
+    proc = run(*args, "--json", command=[SMOE_STREAM, "replay"])
+    assert proc.returncode == code, proc.stderr
+    return strict_json(proc.stdout)
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize("slots", [TOP_K, 3, 5, 8, LAYERS * EXPERTS])
+def test_lru_counters_equal_the_python_model(vault: Path, steps, slots: int, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    doc = replay(vault, trace, "--cache-slots", slots, "--policy", "lru")
+    hits, misses = lru(steps, slots)
+    b_hits, b_misses = belady(steps, slots)
+    assert doc["schema"] == "smoe-replay/1" and doc["ok"] is True
+    assert (doc["hits"], doc["misses"]) == (hits, misses)
+    assert (doc["blobs_read"], doc["bytes_read"]) == (misses, misses * PAGE)
+    assert doc["requests"] == hits + misses == len(steps) * TOP_K
+    assert doc["steps"] == len(steps) and doc["slots"] == slots
+    assert doc["belady_hits"] == b_hits and doc["belady_hit_rate"] == b_hits / (b_hits + b_misses)
+    assert doc["hit_rate"] == hits / (hits + misses)
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize("policy", ["lru", "cycle"])
+@pytest.mark.parametrize("slots", [TOP_K, 4, 7])
+def test_no_policy_beats_belady(vault: Path, policy: str, slots: int, tmp_path) -> None:
+    steps = random_steps(np.random.default_rng(slots), 60, LAYERS, EXPERTS, TOP_K)
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    doc = replay(vault, trace, "--cache-slots", slots, "--policy", policy)
+    assert doc["hits"] + doc["misses"] == len(steps) * TOP_K
+    assert doc["hits"] <= doc["belady_hits"] == belady(steps, slots)[0]
+    assert doc["bytes_read"] == doc["misses"] * PAGE
+    if doc["belady_hits"]:
+        assert doc["of_belady"] == pytest.approx(doc["hit_rate"] / doc["belady_hit_rate"])
+    else:
+        assert doc["of_belady"] is None
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_a_step_larger_than_the_cache_is_read_in_batches(vault: Path, tmp_path) -> None:
+    # a prefill chunk's union: all six experts of a layer through a cache of four slots
+    steps = [(0, list(range(EXPERTS))), (1, [0, 1]), (0, list(range(EXPERTS)))]
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    doc = replay(vault, trace, "--cache-slots", 4, "--policy", "lru")
+    assert (doc["hits"], doc["misses"]) == lru(steps, 4)
+    assert doc["belady_hits"] == belady(steps, 4)[0]
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_cache_mb_counts_whole_slots(vault: Path, steps, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    doc = replay(vault, trace, "--cache-mb", 1)  # 1 MiB = 64 slots of 16 KiB, more than 18 blobs
+    assert doc["slots"] == LAYERS * EXPERTS and doc["slot_bytes"] == PAGE
+    assert doc["misses"] == len({(lay, e) for lay, es in steps for e in es})  # cold misses only
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_text_report(vault: Path, steps, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    proc = run(vault, trace, "--cache-slots", 4, command=[SMOE_STREAM, "replay"])
+    assert proc.returncode == 0, proc.stderr
+    hits, misses = belady(steps, 4)
+    assert f"Belady {hits / (hits + misses):.4f}" in proc.stdout
+    assert "policy cycle, 4 slots of 16384 bytes" in proc.stdout
+
+
+# ---- refusals ---------------------------------------------------------------------------
+
+
+def replay_refused(vault: Path, trace: Path, *extra: object, code: int = 1) -> str:
+    args = (vault, trace, *extra)
+    line = refused(run(*args, command=[SMOE_STREAM, "replay"]), code)
+    doc = replay(*args, code=code)
+    assert doc["ok"] is False and doc["error"]["exit_code"] == code
+    return line
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_a_trace_of_another_vault_is_refused(vault: Path, steps, tmp_path) -> None:
+    # the id covers the header and the expert table: another layout (here its experts' width)
+    other = make_vault(tmp_path / "other.smoe", LAYERS, EXPERTS, TOP_K, ffn=40)
+    trace = write_trace(tmp_path / "t.jsonl", other, steps)
+    line = replay_refused(vault, trace, "--cache-slots", 4)
+    assert line.startswith(f"smoe-stream: {trace}: line 1: a trace of another vault (its id ")
+    assert line.endswith(f", {vault}'s {header(vault)['vault']['id']})")
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_a_cache_below_one_layers_top_k_is_refused(vault: Path, steps, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    line = replay_refused(vault, trace, "--cache-slots", TOP_K - 1)
+    assert line == (
+        f"smoe-stream: {vault}: a cache of 1 slots is below one layer's top-k "
+        f"({TOP_K} blobs of {PAGE} bytes)"
+    )
+    line = replay_refused(vault, trace, "--cache-mb", 0)
+    assert "a cache of 0 slots is below one layer's top-k" in line
+
+
+GOOD = '{"token": 0, "layer": 0, "experts": [0, 1]}'
+MALFORMED: dict[str, tuple[str, str]] = {
+    "not json": ("{token", "line 3: "),
+    "trailing garbage": (GOOD + " x", "line 3: "),
+    "no experts key": ('{"token": 0, "layer": 0}', "line 3: experts missing"),
+    "empty experts": ('{"token": 0, "layer": 0, "experts": []}', "line 3: no experts"),
+    "negative token": ('{"token": -1, "layer": 0, "experts": [0]}', "line 3: token is not"),
+    "huge layer": ('{"token": 0, "layer": 4294967296, "experts": [0]}', "line 3: layer is not"),
+    "unknown layer": ('{"token": 0, "layer": 7, "experts": [0]}', "line 3: no expert 0 in layer 7"),
+    "unknown expert": (
+        '{"token": 0, "layer": 0, "experts": [6]}',
+        "line 3: no expert 6 in layer 0",
+    ),
+    "repeated expert": ('{"token": 0, "layer": 1, "experts": [2, 2]}', "line 3: expert 2 repeated"),
+    "too many experts": (
+        '{"token": 0, "layer": 1, "experts": [0, 1, 2, 3, 4, 5, 0]}',
+        "line 3: more experts than the router's 6",
+    ),
+    "fractional expert": ('{"token": 0, "layer": 0, "experts": [1.5]}', "line 3: expert is not"),
+    "an array": ("[1, 2]", "line 3: "),
+    "too deep": ('{"token": 0, "layer": 0, "experts": [[[[[0]]]]]}', "line 3: "),
+    "too long": ('{"token": 0, "pad": "' + "x" * 70000 + '"}', "line 3: longer than 65536 bytes"),
+}
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_line_is_refused_naming_it(vault: Path, case: str, tmp_path) -> None:
+    bad, words = MALFORMED[case]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(header(vault)) + "\n" + GOOD + "\n" + bad + "\n" + GOOD + "\n")
+    line = replay_refused(vault, trace, "--cache-slots", 4)
+    assert line.startswith(f"smoe-stream: {trace}: {words}"), line
+
+
+HEADERS: dict[str, Callable[[dict], object]] = {
+    "another schema": lambda h: {**h, "schema": "smoe-trace/2"},
+    "no vault": lambda h: {"schema": h["schema"]},
+    "no id": lambda h: {**h, "vault": {k: v for k, v in h["vault"].items() if k != "id"}},
+    "another size": lambda h: {**h, "vault": {**h["vault"], "size": h["vault"]["size"] + 1}},
+    "another top_k": lambda h: {**h, "vault": {**h["vault"], "top_k": 3}},
+    "id a number": lambda h: {**h, "vault": {**h["vault"], "id": 5}},
+}
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize("case", sorted(HEADERS))
+def test_a_bad_first_line_is_refused(vault: Path, case: str, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, [(0, [0, 1])], HEADERS[case](header(vault)))
+    line = replay_refused(vault, trace, "--cache-slots", 4)
+    assert line.startswith(f"smoe-stream: {trace}: line 1: "), line
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_an_empty_trace_is_refused(vault: Path, tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("")
+    line = replay_refused(vault, trace, "--cache-slots", 4)
+    assert line == f"smoe-stream: {trace}: line 1: empty: no smoe-trace/1 header line"
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ((), "replay: one of --cache-mb and --cache-slots expected"),
+        (("--cache-mb", 1, "--cache-slots", 4), "replay: one of --cache-mb and --cache-slots"),
+        (("--cache-slots", 4, "--policy", "fifo"), "--policy: invalid choice: 'fifo'"),
+        (("--cache-slots", 4, "--io-threads", 0), "--io-threads: 1..64"),
+        (("--cache-slots", "many"), "--cache-slots: not a valid number: 'many'"),
+        (("--cache-slots", 4, "--bogus"), "replay: unknown option --bogus"),
+    ],
+)
+def test_usage_errors_exit_2(vault: Path, steps, args: tuple, words: str, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    line = replay_refused(vault, trace, *args, code=2)
+    assert line.startswith(f"error: {words}"), line
+    assert line.endswith(" (see smoe-stream --help)")
