@@ -54,7 +54,7 @@ _SIZES: dict[str, Any] = {
     "moe_num_shared_experts": 1,
     "vocab_size": 128,
     "max_position_embeddings": 256,
-    "kv_lora_rank": 16,
+    "kv_lora_rank": 40,  # no q/k width: a latent norm is not a q/k norm to the probes
     "q_lora_rank": 24,
     "qk_rope_head_dim": 8,
     "qk_nope_head_dim": 8,
@@ -98,6 +98,8 @@ def shrink(d: dict[str, Any], layers: int = _LAYERS) -> dict[str, Any]:
             d[key] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}[key]
         elif isinstance(vocab, int) and isinstance(ids, list):
             d[key] = [i if i < vocab else 2 for i in ids]
+    if isinstance(d.get("kv_lora_rank"), int) and isinstance(d.get("num_attention_heads"), int):
+        d["num_key_value_heads"] = d["num_attention_heads"]  # MLA: a key per query head
     n_new = d.get("num_hidden_layers")
     if isinstance(n_old, int) and isinstance(n_new, int):
         for key, value in list(d.items()):

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from smoe.cli.console import make_table, shown
 from smoe.errors import UsageError
-from smoe.families.registry import FAMILIES, Family, Renorm, assumptions, family_of
+from smoe.families.registry import FAMILIES, Family, Flag, Refusal, Renorm, assumptions, family_of
 
 __all__ = [
     "MARKERS",
@@ -48,6 +48,9 @@ _LABELS = {
     "experts": "expert count keys",
     "moe_ffn": "expert width keys",
     "beyond": "beyond the arch block",
+    "semantics": "beyond, in the code",
+    "refuse_if": "refused when",
+    "rope_switch": "RoPE only when",
     "architecture": "export architecture",
     "rebuild": "export rebuilds config",
     "note": "note",
@@ -109,8 +112,10 @@ def family_dict(family: Family) -> dict[str, object]:
     """Every field of ``family`` as JSON data, and its ``status``.
 
     >>> d = family_dict(FAMILIES["qwen3_moe"])
-    >>> d["status"], d["layouts"], d["renorm"]
-    ('converted', ['per expert', 'fused [E, 2I, H]'], {'key': 'norm_topk_prob', 'default': False})
+    >>> d["status"], d["layouts"]
+    ('converted', ['per expert', 'fused [E, 2I, H]'])
+    >>> d["renorm"]
+    {'key': 'norm_topk_prob', 'default': False, 'only_when': []}
     """
     doc = {f.name: _plain(getattr(family, f.name)) for f in dataclasses.fields(family)}
     doc["status"] = status(family)
@@ -140,6 +145,14 @@ def _words(value: object) -> str:
         return "yes" if value else "no"
     if isinstance(value, Enum):
         return str(value.value)
+    if isinstance(value, Flag):
+        return f"config key {value.key}, default {str(value.default).lower()}"
+    if isinstance(value, Refusal):
+        if value.kind == "differs":
+            return f"{value.key} differs from {value.other}: {value.reason}"
+        if value.kind == "overrides":
+            return f"{value.key} overrides a width: {value.reason}"
+        return f"{value.key} set (not null or 0): {value.reason}"
     if isinstance(value, (tuple, list)):
         return ", ".join(_words(v) for v in value) or "-"
     if value is None or value == "":
@@ -153,6 +166,8 @@ def _field_text(family: Family, name: str) -> str:
         return renorm_text(family)
     if name == "qk_norm" and value is None:
         return "from use_qk_norm or the tensors"
+    if name == "rope_switch" and value:
+        return f"{value[0]} is {value[1]}"
     return _words(value)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smoe.errors import RefusedInput
-from smoe.families.registry import Family, Renorm, family_of, generic
+from smoe.families.registry import Family, Flag, Refusal, Renorm, family_of, generic
 from smoe.format.records import ArchInfo, model_type_problem
 from smoe.interop.safetensors_io import json_excerpt
 from smoe.plumbing import fileio
@@ -28,6 +28,7 @@ __all__ = [
     "is_mla",
     "load_config",
     "parse_json",
+    "qk_norm_of",
     "read_json",
     "read_small",
     "refuse_unsupported",
@@ -246,8 +247,26 @@ class Structure:
     shared_expert_ffn_dim: int
 
 
+def qk_norm_of(cfg: dict, where: str, family: Family) -> bool | None:
+    """Whether the family's attention normalises q and k, when its registry entry says (by
+    construction or by a config key); None: the tensors tell.
+
+    >>> from smoe.families.registry import FAMILIES
+    >>> qk_norm_of({"use_qk_norm": False}, "config.json", FAMILIES["llama4"])
+    False
+    >>> qk_norm_of({}, "config.json", FAMILIES["mixtral"]) is None
+    True
+    """
+    rule = family.qk_norm
+    if isinstance(rule, Flag):
+        said = _get_bool(cfg, where, rule.key)
+        return rule.default if said is None else said
+    return rule
+
+
 def _structure_from_config(cfg: dict, where: str, family: Family) -> Structure:
-    qk = _get_bool(cfg, where, "use_qk_norm")
+    fixed = qk_norm_of(cfg, where, family)
+    qk = fixed if fixed is not None else _get_bool(cfg, where, "use_qk_norm")
     dense = 0
     if get_int(cfg, where, "first_k_dense_replace", minimum=0):
         dense = get_int(cfg, where, "intermediate_size") or 0
@@ -255,8 +274,7 @@ def _structure_from_config(cfg: dict, where: str, family: Family) -> Structure:
     if shared is None:
         n_shared = get_int(cfg, where, "n_shared_experts", minimum=0) or 0
         shared = n_shared * (get_int(cfg, where, "moe_intermediate_size") or 0)
-    qk_default = bool(family.qk_norm)
-    return Structure(qk if qk is not None else qk_default, dense, shared)
+    return Structure(bool(qk), dense, shared)
 
 
 def is_mla(cfg: dict, where: str) -> bool:
@@ -275,10 +293,43 @@ def is_mla(cfg: dict, where: str) -> bool:
 _FULL_ATTENTION = ("full_attention", "attention", "global_attention", "default")
 
 
+def _no_rope(cfg: dict, where: str, family: Family) -> bool:
+    """Whether the model has no rotary embedding (rope_theta 0, ruling R6): by construction,
+    or by the family's switch (granitemoehybrid's ``position_embedding_type``)."""
+    if family.rope_switch:
+        key, value = family.rope_switch
+        return get_str(cfg, where, key) != value
+    return family.nope
+
+
+def _layer_rope_theta(cfg: dict, where: str) -> float | None:
+    """``layer_rope_theta`` (granitemoe_swa): one RoPE base per layer, overriding the global
+    one in every layer (0: no RoPE in that layer). The same in every layer: that value;
+    different: refused (one rope_theta per model can be represented)."""
+    value = cfg.get("layer_rope_theta")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(_finite(v, False) for v in value):
+        raise RefusedInput(
+            f"{where}: layer_rope_theta is {json_excerpt(value)}, expected a list of finite "
+            "numbers >= 0"
+        )
+    if len(set(value)) > 1:
+        raise RefusedInput(
+            f"{where}: layer_rope_theta is {json_excerpt(value)}: the layers have different "
+            "RoPE bases (0: none); one rope_theta per model can be represented"
+        )
+    return float(value[0])
+
+
 def _rope_theta(cfg: dict, where: str) -> tuple[float, list[str]]:
-    """``rope_theta``: top-level (old spelling), in ``rope_parameters``/``rope_scaling``,
-    or in ``rope_parameters`` keyed by layer type (then the full-attention layers' value,
-    with a warning when other layer types use another); and the warnings."""
+    """``rope_theta``: per layer (:func:`_layer_rope_theta`, which overrides the rest),
+    top-level (old spelling), in ``rope_parameters``/``rope_scaling``, or in
+    ``rope_parameters`` keyed by layer type (then the full-attention layers' value, with a
+    warning when other layer types use another); and the warnings."""
+    per_layer = _layer_rope_theta(cfg, where)
+    if per_layer is not None:
+        return per_layer, []
     theta = _get_float(cfg, where, "rope_theta")
     for nested in ("rope_parameters", "rope_scaling"):
         sub = _get_object(cfg, where, nested)
@@ -365,12 +416,60 @@ experts can be represented
     family = family_of(model_type)
     if family is not None and family.refused:
         raise RefusedInput(f"{subject}: model_type {model_type!r} refused: {family.refused}")
+    for rule in family.refuse_if if family is not None else ():
+        found = _configured(cfg, rule)
+        if found is not None:
+            raise RefusedInput(
+                f"{subject}: model_type {model_type!r} refused: {found}: {rule.reason}"
+            )
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
     if act not in _SILU_ACTS:
         raise RefusedInput(
             f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
             "experts can be represented"
         )
+
+
+def _unset(value: object) -> bool:
+    """null, 0, false, or an empty list or object: a limit that is not configured."""
+    return value is None or value is False or value == 0 or value in ([], {})
+
+
+def _configured(cfg: dict, rule: Refusal) -> str | None:
+    """What in ``cfg`` makes ``rule`` apply (the key and its value, in words), or None.
+
+    >>> from smoe.families.registry import Refusal
+    >>> _configured({"limits": [0, None, 7.0]}, Refusal("limits", ""))
+    'limits is [0, null, 7.0]'
+    >>> _configured({"limits": [0, None]}, Refusal("limits", "")) is None
+    True
+    """
+    value = cfg.get(rule.key)
+    if rule.kind == "differs":
+        other = cfg.get(rule.other)
+        if value is None or value == other:
+            return None
+        return f"{rule.key} is {json_excerpt(value)}, {rule.other} {json_excerpt(other)}"
+    if rule.kind == "overrides":
+        return _overrides(cfg, rule.key, value)
+    if _unset(value) or (isinstance(value, list) and all(_unset(v) for v in value)):
+        return None
+    return f"{rule.key} is {json_excerpt(value)}"
+
+
+def _overrides(cfg: dict, key: str, value: object) -> str | None:
+    """The first per-layer value of ``key`` (``{layer: {name: value}}``) that differs from
+    the model's top-level ``name``, in words."""
+    if not isinstance(value, dict):
+        return None
+    for layer, params in value.items():
+        for name, v in params.items() if isinstance(params, dict) else ():
+            if name in cfg and cfg[name] != v:
+                return (
+                    f"{key}.{layer}.{name} is {json_excerpt(v)}, the model's {name} "
+                    f"{json_excerpt(cfg[name])}"
+                )
+    return None
 
 
 def _arch_model_type(cfg: dict, where: str) -> str:
@@ -389,6 +488,10 @@ def _renorm(cfg: dict, where: str, family: Family) -> tuple[bool, list[str]]:
     but that says otherwise is a warning."""
     rule = family.renorm
     if isinstance(rule, Renorm):
+        if rule.only_when:
+            switch, applies, default = rule.only_when
+            if get_str(cfg, where, switch, default=default) != applies:
+                return True, []  # a softmax over the top-k logits sums to one by itself
         value = _get_bool(cfg, where, rule.key)
         return (rule.default if value is None else value), []
     said = _get_bool(cfg, where, "norm_topk_prob")
@@ -452,7 +555,7 @@ def arch_from_config(
         if problem is not None:
             raise RefusedInput(f"{where}: model_type {json_excerpt(model_type)} {problem}")
     family = family or family_of(name) or generic(name)
-    theta, warnings = (0.0, []) if family.nope else _rope_theta(cfg, where)
+    theta, warnings = (0.0, []) if _no_rope(cfg, where, family) else _rope_theta(cfg, where)
     heads, kv, head_dim = _attention_from_config(cfg, where)
     top_k = _top_k(cfg, where, family)
     moe_cfg = get_int(cfg, where, *family.moe_ffn)

@@ -27,8 +27,11 @@ __all__ = [
     "MLA_KEYS",
     "PER_EXPERT_ROLES",
     "PREFIXES",
+    "QK_NORMS",
     "Family",
+    "Flag",
     "Layout",
+    "Refusal",
     "Renorm",
     "assumptions",
     "family_of",
@@ -86,10 +89,40 @@ EMBEDDINGS = (
 """The token embedding's names after the language model's prefix (d_model, vocab)."""
 
 
+QK_NORMS = (
+    "q_norm.weight",
+    "query_layernorm.weight",
+    "q_layernorm.weight",
+)
+"""A per-head q norm's names after the attention module (``self_attn.``, ``attention.``,
+``attn.``): its presence says the attention normalises q and k (hunyuan_v1_moe, lfm2_moe,
+GLM-4-MoE's Bailing-style descendants param2moe and sarvam_moe)."""
+
+
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 """Multi-head latent attention's widths (DeepSeek and its descendants): beyond the block."""
 GROUP_ROUTING_KEYS = ("routed_scaling_factor", "n_group", "topk_group")
 """Group-limited routing and the routed experts' scale (DeepSeek-V3 style routers)."""
+
+SIGMOID_BIAS = (
+    "router scores are sigmoid(logits), not softmax; the top-k is chosen on scores + "
+    "e_score_correction_bias (a router tensor in the scout), the weights are the scores alone"
+)
+"""The DeepSeek-V3 style router, fixed in the modeling code (no config key says it)."""
+SIGMOID = "router scores are sigmoid(logits), not softmax"
+KOLIBRI_ROUTER = (
+    "the top-k is chosen on logits + e_score_correction_bias (a router tensor in the scout); "
+    "the weights are sigmoid of the chosen logits"
+)
+ROUTED_SCALING = "the routed experts' weighted sum is multiplied by routed_scaling_factor"
+CLAMP = (
+    "the routed experts' SwiGLU is clamped (silu(gate).clamp(max=L) * up.clamp(-L, L)) in "
+    "every layer whose limit is not 0; only unclamped SwiGLU experts can be represented"
+)
+CLAMP_SHARED = (
+    "the shared expert's SwiGLU is clamped (silu(gate).clamp(max=L) * up.clamp(-L, L)) in "
+    "every layer whose limit is not 0; only unclamped SwiGLU can be represented"
+)
 
 
 @dataclass(frozen=True)
@@ -98,11 +131,49 @@ class Renorm:
     the config, ``default`` when absent (transformers' own default for the family).
 
     >>> FAMILIES["deepseek_v3"].renorm
-    Renorm(key='norm_topk_prob', default=True)
+    Renorm(key='norm_topk_prob', default=True, only_when=())
     """
 
     key: str = "norm_topk_prob"
     default: bool = False
+    only_when: tuple[str, str, str] | tuple[()] = ()
+    """(config key, value, its default): the key above applies only while this one has that
+    value; otherwise the router always renormalises (cohere2_moe: ``norm_topk_prob`` divides
+    sigmoid scores; with ``expert_selection_fn`` softmax, over the top-k logits, it does
+    nothing, the softmax sums to one)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A fact a config key decides: ``key``'s JSON boolean, ``default`` when absent.
+
+    >>> FAMILIES["llama4"].qk_norm
+    Flag(key='use_qk_norm', default=True)
+    """
+
+    key: str
+    default: bool
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A configuration under which a converted family is refused, naming ``key``.
+
+    ``kind`` "set": the key holds anything but null, 0, false or an empty list or object, or
+    a list with such an entry (a clamp, limit, softcap or scale on the expert path: a family
+    whose clamp is configurable but not configured computes plain SwiGLU and converts);
+    "differs": it holds another value than the key ``other`` (one attention shape per model);
+    "overrides": an object of per-layer objects, one of whose values differs from the
+    top-level key of the same name (a per-layer width the arch block cannot hold).
+
+    >>> FAMILIES["bailing_hybrid"].refuse_if[0].key
+    'expert_swiglu_limit_list'
+    """
+
+    key: str
+    reason: str
+    kind: str = "set"
+    other: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,14 +199,25 @@ class Family:
     """q_proj has 2 × heads × head_dim rows (an output gate rides along the queries)."""
     nope: bool = False
     """No rotary position embedding: the arch block's rope_theta is 0 (ruling)."""
-    qk_norm: bool | None = None
-    """q/k RMS norms by construction (None: from ``use_qk_norm`` or the tensors)."""
+    rope_switch: tuple[str, str] | tuple[()] = ()
+    """(config key, value): the model has a rotary embedding only while the key has this
+    value (granitemoehybrid's ``position_embedding_type``, default null: no RoPE)."""
+    qk_norm: bool | Flag | None = None
+    """Whether the attention normalises q and k per head before the attention product
+    (weightless norms too: see ``semantics``): by construction, by a config key, or None:
+    from ``use_qk_norm`` or the tensors (a q norm weight present)."""
     top_k: tuple[str, ...] = ("num_experts_per_tok",)
     experts: tuple[str, ...] = ("num_experts", "num_local_experts", "n_routed_experts")
     moe_ffn: tuple[str, ...] = ("moe_intermediate_size",)
     beyond: tuple[str, ...] = ()
     """Config keys an engine must read from the config copy: what the arch block cannot
     carry for this family (routing, layer pattern, attention variants)."""
+    semantics: tuple[str, ...] = ()
+    """What an engine must compute beyond the block that no config key announces: fixed in
+    the modeling code (a sigmoid router with a selection-only correction bias, a routed
+    scaling, an output gate), whatever carries it (the code, a scout tensor)."""
+    refuse_if: tuple[Refusal, ...] = ()
+    """Configurations of this family the format cannot hold (see :class:`Refusal`)."""
     architecture: str = ""
     """transformers' class for ``export --hf`` to write into a rebuilt config."""
     rebuild: bool = False
@@ -206,11 +288,6 @@ _FAMILY_LIST: list[Family] = [
         architecture="DeepseekV3ForCausalLM",
         note="sigmoid scores with e_score_correction_bias (in the scout) for selection",
     ),
-    Family(
-        "gpt_oss",
-        refused="gpt-oss experts interleave gate/up, carry biases and clamp the activation; "
-        "only bias-free SiLU-gated (SwiGLU) experts can be represented",
-    ),
     # from the modeling code of transformers 5.24, family by family
     Family(
         "afmoe",
@@ -266,6 +343,13 @@ _FAMILY_LIST: list[Family] = [
         "bailing_hybrid",
         renorm=Renorm("moe_renormalize", default=True),
         top_k=("num_experts_per_token",),
+        refuse_if=(
+            Refusal("expert_swiglu_limit_list", CLAMP),
+            Refusal("swiglu_limits", CLAMP),
+            Refusal("share_expert_swiglu_limit_list", CLAMP_SHARED),
+            Refusal("swiglu_limits_shared", CLAMP_SHARED),
+        ),
+        semantics=(SIGMOID_BIAS,),
         beyond=(
             "layer_types",
             "layer_group_size",
@@ -300,7 +384,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "cohere2_moe",
-        renorm=True,
+        renorm=Renorm(default=True, only_when=("expert_selection_fn", "sigmoid", "softmax")),
         moe_ffn=("intermediate_size",),
         beyond=(
             "expert_selection_fn",
@@ -382,6 +466,14 @@ _FAMILY_LIST: list[Family] = [
         "dots3_note",
         aliases=("dots3_note_text",),
         renorm=Renorm(default=True),
+        refuse_if=(
+            Refusal(
+                "per_layer_config",
+                "some layers' attention or MLP widths differ from the model's; one attention "
+                "and MLP shape per model can be represented",
+                kind="overrides",
+            ),
+        ),
         beyond=(
             "per_layer_config",
             "layer_types",
@@ -411,6 +503,14 @@ _FAMILY_LIST: list[Family] = [
         refused=(
             "modality-isolated experts: each layer holds text experts and vision experts of "
             "another width (moe_intermediate_size is a list), routed by modality"
+        ),
+    ),
+    Family(
+        "ergo",
+        refused=(
+            "its experts are not gated: down(relu2(up x)) (ReLU squared, no gate matrix), and "
+            "each expert's output goes through its own RMSNorm (post_expert_norm) before "
+            "weighting; only SiLU-gated (SwiGLU) experts can be represented"
         ),
     ),
     Family(
@@ -549,6 +649,7 @@ _FAMILY_LIST: list[Family] = [
         "granitemoehybrid",
         layouts=(Layout.FUSED,),
         renorm=True,
+        rope_switch=("position_embedding_type", "rope"),
         moe_ffn=("intermediate_size",),
         beyond=(
             "embedding_multiplier",
@@ -575,6 +676,8 @@ _FAMILY_LIST: list[Family] = [
     Family(
         "hunyuan_v1_moe",
         renorm=True,
+        qk_norm=True,
+        semantics=("q and k are normalised after the rotary embedding, not before",),
         top_k=("moe_topk",),
         moe_ffn=("intermediate_size",),
         beyond=("head_dim", "rope_parameters.alpha", "moe_topk", "num_experts"),
@@ -620,6 +723,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "inkling_mm_model",
+        aliases=("inkling_text",),
         refused=(
             "the experts' gate and up rows are interleaved on disk (w13_weight) and the router "
             "normalises routed and shared experts together with a learned global scale"
@@ -685,6 +789,32 @@ _FAMILY_LIST: list[Family] = [
         "kolibri1",
         renorm=Renorm(default=False),
         beyond=("layer_types", "sliding_window", "shared_expert_intermediate_size"),
+        semantics=(KOLIBRI_ROUTER,),
+    ),
+    Family(
+        "kolibri1_1",
+        renorm=Renorm(default=False),
+        beyond=(
+            "layer_types",
+            "sliding_window",
+            "shared_expert_intermediate_size",
+            "mlp_only_layers",
+            "mlp_only_intermediate_size",
+            "kv_source_layers",
+            "index_layers",
+            "index_topk",
+            "index_pool_size",
+            "index_compression",
+            "index_num_heads",
+            "index_num_local_tokens",
+            "index_num_sink_tokens",
+        ),
+        semantics=(
+            KOLIBRI_ROUTER,
+            "indexed-attention layers attend to keys chosen by a weightless indexer, and their "
+            "keys and values are rounded to NVFP4 (E2M1, an E4M3 scale per 16 values) first; "
+            "layers listed in kv_source_layers reuse another layer's keys and values (no k_proj)",
+        ),
     ),
     Family(
         "laguna",
@@ -718,13 +848,32 @@ _FAMILY_LIST: list[Family] = [
     Family(
         "lfm2_moe",
         renorm=Renorm(default=True),
-        beyond=("layer_types", "num_dense_layers", "use_expert_bias", "norm_eps", "conv_bias"),
+        qk_norm=True,
+        semantics=(
+            "router scores are sigmoid(logits), not softmax; with use_expert_bias the top-k "
+            "is chosen on scores + expert_bias (a buffer in the scout), the weights are the "
+            "scores alone",
+            ROUTED_SCALING,
+        ),
+        beyond=(
+            "layer_types",
+            "num_dense_layers",
+            "use_expert_bias",
+            "routed_scaling_factor",
+            "norm_eps",
+            "conv_bias",
+        ),
     ),
     Family(
         "llama4",
         aliases=("llama4_text",),
         layouts=(Layout.FUSED_T,),
         renorm=False,
+        qk_norm=Flag("use_qk_norm", default=True),
+        semantics=(
+            "the q/k norm is a weightless RMS norm, applied only in the layers with RoPE "
+            "(no_rope_layers says which)",
+        ),
         moe_ffn=("intermediate_size",),
         beyond=(
             "moe_layers",
@@ -755,6 +904,23 @@ _FAMILY_LIST: list[Family] = [
         refused=(
             "its full and sliding-window attention layers have different key/value head counts; "
             "one attention shape per model can be represented"
+        ),
+    ),
+    Family(
+        "minicpm5_moe",
+        renorm=Renorm(default=True),
+        gated_q=True,
+        beyond=(
+            "mlp_layer_types",
+            "n_shared_experts",
+            "head_dim",
+            *GROUP_ROUTING_KEYS,
+        ),
+        semantics=(
+            SIGMOID_BIAS,
+            ROUTED_SCALING,
+            "q_proj (q_gate_proj in the modeling code) holds per head head_dim query rows then "
+            "head_dim output-gate rows; the attention output is multiplied by sigmoid(gate)",
         ),
     ),
     Family(
@@ -843,6 +1009,23 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family("openai_privacy_filter", refused="not a decoder language model"),
     Family(
+        "param2moe",
+        renorm=Renorm(default=True),
+        beyond=(
+            "use_qk_norm",
+            "attention_bias",
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "routed_scaling_factor",
+            "n_group",
+            "topk_group",
+            "head_dim",
+        ),
+        architecture="Glm4MoeForCausalLM",
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
+        note="transformers runs it with the GLM-4-MoE classes (rotary over the whole head)",
+    ),
+    Family(
         "phimoe",
         renorm=False,
         moe_ffn=("intermediate_size",),
@@ -874,7 +1057,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "qwen3_omni_moe",
-        aliases=("qwen3_omni_moe_text",),
+        aliases=("qwen3_omni_moe_text", "qwen3_omni_moe_thinker", "qwen3_omni_moe_talker_text"),
         renorm=Renorm("thinker_config.norm_topk_prob", default=True),
         top_k=("thinker_config.num_experts_per_tok",),
         moe_ffn=("thinker_config.moe_intermediate_size",),
@@ -901,6 +1084,38 @@ _FAMILY_LIST: list[Family] = [
         beyond=("layer_types", "output_gate_type"),
     ),
     Family(
+        "sarvam_mla",
+        renorm=Renorm(default=True),
+        beyond=(
+            "first_k_dense_replace",
+            "rope_interleave",
+            "n_shared_experts",
+            *MLA_KEYS,
+            *GROUP_ROUTING_KEYS,
+        ),
+        architecture="DeepseekV3ForCausalLM",
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
+        note="transformers runs it with the DeepSeek-V3 classes",
+    ),
+    Family(
+        "sarvam_moe",
+        renorm=Renorm(default=True),
+        beyond=(
+            "use_qk_norm",
+            "attention_bias",
+            "partial_rotary_factor",
+            "first_k_dense_replace",
+            "n_shared_experts",
+            "routed_scaling_factor",
+            "n_group",
+            "topk_group",
+            "head_dim",
+        ),
+        architecture="Glm4MoeForCausalLM",
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
+        note="transformers runs it with the GLM-4-MoE classes",
+    ),
+    Family(
         "solar_open",
         renorm=Renorm(default=True),
         beyond=(
@@ -912,20 +1127,45 @@ _FAMILY_LIST: list[Family] = [
         ),
     ),
     Family(
-        "step3p5",
-        refused=(
-            "same as step3p7 -- per-layer swiglu_limits clamp (silu(g).clamp(max=L) * "
-            "u.clamp(-L,L)); Hub hidden_act 'swigluoai' forced to silu"
-        ),
-    ),
-    Family(
         "step3p7",
+        aliases=("step3p5",),
         refused=(
-            "per-layer clamp: gate=silu(g).clamp(max=L), up=u.clamp(-L,L) with "
-            "L=text_config.swiglu_limits[layer] (shared: swiglu_limits_shared); Hub "
-            "Step-3.7-Flash clamps layers 43-44 (7 routed / 16 shared); layers with 0/None are "
-            "plain SwiGLU. hidden_act in Hub config is 'swigluoai' but forced to silu by the "
-            "config class"
+            "its experts are stacked per role under moe. (gate_proj and up_proj [E, I, H], "
+            "down_proj [E, H, I]); not a layout smoe reads yet (unclamped, swiglu_limits null "
+            "or 0, it would be plain SwiGLU; clamped, it is refused naming swiglu_limits)"
+        ),
+        renorm=True,
+        moe_ffn=("moe_intermediate_size",),
+        refuse_if=(
+            Refusal("swiglu_limits", CLAMP),
+            Refusal("swiglu_limits_shared", CLAMP_SHARED),
+            Refusal(
+                "num_sliding_attention_heads",
+                "the sliding-window layers have another number of attention heads than the "
+                "full-attention layers; one attention shape per model can be represented",
+                kind="differs",
+                other="num_attention_heads",
+            ),
+        ),
+        beyond=(
+            "layer_types",
+            "mlp_layer_types",
+            "sliding_window",
+            "share_expert_dim",
+            "moe_router_scaling_factor",
+            "query_pre_attn_scalar",
+            "rope_parameters",
+            "head_dim",
+        ),
+        semantics=(
+            SIGMOID_BIAS,
+            "the routed output is multiplied by moe_router_scaling_factor",
+            "attention output gated per head by sigmoid(g_proj x) (g_proj in the scout)",
+        ),
+        note=(
+            "Hub checkpoints (Step-3.5/3.7-Flash) clamp layers 43-44 through swiglu_limits "
+            "and are refused naming it; hidden_act 'swigluoai' in their config.json is forced "
+            "to silu by transformers' config class"
         ),
     ),
     Family(
@@ -950,6 +1190,11 @@ _FAMILY_LIST: list[Family] = [
         "zaya",
         layouts=(Layout.FUSED,),
         renorm=False,
+        qk_norm=True,
+        semantics=(
+            "q and k are L2-normalised per head to sqrt(head_dim) (a weightless RMS norm), "
+            "and k is then multiplied per key/value head by self_attn.qk_norm.temp (scout)",
+        ),
         beyond=(
             "router_hidden_size",
             "layer_types",

@@ -40,6 +40,7 @@ from smoe.families.config import (
     get_int,
     get_str,
     is_mla,
+    qk_norm_of,
     read_json,
     refuse_unsupported,
 )
@@ -786,8 +787,9 @@ class Checkpoint:
         >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").has_qk_norm()
         True
         """
-        if self.family.qk_norm is not None:
-            return self.family.qk_norm
+        fixed = qk_norm_of(self.config, self.where, self.family)
+        if fixed is not None:
+            return fixed
         return any(n.startswith(self.stem) and n.endswith(_Q_NORMS) for n in self.tensors)
 
     def structure(self) -> Structure:
