@@ -10,7 +10,8 @@ prints the message as one ``error:`` line, word for word:
   :class:`MissingExtra`: an optional dependency the request needs is not installed;
   :class:`OutputExists`: an output is there already, and ``--force`` was not given;
 * :class:`RefusedInput` (1): an input was read but is refused: a family the format cannot
-  hold, a lying config, a file of another model;
+  hold, a lying config, a file of another model; its :class:`StoppedResumable`: found
+  mid-sculpt, the partial vault and journal kept for ``--resume``;
 * :class:`FormatError` (1): a vault or manifest breaks a rule of the format;
 * :class:`WriteFailed` (1): an output cannot be written: a full disk, a foreign file in the
   way, a lost race for a lock;
@@ -27,6 +28,7 @@ __all__ = [
     "OutputExists",
     "RefusedInput",
     "SmoeError",
+    "StoppedResumable",
     "Terminated",
     "UnreadableInput",
     "UsageError",
@@ -135,6 +137,17 @@ class RefusedInput(SmoeError):
     contradicts another input (exit status 1).
 
     >>> isinstance(RefusedInput("m/config.json: no hidden_size"), SmoeError)
+    True
+    """
+
+
+class StoppedResumable(RefusedInput):
+    """A refused input found mid-run by a sculpt that can be resumed (exit status 1, as
+    RefusedInput): non-finite activations in a calibration's forward pass. The run stops as
+    an interruption does: the experts done so far stay in the partial vault and its journal,
+    and ``--resume`` continues once the cause is fixed.
+
+    >>> isinstance(StoppedResumable("m: --calibrate: layer 1: ..."), RefusedInput)
     True
     """
 

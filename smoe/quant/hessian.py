@@ -175,6 +175,7 @@ __all__ = [
     "encode_hessian",
     "encode_hessian_into",
     "hessian_error",
+    "hessian_fallback",
 ]
 
 DEFAULT_DAMP = 0.03
@@ -185,6 +186,9 @@ SCALE_STARTS = (0.8, 0.9, 1.0, 1.1, 1.2)
 """The starting group scales, as multiples of the static ones: each start runs the passes
 and every row keeps its best (measured in the module's docs: three starts 0.9-1.1 gained
 less at Q2, seven 0.7-1.3 no more)."""
+
+_ZERO_H = "h is zero: no calibration input reached this matrix"
+"""The fallback of a matrix whose ``h`` is all zero."""
 
 _BLOCK = 128
 """Columns per lazy batch of the sweep."""
@@ -418,7 +422,7 @@ def encode_hessian_into(
     diag = np.array(np.diagonal(h), np.float64)
     live = diag > 0
     if not live.any():
-        rep.fallback = "h is zero: no calibration input reached this matrix"
+        rep.fallback = _ZERO_H
         return
     order = np.argsort(-diag, kind="stable") if act_order else np.arange(cols)
     factored = _factor(h, order, diag, damp)
@@ -437,6 +441,27 @@ def encode_hessian_into(
         rep.rows_plain += kept
         rep.error += err
         rep.plain_error += plain_err
+
+
+def hessian_fallback(
+    h: np.ndarray, *, damp: float = DEFAULT_DAMP, act_order: bool = True
+) -> str | None:
+    """Why :func:`encode_hessian` would give a matrix the plain encoding on ``h`` (what its
+    :attr:`HessianReport.fallback` says), or None, without encoding anything: a resumed
+    calibration counts the tensors it keeps as the run that wrote them counted them.
+
+    >>> hessian_fallback(np.zeros((64, 64)))
+    'h is zero: no calibration input reached this matrix'
+    >>> hessian_fallback(np.eye(64)) is None
+    True
+    """
+    diag = np.array(np.diagonal(h), np.float64)
+    live = diag > 0
+    if not live.any():
+        return _ZERO_H
+    order = np.argsort(-diag, kind="stable") if act_order else np.arange(len(diag))
+    factored = _factor(h, order, diag, damp)
+    return factored if isinstance(factored, str) else None
 
 
 # ---------------------------------------------------------------------------- checks

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from smoe.errors import RefusedInput
+from smoe.errors import RefusedInput, StoppedResumable
 from smoe.families.config import config_object, parse_json, read_small
 from smoe.format.plan import Plan, Shape, make_plan
 from smoe.format.records import ArchInfo, ModelInfo, metadata_bytes
@@ -403,7 +403,7 @@ class _Locked:
         again on the blobs as written, for the next layer's inputs. A resume's kept experts
         are read back from the partial and their estimates recomputed. Returns the tally and
         the calibration's record."""
-        from smoe.sculpt.calibrate.run import calibrate_layers
+        from smoe.sculpt.calibrate.run import RUN_FIGURES, calibrate_layers
 
         run, writer, journal = self.run, self.writer, self.journal
         assert journal is not None and run.calibration is not None
@@ -449,8 +449,8 @@ class _Locked:
             run, todo, resumed, slots, writer.partial_path, write, adopt, annotate
         )
         record = (run.calibration_record or {}) | record
-        if run.source is not None:
-            run.source["calibration"] = record
+        if run.source is not None:  # the manifest: the same for two runs of one command
+            run.source["calibration"] = {k: v for k, v in record.items() if k not in RUN_FIGURES}
         return tally, record
 
     def commit(self) -> int:
@@ -472,7 +472,8 @@ class _Locked:
                 staged.abort()
 
     def interrupted(self) -> None:
-        """Ctrl-C: the partial and the journal stay for ``--resume``."""
+        """Ctrl-C, or a refusal found mid-run that ``--resume`` can continue from
+        (:class:`~smoe.errors.StoppedResumable`): the partial and the journal stay."""
         self.writer.suspend()
         self._abort_staged()
         if self.journal is not None:
@@ -511,7 +512,7 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
             tally, calibrated = locked.quantise(todo, resumed, marks), None
         marks["commit"] = time.perf_counter()
         scout_bytes = locked.commit()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, StoppedResumable):
         locked.interrupted()
         raise
     except BaseException:

@@ -3,6 +3,7 @@ worker count, the importance matrix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,17 @@ if TYPE_CHECKING:
     from smoe.sculpt.calibrate.data import CalibrationData
     from smoe.sculpt.source.imatrix import ImportanceMatrix
 
-__all__ = ["check_calibrate_options", "open_calibration", "open_imatrix", "resolve_jobs", "select"]
+__all__ = [
+    "check_calibrate_options",
+    "check_device",
+    "open_calibration",
+    "open_imatrix",
+    "resolve_jobs",
+    "select",
+]
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]{1,3})?")
+"""The devices ``--device`` takes: the CPU, the current CUDA device, or one by index."""
 
 
 def select(ckpt: Checkpoint, opts: SculptOptions) -> list[ExpertRef]:
@@ -87,6 +98,7 @@ def check_calibrate_options(opts: SculptOptions) -> None:
     Traceback (most recent call last):
     smoe.errors.UsageError: --calibrate and --imatrix: give one (the calibration's ...
     """
+    check_device(opts.device)
     if opts.calibrate is None:
         return
     if opts.scale != "optimal":
@@ -100,10 +112,26 @@ def check_calibrate_options(opts: SculptOptions) -> None:
         )
 
 
+def check_device(device: str) -> None:
+    """Refuse a ``--device`` that is not ``cpu``, ``cuda`` or ``cuda:N`` (a usage error, before
+    any input is read; whether torch has that device is asked once torch is imported).
+
+    >>> check_device("cuda:1")
+    >>> check_device("tpu")
+    Traceback (most recent call last):
+    smoe.errors.UsageError: --device tpu: not a device the calibration runs on: give cpu, ...
+    """
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise UsageError(
+            f"--device {device}: not a device the calibration runs on: give cpu, cuda or "
+            "cuda:N (N: a CUDA device's index)"
+        )
+
+
 def open_calibration(ckpt: Checkpoint, opts: SculptOptions, vocab_size: int) -> CalibrationData:
     """``--calibrate``'s DATA, read and checked before any work: the options it cannot go
     with refused (usage errors), torch and transformers present, every id in the model's
-    vocabulary.
+    vocabulary, the device there, the model buildable from its config.
 
     >>> ck = Checkpoint.open("fixtures/checkpoints/olmoe")
     >>> open_calibration(ck, SculptOptions(calibrate="x.npy", scale="absmax"), 320)
@@ -111,7 +139,7 @@ def open_calibration(ckpt: Checkpoint, opts: SculptOptions, vocab_size: int) -> 
     smoe.errors.UsageError: --calibrate chooses codes and scales itself; it cannot be ...
     """
     from smoe.sculpt.calibrate.data import load_calibration
-    from smoe.sculpt.calibrate.runner import import_torch
+    from smoe.sculpt.calibrate.runner import check_device_present, import_torch, meta_model
 
     check_calibrate_options(opts)
     assert opts.calibrate is not None
@@ -122,5 +150,6 @@ def open_calibration(ckpt: Checkpoint, opts: SculptOptions, vocab_size: int) -> 
         seq_len=opts.calib_seq_len,
         max_tokens=opts.calib_max_tokens,
     )
-    import_torch()
+    check_device_present(import_torch(), opts.device)
+    meta_model(ckpt)  # a config transformers cannot build is refused before anything is written
     return data

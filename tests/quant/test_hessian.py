@@ -252,6 +252,19 @@ def test_an_h_no_dampening_rescues_falls_back() -> None:
     assert report.rows_plain == 4
 
 
+def test_the_fallback_is_told_without_encoding() -> None:
+    """``hessian_fallback`` says what the encoder's report says (a resumed calibration
+    counts its kept tensors' fallbacks by it, issue 31)."""
+    indefinite = np.eye(64)
+    indefinite[0, 1] = indefinite[1, 0] = 1e6
+    w = weights(4, 64, 24)
+    for h in (np.zeros((64, 64)), indefinite, np.eye(64), moments(inputs(64, 16, 25))):
+        report = HessianReport()
+        encode_hessian(w, h, 2, report=report)
+        assert quant.hessian_fallback(h) == report.fallback
+    assert quant.hessian_fallback(indefinite) is not None
+
+
 def test_zero_damp_on_a_singular_h_retries_with_dampening() -> None:
     w = weights(64, 128, 22)
     h = moments(inputs(128, 16, 23))  # rank 16

@@ -9,8 +9,11 @@ decoder layer at a time; bad DATA and options are refused in one line with nothi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,16 +134,23 @@ def test_without_calibrate_the_vault_has_no_calibration(vaults: dict) -> None:
     assert res.summary()["calibration"] is None
 
 
+def _manifest(res: Any) -> bytes:
+    return res.vault.with_name(res.vault.name + ".manifest.json").read_bytes()
+
+
 def test_calibration_is_deterministic(model: dict, vaults: dict, tmp_path: Path) -> None:
+    """The same command twice: the same vault and the same manifest, byte for byte (issue
+    31: the seconds and peak memory the run measured went into the manifest); what it
+    measured is the summary's."""
     again = _sculpt(model, tmp_path / "again", calibrate=model["root"] / "calib.npy")
     first = vaults["calib"]
     assert again.vault.read_bytes() == first.vault.read_bytes()
-    m1 = json.loads(first.vault.with_name(first.vault.name + ".manifest.json").read_text())
-    m2 = json.loads(again.vault.with_name(again.vault.name + ".manifest.json").read_text())
-    for m in (m1, m2):  # measurements of the run, not of what it wrote
-        for key in ("seconds", "peak_rss_bytes", "peak_device_bytes"):
-            m["source"]["calibration"].pop(key)
-    assert m1 == m2
+    assert _manifest(again) == _manifest(first)
+    recorded = json.loads(_manifest(first))["source"]["calibration"]
+    measured = ("seconds", "peak_rss_bytes", "peak_device_bytes")
+    assert not set(measured) & set(recorded)
+    assert set(measured) <= set(first.calibration)
+    assert {k: v for k, v in first.calibration.items() if k not in measured} == recorded
 
 
 def test_encoding_workers_share_the_cores_among_their_blas_threads(
@@ -207,9 +217,77 @@ def test_an_interrupted_calibration_resumes_to_the_same_bytes(
     assert res.experts_resumed == 10
     first = vaults["calib"]
     assert res.vault.read_bytes() == first.vault.read_bytes()
-    m1 = json.loads(first.vault.with_name(first.vault.name + ".manifest.json").read_text())
-    m2 = json.loads(res.vault.with_name(res.vault.name + ".manifest.json").read_text())
-    assert m1["experts"] == m2["experts"]
+    # the counts cover the 10 kept experts too (issue 31: 6 calibrated, not 16); the whole
+    # manifest is the clean run's
+    counts = ("experts_calibrated", "experts_unrouted", "tensors_plain_fallback")
+    assert [res.calibration[k] for k in counts] == [first.calibration[k] for k in counts]
+    assert res.calibration["experts_calibrated"] + res.calibration["experts_unrouted"] == 16
+    assert _manifest(res) == _manifest(first)
+
+
+def test_a_resume_counts_the_kept_experts_no_token_reached(model: dict, tmp_path: Path) -> None:
+    """Two tokens reach at most 4 of a layer's 8 experts: a resume that keeps layer 0 counts
+    its unrouted experts as the clean run does (issue 31)."""
+    opts = SculptOptions(bits=2, jobs=1, calibrate=model["root"] / "two.npy")
+    clean = sculpt(model["ck"], tmp_path / "clean", opts)
+    out = tmp_path / "resumed"
+
+    def stop(done: int, total: int, bytes_in: int) -> None:
+        if done == 8:  # layer 0 done
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sculpt(model["ck"], out, opts, progress=stop)
+    res = sculpt(model["ck"], out, dataclasses.replace(opts, resume=True))
+    assert res.experts_resumed == 8
+    assert clean.calibration["experts_unrouted"] >= 8
+    counts = ("experts_calibrated", "experts_unrouted", "tensors_plain_fallback")
+    assert [res.calibration[k] for k in counts] == [clean.calibration[k] for k in counts]
+    assert _manifest(res) == _manifest(clean)
+
+
+def _with_inf(src: Path, dst: Path, name: str) -> None:
+    """A copy of the checkpoint ``src`` at ``dst`` whose tensor ``name`` is all inf."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    tensors[name] = torch.full_like(tensors[name], float("inf"))
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_non_finite_activations_keep_the_layers_done_for_resume(
+    model: dict, vaults: dict, tmp_path: Path
+) -> None:
+    """An inf weight in layer 1 makes its experts' inputs non-finite: the run stops as an
+    interruption does, naming the layer, the expert and the cause; layer 0's experts stay
+    in the partial vault, and once the weight is mended --resume keeps them and finishes the
+    clean run's vault and manifest (issue 31: everything was deleted)."""
+    ck = tmp_path / model["ck"].name  # the clean run's name: the same outputs
+    _with_inf(model["ck"], ck, "model.layers.1.post_attention_layernorm.weight")
+    out = tmp_path / "o"
+    args = ("sculpt", ck, out, "--bits", "2", "--calibrate", model["root"] / "calib.npy")
+    got = _cli(*args, cwd=tmp_path)
+    assert got.returncode == 1
+    assert re.fullmatch(
+        f"error: {re.escape(str(ck))}: --calibrate: layer 1, expert [0-7]: non-finite "
+        r"activations in the routed inputs of its gate_proj and up_proj \((nan|-?inf)\); the "
+        "experts done so far are kept in the partial vault: fix the cause, then run the same "
+        "command with --resume\n",
+        got.stderr,
+    ), got.stderr
+    stem = ck.name
+    assert sorted(p.name for p in out.iterdir()) == [
+        f".{stem}.smoe.journal",
+        f".{stem}.smoe.partial",
+    ]
+    shutil.copy(model["ck"] / "model.safetensors", ck / "model.safetensors")  # mended
+    got = _cli(*args, "--resume", "--json", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["experts_resumed"] == 8  # layer 0's
+    first = vaults["calib"]
+    assert (out / f"{stem}.smoe").read_bytes() == first.vault.read_bytes()
+    assert (out / f"{stem}.smoe.manifest.json").read_bytes() == _manifest(first)
 
 
 # ---- the command line -----------------------------------------------------------------
@@ -308,6 +386,85 @@ def test_cli_refuses_options_calibration_cannot_go_with(
     got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", "c.npy", *extra,
                cwd=tmp_path)  # fmt: skip
     assert (got.returncode, got.stderr) == (2, f"error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    ("change", "cause"),
+    [
+        ({"decoder_sparse_step": 0}, "ZeroDivisionError: "),
+        ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "no-such-rope"}}, "KeyError: "),
+    ],
+    ids=["sparse-step-0", "unknown-rope-type"],
+)
+def test_cli_refuses_a_config_transformers_cannot_build(
+    model: dict, tmp_path: Path, change: dict, cause: str
+) -> None:
+    """Values smoe's own reading of the config accepts but transformers' modeling code
+    raises on: one line naming the config and the cause, refused before anything is
+    written (issue 31: an internal error)."""
+    ck = tmp_path / "ck"
+    shutil.copytree(model["ck"], ck)
+    config = json.loads((ck / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps(config | change))
+    np.save(tmp_path / "c.npy", np.array([[1, 2]]))
+    got = _cli("sculpt", ck, tmp_path / "o", "--calibrate", "c.npy", cwd=tmp_path)
+    assert got.returncode == 1
+    head = (
+        f"error: {ck / 'config.json'}: --calibrate: transformers cannot build the model from it: "
+    )
+    assert got.stderr.startswith(head + cause), got.stderr
+    assert len(got.stderr.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0", "cuda:1234"])
+def test_cli_refuses_a_device_that_is_not_one(model: dict, tmp_path: Path, device: str) -> None:
+    np.save(tmp_path / "c.npy", np.array([[1, 2]]))
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", "c.npy",
+               "--device", device, cwd=tmp_path)  # fmt: skip
+    assert (got.returncode, got.stderr) == (
+        2,
+        f"error: --device {device}: not a device the calibration runs on: give cpu, cuda or "
+        "cuda:N (N: a CUDA device's index)\n",
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_cuda_device_torch_does_not_have(model: dict, tmp_path: Path) -> None:
+    """One more than torch has here (none without CUDA): exit 2 before anything is written."""
+    np.save(tmp_path / "c.npy", np.array([[1, 2]]))
+    device = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+    got = _cli("sculpt", model["ck"], tmp_path / "o", "--calibrate", "c.npy",
+               "--device", device, cwd=tmp_path)  # fmt: skip
+    assert got.returncode == 2
+    assert got.stderr.startswith(f"error: --device {device}: ") and got.stderr.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("available", "count", "device", "message"),
+    [
+        (False, 0, "cuda", "--device cuda: no CUDA device is available to torch here"),
+        (True, 2, "cuda:2", "--device cuda:2: torch has 2 CUDA devices here (cuda:0 to cuda:1)"),
+        (True, 1, "cuda:1", "--device cuda:1: torch has 1 CUDA device here (cuda:0)"),
+    ],
+)
+def test_a_cuda_device_is_checked_against_what_torch_has(
+    available: bool, count: int, device: str, message: str
+) -> None:
+    from types import SimpleNamespace
+
+    from smoe.errors import UsageError
+    from smoe.sculpt.calibrate.runner import check_device_present
+
+    cuda = SimpleNamespace(is_available=lambda: available, device_count=lambda: count)
+    fake = SimpleNamespace(cuda=cuda)
+    with pytest.raises(UsageError) as err:
+        check_device_present(fake, device)
+    assert str(err.value) == message
+    check_device_present(fake, "cpu")
+    if available:
+        check_device_present(fake, f"cuda:{count - 1}")
 
 
 def test_cli_without_torch_names_the_extra(model: dict, tmp_path: Path) -> None:

@@ -14,16 +14,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from smoe import quant
 from smoe.format.plan import ExpertSlot
 from smoe.sculpt.calibrate.layers import Estimate, Tally, decode_blob, estimate, partial_fd
-from smoe.sculpt.calibrate.runner import LayerRunner, import_torch, source_weights, threads
+from smoe.sculpt.calibrate.runner import (
+    ExpertStats,
+    LayerRunner,
+    import_torch,
+    source_weights,
+    threads,
+)
 from smoe.sculpt.workers import Job
 
 if TYPE_CHECKING:
     from smoe.sculpt.driver import Run
     from smoe.sculpt.journal import Resumed
 
-__all__ = ["TOKENS_PER_BATCH", "calibrate_layers"]
+__all__ = ["RUN_FIGURES", "TOKENS_PER_BATCH", "calibrate_layers"]
+
+RUN_FIGURES = ("seconds", "peak_device_bytes", "peak_rss_bytes")
+"""The keys of the calibration's record that measure the run (time, memory: they differ
+between two runs of one command): the summary's and ``--json``'s, never the manifest's."""
 
 TOKENS_PER_BATCH = 8192
 """Tokens per forward call (whole sequences; at least one): the activations of one call
@@ -81,15 +92,7 @@ def calibrate_layers(
             refs = [ckpt.experts[(n, e)] for e in ckpt.layer_experts(n)] if n in moe else []
             weights = source_weights(refs)
             stats = runner.collect(n, weights)
-            jobs = []
-            for job in jobs_of.get(n, []):
-                st = stats.get(job.ref.expert)
-                if st is None or st.tokens == 0:
-                    tally.unrouted.append((n, job.ref.expert))
-                    jobs.append(job)
-                else:
-                    tally.calibrated += 1
-                    jobs.append(replace(job, hessians=st.hessians()))
+            jobs = [_with_stats(job, stats.get(job.ref.expert)) for job in jobs_of.get(n, [])]
             reports = write(jobs) if jobs else {}
             tally.failed += sum(
                 1 for rows in reports.values() for r in rows if r is not None and r.fallback
@@ -103,6 +106,7 @@ def calibrate_layers(
                 st = stats.get(e)
                 hs = st.hessians() if st is not None else (None, None, None)
                 tokens = st.tokens if st is not None else 0
+                _count(tally, key, hs, kept=key in resumed.kept)
                 ests = [
                     None if h is None else estimate(w, w_hat, h, bits, tokens)
                     for w, w_hat, h in zip(weights[e], quantised[e], hs)
@@ -120,6 +124,23 @@ def calibrate_layers(
     record["peak_rss_bytes"] = _peak_rss()
     record["sequential"] = True
     return record
+
+
+def _with_stats(job: Job, st: ExpertStats | None) -> Job:
+    """The job with its expert's statistics (none for an expert no token reached)."""
+    return job if st is None or st.tokens == 0 else replace(job, hessians=st.hessians())
+
+
+def _count(tally: Tally, key: Key, hs: tuple[Any, ...], kept: bool) -> None:
+    """Count a chosen expert as calibrated or unrouted, whether this run wrote it or a
+    resume kept it; a kept expert's tensors that fell back to the plain encoder are found
+    again from their statistics (this run's written ones come in the encoder's reports)."""
+    if all(h is None for h in hs):
+        tally.unrouted.append(key)
+        return
+    tally.calibrated += 1
+    if kept:
+        tally.failed += sum(1 for h in hs if h is not None and quant.hessian_fallback(h))
 
 
 def _peak_rss() -> int | None:

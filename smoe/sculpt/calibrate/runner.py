@@ -28,6 +28,7 @@ renames. Others are refused, naming what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Iterator, Sequence
@@ -37,14 +38,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from smoe import quant
-from smoe.errors import MissingExtra, RefusedInput, SmoeError, UsageError
+from smoe.errors import MissingExtra, RefusedInput, SmoeError, StoppedResumable, UsageError
 from smoe.interop.safetensors_io import read_array
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef, src_dtype
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["ExpertStats", "LayerRunner", "import_torch"]
+__all__ = ["ExpertStats", "LayerRunner", "check_device_present", "import_torch", "meta_model"]
 
 _FLOATS = ("F32", "F16", "BF16")
 _WRAPPERS = ("AutoModelForImageTextToText", "AutoModelForMultimodalLM", "AutoModel")
@@ -65,6 +66,26 @@ def import_torch() -> Any:
             f"--calibrate needs torch and transformers ({e.name} is missing)", "calibrate"
         ) from None
     return torch
+
+
+def check_device_present(torch: Any, device: str) -> None:
+    """Refuse (a usage error) a CUDA ``--device`` torch does not have here: no CUDA at all,
+    or an index past its devices (``device`` is ``cpu``, ``cuda`` or ``cuda:N``).
+
+    >>> check_device_present(import_torch(), "cpu")
+    """
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: no CUDA device is available to torch here")
+    count = int(torch.cuda.device_count())
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        have = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+        raise UsageError(
+            f"--device {device}: torch has {count} CUDA device{'s' if count != 1 else ''} "
+            f"here ({have})"
+        )
 
 
 @dataclass
@@ -166,6 +187,29 @@ def _define_stand_in(torch: Any) -> Any:
     return StandInExperts
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """transformers' logging at errors only inside the block."""
+    from transformers.utils import logging as log
+
+    level = log.get_verbosity()
+    log.set_verbosity_error()
+    try:
+        yield
+    finally:
+        log.set_verbosity(level)
+
+
+def _maps(auto_class: Any, config: Any) -> bool:
+    """Whether a transformers auto class has a model class for ``config`` (True where its
+    mapping cannot be asked: building it then tells)."""
+    mapping = getattr(auto_class, "_model_mapping", None)
+    try:
+        return mapping is None or type(config) in mapping
+    except Exception:  # another transformers' mapping
+        return True
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -204,6 +248,61 @@ def _define_catcher(torch: Any) -> Any:
     return Catcher
 
 
+def meta_model(ckpt: Checkpoint) -> Any:
+    """The model of ``ckpt`` as transformers builds it from the checkpoint's config, on the
+    ``meta`` device (no memory): a config transformers cannot read, or whose values make
+    its modeling code raise, is refused in one line naming the config and the cause
+    (:func:`smoe.sculpt.inputs.open_calibration` builds it once before anything is written).
+
+    >>> type(meta_model(Checkpoint.open("fixtures/checkpoints/qwen3_moe"))).__name__
+    'Qwen3MoeForCausalLM'
+    """
+    torch = import_torch()
+    with _quiet():  # a refused config is one line: not transformers' warnings before it
+        return _build(ckpt, torch)
+
+
+def _build(ckpt: Checkpoint, torch: Any) -> Any:
+    """:func:`meta_model`: the config read, the auto classes that map it tried in order."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = ckpt.root
+    try:
+        config = AutoConfig.from_pretrained(root)
+    except Exception as e:  # transformers' own refusals: an unknown model type, ...
+        raise RefusedInput(
+            f"{root}: --calibrate: transformers cannot read its config: {_first_line(e)}"
+        ) from None
+    config.use_cache = False
+    import transformers
+
+    classes = [AutoModelForCausalLM] + [
+        getattr(transformers, n) for n in _WRAPPERS if hasattr(transformers, n)
+    ]
+    mapped = [c for c in classes if _maps(c, config)]
+    if not mapped:
+        raise RefusedInput(
+            f"{root}: --calibrate: transformers has no language model class for "
+            f"model type {config.model_type!r}"
+        )
+    failure: Exception | None = None
+    with torch.device("meta"):
+        for cls in mapped:  # a multimodal wrapper: its language model is run alone
+            try:
+                model = cls.from_config(config, dtype=torch.float32)
+                break
+            except Exception as e:  # the config's values make its modeling code raise
+                failure = failure or e
+        else:
+            assert failure is not None
+            raise RefusedInput(
+                f"{root / 'config.json'}: --calibrate: transformers cannot build the "
+                f"model from it: {type(failure).__name__}: {_first_line(failure)}"
+            )
+    model.eval()
+    return model
+
+
 class LayerRunner:
     """The model of ``ckpt`` over the calibration ``ids`` (int64 ``[sequences, seq_len]``),
     one decoder layer at a time, on ``device`` (``"cpu"`` or ``"cuda"``), ``batch`` sequences
@@ -222,12 +321,11 @@ class LayerRunner:
         self, ckpt: Checkpoint, ids: np.ndarray, device: str = "cpu", batch: int = 32
     ) -> None:
         torch = self.torch = import_torch()
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is available to torch here")
+        check_device_present(torch, device)
         self.ckpt, self.device = ckpt, torch.device(device)
         self.ids = np.ascontiguousarray(ids, np.int64)
         self.batch = max(1, batch)
-        self.model = self._meta_model()
+        self.model = meta_model(ckpt)
         self.decoder, self.layers_path = self._decoder()
         self.layers = self.decoder.layers
         self.names = self._name_map()
@@ -237,38 +335,6 @@ class LayerRunner:
         self.peak_weight_bytes = 0
 
     # ---- building ---------------------------------------------------------------------------
-    def _meta_model(self) -> Any:
-        torch = self.torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        root = self.ckpt.root
-        try:
-            config = AutoConfig.from_pretrained(root)
-        except Exception as e:  # transformers' own refusals: an unknown model type, ...
-            raise RefusedInput(
-                f"{root}: --calibrate: transformers cannot read its config: {_first_line(e)}"
-            ) from None
-        config.use_cache = False
-        import transformers
-
-        classes = [AutoModelForCausalLM] + [
-            getattr(transformers, n) for n in _WRAPPERS if hasattr(transformers, n)
-        ]
-        with torch.device("meta"):
-            for cls in classes:  # a multimodal wrapper: its language model is run alone
-                try:
-                    model = cls.from_config(config, dtype=torch.float32)
-                    break
-                except (ValueError, KeyError, TypeError):
-                    continue
-            else:
-                raise RefusedInput(
-                    f"{root}: --calibrate: transformers has no language model class for "
-                    f"model type {config.model_type!r}"
-                )
-        model.eval()
-        return model
-
     def _decoder(self) -> tuple[Any, str]:
         model = self.model
         for name, module in model.named_modules():
@@ -481,6 +547,7 @@ class LayerRunner:
         >>> len(stats), [s.h_in.shape for s in stats.values()][0]  # one token id: 2 experts
         (2, (64, 64))
         """
+        self._check_input(n)
         layer = self._materialise(n, weights)
         stand_in = self._stand_in(layer)
         if stand_in is None:
@@ -489,7 +556,36 @@ class LayerRunner:
         self._run(layer, n, keep=False)
         stand_in.collecting = False
         stats, stand_in.stats = stand_in.stats, {}  # the caller's now: none kept per layer
+        for e in sorted(stats):
+            self._check_stats(n, e, stats[e])
         return stats
+
+    def _check_input(self, n: int) -> None:
+        """Refuse (resumably) non-finite hidden states entering layer ``n``, naming where
+        they came from: the embeddings or the layer before."""
+        for hidden in self.hidden:
+            bad = ~self.torch.isfinite(hidden)
+            if bool(bad.any()):
+                value = float(hidden[bad].reshape(-1)[0])
+                where = "the embeddings" if n == 0 else f"layer {n - 1}"
+                self._stop(f"{where}: non-finite activations in its output ({value})")
+
+    def _check_stats(self, n: int, e: int, st: ExpertStats) -> None:
+        """Refuse (resumably) an expert whose routed inputs are not finite."""
+        for names, h in (("gate_proj and up_proj", st.h_in), ("down_proj", st.h_down)):
+            finite = np.isfinite(h)
+            if not finite.all():
+                value = float(h[~finite][0])
+                self._stop(
+                    f"layer {n}, expert {e}: non-finite activations in the routed inputs of "
+                    f"its {names} ({value})"
+                )
+
+    def _stop(self, what: str) -> None:
+        raise StoppedResumable(
+            f"{self.ckpt.root}: --calibrate: {what}; the experts done so far are kept in "
+            "the partial vault: fix the cause, then run the same command with --resume"
+        )
 
     def propagate(self, n: int, weights: dict[int, list[np.ndarray]] | None = None) -> None:
         """Run layer ``n`` with ``weights`` (the quantised experts; None: as materialised)
