@@ -698,7 +698,14 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     kernels = [
         {"name": w.name, "compiled": w.compiled, "seconds": round(w.seconds, 3)} for w in done or []
     ]
-    doc = {"schema": WARMUP_SCHEMA, "kernels": kernels, "seconds": round(seconds, 3)}
+    damaged, not_kept = quant.cache_notes()
+    doc = {
+        "schema": WARMUP_SCHEMA,
+        "kernels": kernels,
+        "seconds": round(seconds, 3),
+        "damaged": damaged,
+        "not_kept": not_kept,
+    }
     if done is None:
         doc["note"] = NUMPY_ONLY
     if args.json:
@@ -708,6 +715,10 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if done is None:
         c.print(NUMPY_ONLY, markup=False, highlight=False, soft_wrap=True)
         return 0
+    print_warnings(
+        [f"numba's cache: damaged entry {d}" for d in damaged]
+        + [f"numba's cache: not kept: {n}" for n in not_kept]
+    )
     compiled = sum(w.compiled for w in done)
     how = (
         f"{compiled} compiled now, {len(done) - compiled} loaded from the cache"

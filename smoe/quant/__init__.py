@@ -101,13 +101,14 @@ from smoe.quant.decoder import decode, decode_bf16
 from smoe.quant.dispatch import fast_kernels, run_choice
 from smoe.quant.encoder import encode, encode_into, prepare_fast
 from smoe.quant.errors import NonFiniteWeights, ScaleOverflow, UnrepresentableWeights
-from smoe.quant.first_run import pick_kernel, run_kernel, warmup
+from smoe.quant.first_run import cache_notes, pick_kernel, run_kernel, warmup
 from smoe.quant.hessian import (
     SCALE_STARTS,
     HessianReport,
     encode_hessian,
     encode_hessian_into,
     hessian_error,
+    hessian_fallback,
 )
 from smoe.quant.inputs import as_float32, bf16_to_f32
 from smoe.quant.stats import QuantStats, snr_db
@@ -145,6 +146,7 @@ __all__ = [
     "Warmed",
     "as_float32",
     "bf16_to_f32",
+    "cache_notes",
     "decode",
     "decode_bf16",
     "encode",
@@ -153,6 +155,7 @@ __all__ = [
     "encode_into",
     "fast_kernels",
     "hessian_error",
+    "hessian_fallback",
     "level_center",
     "num_groups",
     "packed_size",

@@ -207,8 +207,13 @@ class _Notices:
     def finish(self) -> None:
         """Every kernel called: how long the compiles took, if any ran."""
         if self.t0 is not None:
+            from smoe.quant.kernels.disk_cache import notes  # (kernels compiled: numba is in)
+
             seconds = time.perf_counter() - self.t0
             kernels = f"{self.count} kernel{'s' if self.count > 1 else ''}"
-            _LOG.info(
-                "compiled %s in %.1f s; later runs load them from the cache", kernels, seconds
+            later = (
+                "numba's cache could not keep them (smoe warmup says why)"
+                if notes().not_kept
+                else "later runs load them from the cache"
             )
+            _LOG.info("compiled %s in %.1f s; %s", kernels, seconds, later)

@@ -11,6 +11,7 @@ way the output is the same, byte for byte (the compiled kernels repeat numpy's a
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import Literal
 
@@ -20,7 +21,7 @@ from smoe.quant.dispatch import compiled_module
 from smoe.quant.encoder import encoder_kernels
 from smoe.quant.traits import KERNEL_ENV, ScaleMode
 
-__all__ = ["SAVED_NS", "all_kernels", "pick_kernel", "run_kernel", "warmup"]
+__all__ = ["SAVED_NS", "all_kernels", "cache_notes", "pick_kernel", "run_kernel", "warmup"]
 
 SAVED_NS: dict[tuple[int, str, bool], float] = {
     (4, "optimal", False): 5.1,
@@ -127,3 +128,20 @@ def warmup() -> list[Warmed] | None:
     if not calls:
         return None
     return run_kernels(calls)
+
+
+def cache_notes() -> tuple[list[str], list[str]]:
+    """What numba's disk cache could not do for this process's kernels, as ``PLACE: WHY``
+    lines (:mod:`smoe.quant.kernels.disk_cache`): the damaged entries (compiled afresh and
+    rewritten, unless their place is also in the second list) and the places the compiled
+    code could not be kept (it ran from memory). Empty lists before any kernel was set up.
+
+    >>> damaged, not_kept = cache_notes()
+    >>> isinstance(damaged, list) and isinstance(not_kept, list)
+    True
+    """
+    module = sys.modules.get("smoe.quant.kernels.disk_cache")  # never imported just to ask
+    if module is None:
+        return [], []
+    damaged, not_kept = module.notes().lines()
+    return damaged, not_kept

@@ -177,3 +177,18 @@ def test_the_documented_codes_are_the_registry() -> None:
         assert code in layout.RULES, code
     for rule in layout.Rule:
         assert f"| `{rule.code}` |" in SPEC_MD, rule.code
+
+
+def test_the_warmup_document_has_the_documented_keys(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``smoe warmup --json`` (smoe-warmup/1): what it could not keep in numba's cache is
+    in ``damaged`` and ``not_kept`` (issue 31), empty when all was kept."""
+    from smoe import quant
+    from smoe.quant.compiling import Warmed
+
+    monkeypatch.setattr(quant, "warmup", lambda: [Warmed("decode to float32", False, 0.01)])
+    code, doc = python(capsys, "warmup", "--json")
+    assert code == 0 and set(doc) == documented_keys("Warmup document") - {"note"}
+    assert doc["schema"] == "smoe-warmup/1"
+    assert isinstance(doc["damaged"], list) and isinstance(doc["not_kept"], list)

@@ -11,6 +11,8 @@ from typing import Any
 import numba
 from numba.core import event
 
+from smoe.quant.kernels.disk_cache import give_cache
+
 __all__ = ["cached", "compiles_watched", "jit"]
 
 
@@ -18,7 +20,8 @@ def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``numba.njit`` with IEEE semantics (``error_model="numpy"``: ``x / 0`` is inf or nan,
     as in numpy; no fastmath unless asked), without the GIL (a sculpt's reader thread and
     an export's decoding threads run meanwhile), cached on disk where a location is
-    writable (``__pycache__`` or ``NUMBA_CACHE_DIR``; compiled in memory otherwise).
+    writable (``NUMBA_CACHE_DIR`` when set, else ``__pycache__``; compiled in memory
+    otherwise), a damaged entry compiled afresh (:mod:`smoe.quant.kernels.disk_cache`).
 
     >>> @jit()
     ... def ratio(a, b):
@@ -30,10 +33,9 @@ def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     def wrap(fn: Callable[..., Any]) -> Any:
         options.setdefault("error_model", "numpy")
         options.setdefault("nogil", True)
-        try:
-            return numba.njit(cache=True, **options)(fn)
-        except RuntimeError:  # no writable cache location (e.g. a read-only install)
-            return numba.njit(cache=False, **options)(fn)
+        dispatcher = numba.njit(**options)(fn)
+        give_cache(dispatcher)  # numba's disk cache, failing soft (damaged, unwritable)
+        return dispatcher
 
     return wrap
 
