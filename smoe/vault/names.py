@@ -25,8 +25,11 @@ from typing import Any
 import numpy as np
 
 from smoe.errors import FormatError, RefusedInput
+from smoe.families.registry import Layout, family_of
 from smoe.format import manifest
 from smoe.format.manifest import source_fault
+from smoe.format.records import model_type_str
+from smoe.interop.fp8 import FP8_DTYPES
 from smoe.interop.safetensors_io import FLOAT_DTYPES, json_excerpt
 from smoe.vault.reader import Vault
 from smoe_gen.layout import TENSOR_NAMES
@@ -80,6 +83,7 @@ class OutTensor:
     pieces: list[Piece] = field(default_factory=list)
     dtype: str | None = None  # the source's safetensors dtype, when the manifest records it
     transposed: bool = False  # a slab holds the pieces' transposes side by side ([E, H, 2I])
+    fp8: bool = False  # the manifest records the source as FP8 (dequantised when sculpted)
 
     @property
     def cols(self) -> int:
@@ -168,9 +172,49 @@ def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, 
             )
         for t, entry in enumerate(tensors):
             _place(out, vault, key, t, entry, _where(path, i, t))
+        _same_orientation(tensors, _where(path, i))
     for o in out.values():
         _tile(o, path)
+    _check_orientation(out, vault, path)
     return out
+
+
+def _same_orientation(tensors: list[Any], where: str) -> None:
+    """An expert's three sources are stored alike: all transposed or none (the sculptor
+    records one orientation per expert)."""
+    flags = [t.get("transposed", False) for t in tensors]
+    if len(set(flags)) > 1:
+        j = flags.index(not flags[0])
+        raise FormatError(
+            f"{where}.tensors[{j}].transposed is {json_excerpt(flags[j])}, but tensors[0]'s "
+            f"is {json_excerpt(flags[0])}: an expert's sources are all transposed or none"
+        )
+
+
+def _check_orientation(out: dict[str, OutTensor], vault: Vault, path: Path) -> None:
+    """The manifest's ``transposed`` against the family the arch block names: a fused slab
+    recorded transposed (``[E, H, 2I]``) for a family whose checkpoints have no transposed
+    layout, or untransposed (``[E, 2I, H]``) for one whose fused layout is only transposed,
+    would export tensors its model cannot load. A family the registry does not know (or a
+    v1 vault) is not judged."""
+    family = None if vault.arch is None else family_of(model_type_str(vault.arch["model_type"]))
+    if family is None:
+        return
+    layouts = set(family.layouts) - {Layout.PER_EXPERT}
+    for o in out.values():
+        if not o.pieces or o.pieces[0].index is None:
+            continue
+        if o.transposed and layouts <= {Layout.FUSED}:
+            want, said = "[E, 2I, H] and [E, H, I]", "true"
+        elif not o.transposed and layouts <= {Layout.FUSED_T}:
+            want, said = "[E, H, 2I] and [E, I, H]", "false"
+        else:
+            continue
+        raise FormatError(
+            f"{path}: transposed is {said} for {o.name!r}, but {family.model_type} "
+            f"checkpoints (the arch block's model_type) store fused experts as {want}: the "
+            "manifest contradicts the vault"
+        )
 
 
 def _place(
@@ -185,7 +229,7 @@ def _place(
     (at ``where``) names; refused if its ``index`` or ``rows`` do not fit the vault
     (:func:`smoe.format.manifest.source_fault`) or that tensor was given another index
     kind, width or dtype before."""
-    source, index, rows, dtype, transposed = _entry_fields(entry, where)
+    source, index, rows, dtype, transposed, fp8 = _entry_fields(entry, where)
     n_rows, cols = _shape(vault, key, t)
     assert isinstance(entry, dict)  # checked by _entry_fields
     expert_rows = sum(_shape(vault, key, u)[0] for u in range(len(TENSOR_NAMES)))
@@ -205,14 +249,21 @@ def _place(
             f"{where}: {source!r} is given another index kind, width, "
             "dtype or orientation than by an earlier entry"
         )
-    o.shape, o.dtype, o.transposed = (cols,), dtype, transposed
+    if o.pieces and o.fp8 != fp8:
+        raise FormatError(
+            f"{where}.fp8 is {'present' if fp8 else 'absent'}, but an earlier entry of "
+            f"{source!r} has it {'present' if o.fp8 else 'absent'}: one source tensor is "
+            "FP8 or not"
+        )
+    o.shape, o.dtype, o.transposed, o.fp8 = (cols,), dtype, transposed, fp8
     o.pieces.append(Piece(key, t, index, span))
 
 
-def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None, bool]:
+def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None, bool, bool]:
     """An ``experts[].tensors[]`` entry of the manifest: its source tensor's name and dtype
-    (None: not recorded) and whether the source holds its transpose, checked, and its
-    ``index`` and ``rows`` as given."""
+    (None: not recorded), whether the source holds its transpose (only a fused slab can)
+    and whether it was FP8 (its ``fp8`` record, checked by :func:`_fp8_fault`), checked,
+    and its ``index`` and ``rows`` as given."""
     if not isinstance(entry, dict):
         raise FormatError(f"{where}: not an object")
     source, index, rows, dtype = (entry.get(k) for k in ("source", "index", "rows", "dtype"))
@@ -223,7 +274,53 @@ def _entry_fields(entry: object, where: str) -> tuple[str, Any, Any, str | None,
         raise FormatError(f"{where}.source is {source!r}, expected a tensor name")
     if dtype is not None and dtype not in FLOAT_DTYPES:
         raise FormatError(f"{where}.dtype is {dtype!r}, expected one of {', '.join(FLOAT_DTYPES)}")
-    return source, index, rows, dtype, transposed
+    if transposed and index is None:
+        raise FormatError(
+            f"{where}.transposed is true, but its source {source!r} is a 2-D tensor (index "
+            "null): only a fused 3-D slab is stored transposed"
+        )
+    fp8 = entry.get("fp8")
+    if fp8 is not None:
+        fault = _fp8_fault(fp8)
+        if fault is None and dtype is not None:
+            fault = f"is present, but {where}.dtype says the source was {dtype}"
+        if fault is not None:
+            raise FormatError(f"{where}.fp8 {fault}")
+    return source, index, rows, dtype, transposed, fp8 is not None
+
+
+_FP8_KINDS = ("fp8-block", "fp8-channel", "fp8-tensor")
+
+
+def _fp8_fault(record: object) -> str | None:
+    """What is wrong with an entry's ``fp8`` record (docs/MANIFEST.md), or None: an object
+    of an FP8 ``dtype``, a ``scale`` tensor name, a ``kind`` and a ``block`` of two
+    positive integers.
+
+    >>> _fp8_fault({"dtype": "F8_E4M3", "scale": "w_scale_inv", "kind": "fp8-block",
+    ...             "block": [128, 128]}) is None
+    True
+    >>> _fp8_fault({"dtype": "BF16", "scale": "s", "kind": "fp8-block", "block": [1, 1]})
+    'dtype is "BF16", expected F8_E4M3 or F8_E5M2'
+    """
+    if not isinstance(record, dict):
+        return f"is {json_excerpt(record)}, expected an object"
+    checks = (
+        ("dtype", record.get("dtype") in FP8_DTYPES, " or ".join(FP8_DTYPES)),
+        ("scale", isinstance(record.get("scale"), str) and record.get("scale"), "a tensor name"),
+        ("kind", record.get("kind") in _FP8_KINDS, " or ".join(_FP8_KINDS)),
+        (
+            "block",
+            isinstance(record.get("block"), list)
+            and len(record["block"]) == 2
+            and all(type(v) is int and v > 0 for v in record["block"]),
+            "two positive integers",
+        ),
+    )
+    for key, ok, want in checks:
+        if not ok:
+            return f"{key} is {json_excerpt(record.get(key))}, expected {want}"
+    return None
 
 
 def _tile(o: OutTensor, path: Path) -> None:

@@ -166,10 +166,25 @@ def test_a_fused_tensor_is_every_experts_slab(sculpted: Callable[[str], Path]) -
             assert np.array_equal(down[e], w["down_proj"])
 
 
+def renamed_model_type(vault: Path, model_type: str) -> None:
+    """Set the model type of ``vault``'s arch block and of its config copy."""
+    with Vault.open(vault) as v:
+        at = int(v.header["reserved_ext"]) + layout.ARCH_BLOCK_OFFSETS["model_type"]
+    raw = bytearray(vault.read_bytes())
+    raw[at : at + layout.MODEL_TYPE_SIZE] = model_type.encode().ljust(layout.MODEL_TYPE_SIZE, b"\0")
+    vault.write_bytes(bytes(raw))
+    config = vault.with_name(vault.name.removesuffix(".smoe") + ".config.json")
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": model_type}))
+
+
 def test_a_transposed_source_is_written_transposed(
     sculpted: Callable[[str], Path], tmp_path: Path
 ) -> None:
+    """The manifest edited as the sculptor records an [E, H, 2I] source, and the model type
+    (arch block and config) made one the registry does not know: qwen3_moe's checkpoints have
+    no transposed layout, and export refuses a manifest that says otherwise (issue #31)."""
     vault = copied(sculpted("qwen3_moe_fused"), tmp_path / "t")
+    renamed_model_type(vault, "custom_moe")
     path = manifest.path_for(vault)
     doc = json.loads(path.read_text())
     for row in doc["experts"]:  # as the sculptor records an [E, H, 2I] source

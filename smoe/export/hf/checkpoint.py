@@ -975,6 +975,8 @@ def _config_file(
     cfg_path = Path(config) if config is not None else companions(vault_path)[1]
     if not rebuild_config and (config is not None or os.path.lexists(cfg_path)):
         data, more = hf_config.copied(cfg_path, explicit, unquantised=bool(src.fp8_sources))
+        scout_fp8 = _fp8_scout_tensor(src.scout) is not None
+        hf_config.check_quantization(cfg_path, src.doc, src.manifest_path, scout_fp8)
         doc = parse_json(data, cfg_path)
         refuse_contradictions(doc, cfg_path, vault)
         notes += more

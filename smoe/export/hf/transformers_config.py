@@ -26,6 +26,7 @@ from smoe.errors import RefusedInput
 from smoe.families.config import read_json
 from smoe.families.registry import Family, family_of
 from smoe.format.records import model_type_str
+from smoe.interop.fp8 import declared_block
 from smoe.interop.safetensors_io import TensorInfo
 from smoe.plumbing import fileio
 from smoe.vault.reader import Vault
@@ -34,6 +35,7 @@ from smoe_gen import layout
 __all__ = [
     "DTYPES",
     "RECIPES",
+    "check_quantization",
     "copied",
     "dequantised",
     "json_bytes",
@@ -138,6 +140,57 @@ quantised
         "dequantised from FP8 when sculpted and the scout holds no FP8 tensor, so nothing "
         "written is quantised"
     ]
+
+
+def check_quantization(
+    path: Path, doc: dict[str, Any] | None, manifest_path: Path, scout_fp8: bool
+) -> None:
+    """Refuse a copied config ``path`` whose ``quantization_config`` the vault's manifest
+    ``doc`` (read from ``manifest_path``) contradicts: a quantisation that nothing written
+    uses (no ``experts[].tensors[].fp8`` record and, ``scout_fp8`` False, no FP8 tensor in
+    the scout: the export would write unquantised weights under a quantised config), or an
+    ``fp8`` record whose ``block`` differs from the block size the config declares
+    (:func:`smoe.interop.fp8.declared_block`). Each refusal names the manifest field.
+
+    >>> import tempfile
+    >>> cfg = Path(tempfile.mkdtemp()) / "config.json"
+    >>> _ = cfg.write_text('{"quantization_config": {"quant_method": "fp8"}}')
+    >>> check_quantization(cfg, {"experts": [{"tensors": [{"source": "w"}]}]},
+    ...                    Path("v.smoe.manifest.json"), False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    smoe.errors.RefusedInput: ...config.json: quantization_config declares quant_method 'fp8', \
+but v.smoe.manifest.json records no FP8 source (experts[].tensors[].fp8) and the scout holds \
+no FP8 tensor: ...
+    """
+    cfg = read_json(path)
+    qc = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if qc is None or not isinstance(cfg, dict):
+        return
+    records = [
+        (i, j, t["fp8"])
+        for i, row in enumerate((doc or {}).get("experts") or [])
+        for j, t in enumerate(row.get("tensors") or [])
+        if isinstance(t, dict) and t.get("fp8") is not None
+    ]
+    if not records and not scout_fp8:
+        method = qc.get("quant_method") if isinstance(qc, dict) else None
+        what = f"quant_method {method!r}" if isinstance(method, str) else "a quantisation"
+        raise RefusedInput(
+            f"{path}: quantization_config declares {what}, but {manifest_path.name} records "
+            "no FP8 source (experts[].tensors[].fp8) and the scout holds no FP8 tensor: the "
+            "export would write unquantised weights under a quantised config; refused"
+        )
+    declared = declared_block(cfg, str(path))
+    for i, j, record in records:
+        block = record.get("block") if isinstance(record, dict) else None
+        if declared is None or not isinstance(record, dict) or record.get("kind") != "fp8-block":
+            continue
+        if block != list(declared):
+            raise RefusedInput(
+                f"{manifest_path}: experts[{i}].tensors[{j}].fp8.block is {block}, but "
+                f"{path} declares {list(declared)} ({declared.key}): the manifest "
+                "contradicts the config"
+            )
 
 
 def _f32(value: float) -> float:
