@@ -130,6 +130,7 @@ int cmd_cache_check(const Args& args) {
     }
     for (const Held& h : held)
         cache.release(h.layer, h.experts);
+    cache.wait_idle();
     const engine::CacheCounters& c = cache.counters();
     JsonWriter j;
     j.begin_object().member("slots", cache.capacity()).member("direct", cache.direct());

@@ -9,8 +9,13 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace smoe::harness::engine {
 
@@ -80,6 +85,17 @@ Fd open_reads(const Vault& v, bool want_direct, bool& direct, std::string& refus
 
 constexpr int64_t NONE = -1;
 
+/// A slot's state: EMPTY (nothing), LOADING (a read in flight), READY (the blob's bytes).
+enum class State : uint8_t { empty, loading, ready };
+
+struct Slot {
+    int64_t entry = NONE;  // the table index it holds or is loading
+    State state = State::empty;
+    uint32_t pins = 0;
+    bool prefetch = false;     // loaded on a hint, not yet asked for
+    std::exception_ptr error;  // a failed read, for the acquire waiting on it
+};
+
 }  // namespace
 
 struct ExpertCache::Impl {
@@ -96,8 +112,22 @@ struct ExpertCache::Impl {
         capacity = std::max(least, std::min<uint64_t>(opt.slots, vault.experts.size()));
         fd = open_reads(vault, opt.direct, direct, refused);
         ring = AlignedBuffer(static_cast<size_t>(capacity * slot_size));
-        content.assign(capacity, NONE);
-        pins.assign(capacity, 0);
+        slots.resize(capacity);
+        const unsigned threads = std::clamp(opt.io_threads, 1u, MAX_IO_THREADS);
+        // hints never take the last worker: a demand read always finds one free
+        prefetch_limit = threads - 1;
+        for (unsigned t = 0; t < threads; ++t)
+            workers.emplace_back([this] { work(); });
+    }
+
+    ~Impl() {
+        {
+            const std::lock_guard lock(mu);
+            stopping = true;
+        }
+        job_ready.notify_all();
+        for (std::thread& t : workers)
+            t.join();
     }
 
     /// The table index of (layer, expert), or std::out_of_range.
@@ -111,35 +141,88 @@ struct ExpertCache::Impl {
 
     uint8_t* slot_data(uint64_t s) const { return ring.data() + s * slot_size; }
 
-    /// A slot for a new load: an empty one, else the policy's victim among the unpinned.
-    uint64_t claim() {
+    /// A slot for a new load (under mu): an empty one, else the policy's victim among the
+    /// unpinned ready ones; none (NONE) while every other is pinned or loading.
+    int64_t claim() {
         std::vector<uint32_t> candidates;
-        std::vector<uint64_t> slots;
+        std::vector<uint64_t> ready;
         for (uint64_t s = 0; s < capacity; ++s) {
-            if (content[s] == NONE)
-                return s;
-            if (pins[s] == 0) {
-                candidates.push_back(static_cast<uint32_t>(content[s]));
-                slots.push_back(s);
+            const Slot& x = slots[s];
+            if (x.state == State::empty)
+                return static_cast<int64_t>(s);
+            if (x.state == State::ready && x.pins == 0) {
+                candidates.push_back(static_cast<uint32_t>(x.entry));
+                ready.push_back(s);
             }
         }
         if (candidates.empty())
-            throw std::logic_error("expert cache: every slot is pinned");
-        const uint64_t s = slots[policy->victim(candidates)];
-        where[static_cast<size_t>(content[s])] = NONE;
-        content[s] = NONE;
-        return s;
+            return NONE;
+        const uint64_t s = ready[policy->victim(candidates)];
+        where[static_cast<size_t>(slots[s].entry)] = NONE;
+        slots[s] = Slot{};
+        return static_cast<int64_t>(s);
     }
 
-    void read(uint32_t e, uint64_t s) {
-        const Expert& x = v.experts[e];
-        const double t0 = now_seconds();
-        pread_full(fd.get(), slot_data(s), static_cast<size_t>(x.padded_size), x.byte_offset,
-                   v.name);
-        counters.read_seconds += now_seconds() - t0;
-        counters.bytes_read += x.padded_size;
-        counters.blobs_read += 1;
+    /// Starts loading table entry `e` into slot `s` (under mu).
+    void load(uint32_t e, uint64_t s, bool hint) {
+        slots[s].entry = e;
+        slots[s].state = State::loading;
+        slots[s].prefetch = hint;
+        where[e] = static_cast<int64_t>(s);
+        (hint ? hints : demands).push_back(s);
+        if (hint)
+            ++hints_in_flight;
+        job_ready.notify_one();
     }
+
+    /// An I/O thread: demand reads first, hints only when no demand waits.
+    void work() {
+        std::unique_lock lock(mu);
+        for (;;) {
+            job_ready.wait(lock, [&] { return stopping || !demands.empty() || !hints.empty(); });
+            if (stopping)
+                return;
+            std::deque<uint64_t>& queue = demands.empty() ? hints : demands;
+            const uint64_t s = queue.front();
+            queue.pop_front();
+            const Expert& x = v.experts[static_cast<size_t>(slots[s].entry)];
+            lock.unlock();
+            std::exception_ptr error;
+            try {
+                pread_full(fd.get(), slot_data(s), static_cast<size_t>(x.padded_size),
+                           x.byte_offset, v.name);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            lock.lock();
+            Slot& slot = slots[s];
+            if (slot.prefetch)
+                --hints_in_flight;
+            if (error && slot.pins == 0) {  // a hint nobody waits for: forgotten
+                where[static_cast<size_t>(slot.entry)] = NONE;
+                slot = Slot{};
+            } else {
+                slot.state = State::ready;
+                slot.error = error;
+                counters.bytes_read += x.padded_size;
+                counters.blobs_read += 1;
+            }
+            done.notify_all();
+        }
+    }
+
+    /// Drops this call's pins (under mu) after a failure.
+    void unpin(const std::vector<uint64_t>& pinned) {
+        for (uint64_t s : pinned)
+            slots[s].pins -= 1;
+        for (uint64_t s : pinned)
+            if (slots[s].error && slots[s].pins == 0) {
+                where[static_cast<size_t>(slots[s].entry)] = NONE;
+                slots[s] = Slot{};
+            }
+    }
+
+    static constexpr unsigned MAX_IO_THREADS = 64;
 
     const Vault& v;
     uint64_t slot_size;
@@ -149,10 +232,17 @@ struct ExpertCache::Impl {
     bool direct = false;
     std::string refused;
     AlignedBuffer ring;
-    std::vector<int64_t> content;  // per slot: the table index it holds, or NONE
-    std::vector<uint32_t> pins;    // per slot
-    std::vector<int64_t> where;    // per table index: its slot, or NONE
+
+    std::mutex mu;  // everything below
+    std::condition_variable job_ready, done;
+    std::vector<Slot> slots;
+    std::vector<int64_t> where;  // per table index: its slot, or NONE
+    std::deque<uint64_t> demands, hints;
+    unsigned prefetch_limit = 0, hints_in_flight = 0;
+    bool stopping = false;
     CacheCounters counters;
+    CacheCounters snapshot;  // what counters() returned last
+    std::vector<std::thread> workers;
 };
 
 ExpertCache::ExpertCache(const Vault& vault, const CacheOptions& opt)
@@ -171,13 +261,14 @@ std::vector<const uint8_t*> ExpertCache::acquire(uint32_t layer,
     entries.reserve(experts.size());
     for (uint32_t x : experts)
         entries.push_back(m.entry(layer, x));
+    std::unique_lock lock(m.mu);
     // Room check before anything changes: pinned now plus the new distinct ones.
     uint64_t pinned = 0;
-    for (uint64_t s = 0; s < m.capacity; ++s)
-        pinned += m.pins[s] > 0;
+    for (const Slot& x : m.slots)
+        pinned += x.pins > 0;
     std::vector<uint32_t> fresh;
     for (uint32_t e : entries)
-        if ((m.where[e] == NONE || m.pins[static_cast<size_t>(m.where[e])] == 0) &&
+        if ((m.where[e] == NONE || m.slots[static_cast<size_t>(m.where[e])].pins == 0) &&
             std::find(fresh.begin(), fresh.end(), e) == fresh.end())
             fresh.push_back(e);
     if (pinned + fresh.size() > m.capacity)
@@ -185,42 +276,56 @@ std::vector<const uint8_t*> ExpertCache::acquire(uint32_t layer,
                                " experts pinned at once, more than its " +
                                std::to_string(m.capacity) + " slots");
     m.policy->demand(layer, entries);
-    // Hits are pinned first, so that no load of this call evicts a blob it asks for.
-    std::vector<uint64_t> pinned_now;  // unpinned again if a read fails
+    // What is resident or on its way is pinned first, so that no load of this call evicts a
+    // blob it asks for; a blob a hint is loading counts as a hit (no demand read for it).
+    std::vector<uint64_t> mine;  // the slots this call pinned, one per distinct entry
     std::vector<uint32_t> loads;
     for (size_t i = 0; i < entries.size(); ++i) {
         const uint32_t e = entries[i];
-        if (std::find(entries.begin(), entries.begin() + i, e) != entries.begin() + i)
+        if (std::find(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(i), e) !=
+            entries.begin() + static_cast<ptrdiff_t>(i))
             continue;  // a repeat counts once
         if (m.where[e] == NONE) {
             loads.push_back(e);
-        } else {
-            pinned_now.push_back(static_cast<uint64_t>(m.where[e]));
-            m.pins[pinned_now.back()] += 1;
-            m.counters.hits += 1;
+            continue;
         }
+        Slot& x = m.slots[static_cast<size_t>(m.where[e])];
+        x.pins += 1;
+        x.prefetch = false;
+        mine.push_back(static_cast<uint64_t>(m.where[e]));
+        m.counters.hits += 1;
     }
-    try {
-        for (uint32_t e : loads) {
-            const uint64_t s = m.claim();
-            m.read(e, s);
-            m.content[s] = e;
-            m.where[e] = static_cast<int64_t>(s);
-            m.pins[s] += 1;
-            pinned_now.push_back(s);
-            m.counters.misses += 1;
+    const double t0 = now_seconds();
+    for (uint32_t e : loads) {
+        int64_t s = m.claim();
+        while (s == NONE) {  // every other slot pinned or loading a hint: wait for one
+            m.done.wait(lock);
+            s = m.claim();
         }
-    } catch (...) {
-        for (uint64_t s : pinned_now)
-            m.pins[s] -= 1;
-        throw;
+        m.load(e, static_cast<uint64_t>(s), false);
+        m.slots[static_cast<size_t>(s)].pins += 1;
+        mine.push_back(static_cast<uint64_t>(s));
+        m.counters.misses += 1;
     }
+    m.done.wait(lock, [&] {
+        return std::all_of(mine.begin(), mine.end(),
+                           [&](uint64_t s) { return m.slots[s].state == State::ready; });
+    });
+    if (!loads.empty())
+        m.counters.read_seconds += now_seconds() - t0;
+    for (uint64_t s : mine)
+        if (m.slots[s].error) {
+            const std::exception_ptr error = m.slots[s].error;
+            m.unpin(mine);
+            std::rethrow_exception(error);
+        }
     std::vector<const uint8_t*> out;
     out.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
         const auto s = static_cast<uint64_t>(m.where[entries[i]]);
-        if (std::find(entries.begin(), entries.begin() + i, entries[i]) != entries.begin() + i)
-            m.pins[s] += 1;  // each occurrence is released once
+        if (std::find(entries.begin(), entries.begin() + static_cast<ptrdiff_t>(i), entries[i]) !=
+            entries.begin() + static_cast<ptrdiff_t>(i))
+            m.slots[s].pins += 1;  // each occurrence is released once
         out.push_back(m.slot_data(s));
     }
     return out;
@@ -228,18 +333,49 @@ std::vector<const uint8_t*> ExpertCache::acquire(uint32_t layer,
 
 void ExpertCache::release(uint32_t layer, const std::vector<uint32_t>& experts) {
     Impl& m = *impl_;
-    for (uint32_t x : experts) {
-        const uint32_t e = m.entry(layer, x);
-        if (m.where[e] == NONE || m.pins[static_cast<size_t>(m.where[e])] == 0)
+    std::vector<uint32_t> entries;
+    for (uint32_t x : experts)
+        entries.push_back(m.entry(layer, x));
+    const std::lock_guard lock(m.mu);
+    for (uint32_t e : entries)
+        if (m.where[e] == NONE || m.slots[static_cast<size_t>(m.where[e])].pins == 0)
             throw std::logic_error("expert cache: release of an expert not acquired");
-        m.pins[static_cast<size_t>(m.where[e])] -= 1;
+    for (uint32_t e : entries)
+        m.slots[static_cast<size_t>(m.where[e])].pins -= 1;
+}
+
+void ExpertCache::prefetch(uint32_t layer, const std::vector<uint32_t>& experts) {
+    Impl& m = *impl_;
+    std::vector<uint32_t> entries;
+    for (uint32_t x : experts)
+        if (const Expert* e = m.v.find(layer, x))  // a hint may name anything: ignored
+            entries.push_back(static_cast<uint32_t>(e - m.v.experts.data()));
+    const std::lock_guard lock(m.mu);
+    m.policy->hint(layer, entries);
+    for (uint32_t e : entries) {
+        if (m.where[e] != NONE || m.hints_in_flight >= m.prefetch_limit || !m.demands.empty())
+            continue;
+        const int64_t s = m.claim();
+        if (s == NONE)
+            return;
+        m.load(e, static_cast<uint64_t>(s), true);
+        m.counters.prefetched += 1;
     }
 }
 
-void ExpertCache::prefetch(uint32_t, const std::vector<uint32_t>&) {}
+void ExpertCache::wait_idle() {
+    Impl& m = *impl_;
+    std::unique_lock lock(m.mu);
+    m.done.wait(lock, [&] {
+        return std::none_of(m.slots.begin(), m.slots.end(),
+                            [](const Slot& x) { return x.state == State::loading; });
+    });
+}
 
 const CacheCounters& ExpertCache::counters() const {
-    return impl_->counters;
+    const std::lock_guard lock(impl_->mu);
+    impl_->snapshot = impl_->counters;
+    return impl_->snapshot;
 }
 
 bool ExpertCache::direct() const {

@@ -72,6 +72,9 @@ public:
     /// demand read.
     void prefetch(uint32_t layer, const std::vector<uint32_t>& experts);
 
+    /// Waits until no read is in flight (hints included): counters() are then final.
+    void wait_idle();
+
     const CacheCounters& counters() const;
     bool direct() const;  // false when O_DIRECT was refused (buffered reads)
     /// Why O_DIRECT was refused ("" when it was not asked for or not refused): the one
