@@ -28,8 +28,12 @@ float sigmoid(float x) {
     return 1.0f / (1.0f + std::exp(-x));
 }
 
-/// The k largest of `score` (ties: the lower index first), in descending order.
-std::vector<uint32_t> top_k(const std::vector<float>& score, uint32_t k) {
+/// The k largest of `score` (ties: the lower index first), in descending order. A NaN (from
+/// a damaged weight) ranks below everything, so the order stays a strict weak one.
+std::vector<uint32_t> top_k(std::vector<float> score, uint32_t k) {
+    for (float& x : score)
+        if (std::isnan(x))
+            x = -std::numeric_limits<float>::infinity();
     std::vector<uint32_t> idx(score.size());
     std::iota(idx.begin(), idx.end(), 0u);
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {

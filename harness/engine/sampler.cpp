@@ -15,8 +15,11 @@ uint32_t Sampler::next(const std::vector<float>& logits) {
         return argmax(logits);
     std::vector<uint32_t> order(logits.size());
     std::iota(order.begin(), order.end(), 0u);
+    auto key = [&](uint32_t i) {  // a NaN ranks last: the order stays a strict weak one
+        return std::isnan(logits[i]) ? -HUGE_VALF : logits[i];
+    };
     std::stable_sort(order.begin(), order.end(),
-                     [&](uint32_t a, uint32_t b) { return logits[a] > logits[b]; });
+                     [&](uint32_t a, uint32_t b) { return key(a) > key(b); });
     if (o_.top_k > 0 && o_.top_k < order.size())
         order.resize(o_.top_k);
     std::vector<double> p(order.size());

@@ -188,3 +188,20 @@ def test_refuses_a_partial_vault(smoe_stream: Path, tmp_path: Path) -> None:
         f"smoe-stream: {part}: a partial vault (layer 0 holds 2 of 4 experts): the decoder "
         "needs every expert the router may pick"
     )
+
+
+def test_mutated_scouts_never_crash(smoe_stream: Path, vault: Path, tmp_path: Path) -> None:
+    """Bytes of the scout's header and length changed at random: a run, or one line."""
+    whole = vault.with_name(vault.stem + ".scout.safetensors").read_bytes()
+    header_end = 8 + int.from_bytes(whole[:8], "little")
+    rng = np.random.default_rng(11)
+    scout = tmp_path / "m.safetensors"
+    for _ in range(40):
+        data = bytearray(whole)
+        for at in rng.integers(0, header_end, size=int(rng.integers(1, 4))):
+            data[at] = int(rng.integers(0, 256))
+        scout.write_bytes(bytes(data))
+        proc = generate(vault, "--prompt", PROMPT, "--max-new", 1, "--scout", scout)
+        assert proc.returncode in (0, 1), proc.stderr
+        if proc.returncode:
+            one_line(proc)
