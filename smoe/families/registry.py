@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "CLAMP",
+    "CLAMP_SHARED",
     "CONTAINERS",
     "EMBEDDINGS",
     "FAMILIES",

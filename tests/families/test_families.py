@@ -32,7 +32,7 @@ torch = pytest.importorskip("torch", reason="the hf extra (torch, transformers) 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 
-from smoe_testkit import tiny  # noqa: E402
+from smoe_testkit import probes, tiny  # noqa: E402
 
 
 def _buildable(mt: str) -> bool:
@@ -135,26 +135,64 @@ def _has_shared_expert(model: Any) -> bool:
     )
 
 
-def test_the_registry_covers_every_moe_family_installed() -> None:
-    """Each model type whose modeling code has routed experts is in the registry."""
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TOWER = re.compile(r"Vision|Audio|Speech|CodePredictor")
+"""A config class of a model's vision, audio or speech tower (its experts, if any, stay in
+the scout with the rest of the tower), not a language model's."""
+
+
+def _modeling_sources(mt: str) -> list[str]:
+    """The source of the modules defining the classes transformers maps ``mt`` to (a model
+    type may run another's classes: param2moe runs GLM-4-MoE's), else of its package's
+    modeling module (a sub-config such as inkling_text has no class of its own)."""
     import importlib
     import inspect
-    import re
 
-    missing = []
-    for mt in CONFIG_MAPPING_NAMES:
-        name = mt.replace("-", "_")
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    modules = set()
+    for table in tiny.MODEL_CLASSES:
+        name = getattr(modeling_auto, table, {}).get(mt)
+        for n in name if isinstance(name, (list, tuple)) else [name] if name else []:
+            cls = getattr(transformers, n, None)
+            if cls is not None:
+                modules.add(inspect.getmodule(cls))
+    if not modules:
+        pkg = model_type_to_module_name(mt)
         try:
-            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+            modules.add(importlib.import_module(f"transformers.models.{pkg}.modeling_{pkg}"))
         except ImportError:
-            continue
-        experts = re.search(r"class \w*(Experts|SparseMoe)\w*\(", inspect.getsource(module))
-        if experts and mt not in FAMILIES and not mt.endswith(_PARTS):
-            missing.append(mt)
-    assert missing == []
+            return []
+    return [inspect.getsource(m) for m in modules if m is not None]
 
 
-_PARTS = ("_text", "_vision", "_audio", "_encoder", "_vision_model", "_vision_encoder")
+def _routes_experts(mt: str) -> bool:
+    """Whether ``mt`` is a language model with routed experts: its modeling code defines an
+    experts or sparse-MoE class, and its (text) config declares an expert count."""
+    if not any(
+        re.search(r"class \w*(Experts|SparseMoe)\w*\(", src) for src in _modeling_sources(mt)
+    ):
+        return False
+    config = transformers.AutoConfig.for_model(mt).get_text_config()
+    if _TOWER.search(type(config).__name__):
+        return False
+    d = config.to_dict()
+    nested = d.get("ffn_config") if isinstance(d.get("ffn_config"), dict) else {}  # dbrx
+    return any(k in d or k in nested for k in _EXPERT_COUNTS)
+
+
+def test_the_registry_covers_every_moe_family_installed() -> None:
+    """Every model type of the installed transformers whose modeling code has routed experts
+    is in the registry (converted, refused with a reason, or an alias): a new release's
+    families cannot slip by unnoticed."""
+    missing = [
+        mt for mt in sorted(CONFIG_MAPPING_NAMES) if mt not in FAMILIES and _routes_experts(mt)
+    ]
+    assert missing == [], f"register these model types (smoe/families/registry.py): {missing}"
+    for mt in ("ergo", "param2moe", "inkling_text", "qwen3_omni_moe_thinker"):  # the rule sees them
+        if mt in CONFIG_MAPPING_NAMES:
+            assert _routes_experts(mt), mt
 
 
 @pytest.mark.parametrize("mt", REFUSED)
@@ -209,10 +247,56 @@ def test_converted(mt: str, written: Any, tmp_path: Path) -> None:
         assert bool(flags & 4) == _layer_0_is_dense(MODELS[mt]), flags
         shared = int(a["shared_expert_ffn_dim"])
         assert (shared > 0) == _has_shared_expert(MODELS[mt]), shared
+        assert shared == probes.shared_expert_width(MODELS[mt])
+        _attention_as_the_model_runs_it(mt, a)
+        _expert_as_the_model_computes_it(mt, folder)
         assert int(vault.header["d_model"]) == c.hidden_size
         assert int(vault.header["vocab_size"]) == c.vocab_size
     warned = [w for w in result.warnings if "not in smoe's family registry" in w]
     assert warned == []
+
+
+def _attention_as_the_model_runs_it(mt: str, a: Any) -> None:
+    """The block's attention fields against one forward pass of the model: the heads its
+    attention function is given, a q/k norm module run inside an attention module (by
+    module, whatever its name), a rotary embedding in use."""
+    model = MODELS[mt]
+    seen = probes.attention(model, lambda: _logits(model, mt))
+    assert seen.heads == {int(a["num_heads"])}, seen
+    assert seen.kv_heads == {int(a["num_kv_heads"])}, seen
+    assert seen.head_dim == {int(a["head_dim"])}, seen
+    assert bool(int(a["flags"]) & 2) == bool(seen.qk_norms), seen.qk_norms
+    assert (float(a["rope_theta"]) > 0) == seen.rotary, float(a["rope_theta"])
+
+
+# experts whose module takes pre-routed tokens ([experts x tokens, hidden], llama4): the
+# round trip's logits stand for them
+EXPERTS_NOT_A_MODULE = {"llama4"}
+
+
+def _float32(array: Any, src: str | None) -> Any:
+    import numpy as np
+
+    if src == "bf16":
+        return torch.from_numpy((array.astype(np.uint32) << 16).view(np.float32))
+    return torch.from_numpy(array.astype(np.float32))
+
+
+def _expert_as_the_model_computes_it(mt: str, folder: Path) -> None:
+    """The model's own expert module on random inputs equals down(silu(gate x) * up x)
+    with the matrices the sculptor reads (what the vault holds, before quantisation): a
+    clamp, softcap, bias, scale or interleaving no key announces fails here."""
+    from smoe.sculpt.source.checkpoint import Checkpoint
+
+    (layer, e), ref = next(iter(Checkpoint.open(folder).experts.items()))
+    gate, up, down = (_float32(a, src) for a, src in ref.load())
+    x = torch.randn(6, gate.shape[1], generator=torch.Generator().manual_seed(5))
+    x *= 50 / float((x @ gate.T).abs().max())  # gate x up to 50: past any clamp or softcap
+    got = probes.expert_output(MODELS[mt], layer, e, x)
+    assert (got is None) == (mt in EXPERTS_NOT_A_MODULE)
+    if got is not None:
+        want = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+        assert _rel(got, want) < 1e-5
 
 
 def _load(folder: Path, mt: str) -> tuple[Any, dict[str, list[str]]]:
