@@ -166,6 +166,7 @@ struct Run {
     double prefill_s = 0, decode_s = 0;
     CacheCounters total;
     double belady = 0;
+    ExpertCompute compute;
     uint64_t slots = 0;
     bool direct = false;
 };
@@ -191,6 +192,10 @@ std::string generate_json(const GenerateArgs& g, const Model& m, const Run& r) {
     j.member("hit_rate", asked ? double(r.total.hits) / double(asked) : 0.0);
     j.member("belady_hit_rate", r.belady);
     j.member("read_bytes_per_s", rate(double(r.total.bytes_read), r.total.read_seconds));
+    j.end_object();
+    j.key("experts").begin_object().member("applied", r.compute.applied);
+    j.member("weight_bytes", r.compute.weight_bytes).member("seconds", r.compute.seconds);
+    j.member("weight_bytes_per_s", rate(double(r.compute.weight_bytes), r.compute.seconds));
     j.end_object();
     j.key("per_token").begin_array();
     for (size_t i = 0; i < r.steps.size(); ++i) {
@@ -277,6 +282,7 @@ int run_generate(const GenerateArgs& g) {
     r.slots = cache.capacity();
     r.direct = cache.direct();
     r.belady = belady_hit_rate(dec.steps(), cache.capacity());
+    r.compute = dec.expert_compute();
     if (!g.trace.empty()) {
         TraceWriter tw(v, g.trace);
         for (const TraceStep& s : dec.steps())

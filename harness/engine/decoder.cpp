@@ -239,6 +239,7 @@ void Decoder::routed(uint32_t layer, const std::vector<float>& h, size_t T,
                 if (at != batch.end())
                     jobs.push_back({t, i, static_cast<size_t>(at - batch.begin())});
             }
+        const double t0 = now_seconds();
         try {
             pool_.parallel_for(jobs.size(), [&](size_t b0, size_t b1, unsigned worker) {
                 for (size_t j = b0; j < b1; ++j) {
@@ -254,6 +255,10 @@ void Decoder::routed(uint32_t layer, const std::vector<float>& h, size_t T,
             cache_.release(layer, batch);
             throw;
         }
+        compute_.seconds += now_seconds() - t0;
+        compute_.applied += jobs.size();
+        for (const Job& job : jobs)
+            compute_.weight_bytes += vault_.find(layer, batch[job.b])->raw_size;
         cache_.release(layer, batch);
     }
     for (size_t t = 0; t < T; ++t)

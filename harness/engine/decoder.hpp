@@ -16,6 +16,13 @@
 
 namespace smoe::harness::engine {
 
+/// The routed experts' compute, counted where it happens: every expert applied to a token,
+/// its blob's bytes (raw_size: codes and scales), the wall time of the kernels' sections.
+struct ExpertCompute {
+    uint64_t applied = 0, weight_bytes = 0;
+    double seconds = 0;
+};
+
 class Decoder {
 public:
     /// `max_positions`: the most tokens the KV cache holds (prompt + new tokens).
@@ -31,6 +38,7 @@ public:
     /// The routing trace so far: per chunk and MoE layer, the experts acquired (a chunk's
     /// union, sorted), under the position of the chunk's first token.
     const std::vector<TraceStep>& steps() const { return steps_; }
+    const ExpertCompute& expert_compute() const { return compute_; }
 
 private:
     void attention(uint32_t layer, const std::vector<float>& h, size_t T, std::vector<float>& out);
@@ -45,6 +53,7 @@ private:
     ExpertCache& cache_;
     ThreadPool& pool_;
     std::vector<TraceStep> steps_;
+    ExpertCompute compute_;
     uint64_t max_positions_, pos_ = 0;
     std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_positions, kv_rows]
     std::vector<ExpertKernel> kernels_;                  // one per worker
