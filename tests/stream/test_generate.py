@@ -205,3 +205,24 @@ def test_mutated_scouts_never_crash(smoe_stream: Path, vault: Path, tmp_path: Pa
         assert proc.returncode in (0, 1), proc.stderr
         if proc.returncode:
             one_line(proc)
+
+
+def test_the_scouts_shapes_win_over_the_block(
+    smoe_stream: Path, vault: Path, tmp_path: Path
+) -> None:
+    """A block that denies the q/k norms the scout has: a warning, and the same run."""
+    copy = tmp_path / "v" / vault.name
+    shutil.copytree(vault.parent, copy.parent)
+    data = bytearray(copy.read_bytes())
+    flags_at = int.from_bytes(data[60:64], "little") + 12  # reserved_ext: the arch block
+    data[flags_at] &= ~2  # has_qk_norm off
+    copy.write_bytes(bytes(data))
+    proc = generate(copy, "--prompt", PROMPT, "--max-new", 4)
+    assert proc.returncode == 0
+    assert proc.stderr == (
+        f"smoe-stream: warning: {copy}: the arch block says has_qk_norm 0, the scout has q/k "
+        "norms; the scout's shapes win\n"
+    )
+    assert proc.stdout == generate(vault, "--prompt", PROMPT, "--max-new", 4).stdout
+    doc = strict_json(generate(copy, "--prompt", PROMPT, "--max-new", 1, "--json").stdout)
+    assert doc["warnings"] == [proc.stderr.removeprefix("smoe-stream: warning: ").strip()]
