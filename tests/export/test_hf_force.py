@@ -8,6 +8,7 @@ the export's steps."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -133,13 +134,25 @@ def test_a_marker_that_is_not_one_is_refused(
     assert line.startswith(f"error: {path}: ") and line.endswith(folder.FORCE)
 
 
-def test_the_marker_lists_every_file_with_its_size_and_hash(earlier: Path) -> None:
-    doc = json.loads((earlier / folder.MARKER).read_text())
-    listed = {f["name"]: f["size"] for f in doc["files"]}
+@pytest.mark.parametrize("shard", [None, 50_000], ids=["one-shard", "sharded"])
+def test_the_marker_lists_every_file_with_its_size_and_hash(
+    source: tuple[Path, Path], tmp_path: Path, shard: int | None
+) -> None:
+    """Hashed as written (each tensor's bytes read back while the next is written): the
+    digests are those of the files as they are on disk."""
+    hf = tmp_path / "hf"
+    kw = {} if shard is None else {"max_shard_size": shard}
+    export_hf(source[1], hf, threads=2, **kw)  # type: ignore[arg-type]
+    doc = json.loads((hf / folder.MARKER).read_text())
+    listed = {f["name"]: (f["size"], f["sha256"]) for f in doc["files"]}
     assert doc["schema"] == folder.SCHEMA and doc["vault"] == f"{MODEL}.smoe"
-    files = [n for n in os.listdir(earlier) if n != folder.MARKER]
-    assert listed == {n: (earlier / n).stat().st_size for n in files}
-    assert folder.check_earlier(earlier).path == earlier
+    files = [n for n in os.listdir(hf) if n != folder.MARKER]
+    assert len(files) > (1 if shard is None else 3)
+    assert listed == {
+        n: ((hf / n).stat().st_size, hashlib.sha256((hf / n).read_bytes()).hexdigest())
+        for n in files
+    }
+    assert folder.check_earlier(hf).path == hf
 
 
 # ---- attacks while the export runs ----------------------------------------------------------

@@ -538,11 +538,18 @@ class _Plan:
         return t.dtype if t is not None else self.dtypes[name]
 
 
-def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes) -> list[str]:
+def _write_folder(
+    tmp: Path,
+    plan: _Plan,
+    decoder: _Decoder,
+    config_bytes: bytes,
+    hashes: folder.Hashes | None = None,
+) -> list[str]:
     """Write the shards, the index (when there are several) and config.json into ``tmp``;
-    the names of the files, in that order."""
+    the names of the files, in that order (``hashes``: told of each shard's bytes as they
+    are written)."""
     names = _shard_names(len(plan.shards))
-    _write_shards(tmp, names, plan, decoder)
+    _write_shards(tmp, names, plan, decoder, hashes)
     files = list(names)
     if len(names) > 1:
         _write_small(tmp / INDEX_NAME, hf_config.json_bytes(_index(names, plan)))
@@ -551,9 +558,16 @@ def _write_folder(tmp: Path, plan: _Plan, decoder: _Decoder, config_bytes: bytes
     return [*files, "config.json"]
 
 
-def _write_shards(tmp: Path, names: list[str], plan: _Plan, decoder: _Decoder) -> None:
+def _write_shards(
+    tmp: Path,
+    names: list[str],
+    plan: _Plan,
+    decoder: _Decoder,
+    hashes: folder.Hashes | None = None,
+) -> None:
     """Each shard file ``names[i]`` with the tensors of ``plan.shards[i]``: scout tensors
-    copied from their files (each opened once), experts from the ``decoder``."""
+    copied from their files (each opened once), experts from the ``decoder``; ``hashes``
+    is told of each tensor's bytes once written, and of each shard once complete."""
     fds: dict[Path, int] = {}
     try:
         for file_name, tensors in zip(names, plan.shards):
@@ -575,7 +589,21 @@ def _write_shards(tmp: Path, names: list[str], plan: _Plan, decoder: _Decoder) -
                     src, info.offset, fd, offset, info.nbytes, src_path=info.path, dst_path=path
                 )
 
-            write_safetensors(path, items, fill, metadata={"format": "pt"})
+            def filled(
+                fd: int,
+                i: int,
+                offset: int,
+                fill: Callable[[int, int, int], None] = fill,
+                name: str = file_name,
+                tensors: list[str] = tensors,
+            ) -> None:
+                fill(fd, i, offset)
+                if hashes is not None:  # its bytes hashed while the next tensor is written
+                    hashes.written(name, fd, offset, offset + plan.nbytes(tensors[i]))
+
+            write_safetensors(path, items, filled, metadata={"format": "pt"})
+            if hashes is not None:
+                hashes.complete(file_name)
     finally:
         for fd in fds.values():
             os.close(fd)
@@ -1013,8 +1041,9 @@ def _write_checkpoint(
     decoder = _Decoder(vault, src.crcs, src.manifest_path, _expert_tasks(plan), threads)
 
     def write(tmp: Path) -> list[str]:
-        files = _write_folder(tmp, plan, decoder, config_bytes)
-        folder.write_marker(tmp, files, src.vault_path.name, threads)
+        with folder.Hashes(tmp) as hashes:  # each tensor hashed while the next is written
+            files = _write_folder(tmp, plan, decoder, config_bytes, hashes)
+            folder.write_marker(tmp, files, src.vault_path.name, hashes)
         return [*files, folder.MARKER]
 
     try:

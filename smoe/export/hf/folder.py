@@ -31,8 +31,9 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
     "SCHEMA",
     "WRITTEN",
     "Earlier",
+    "Hashes",
     "check_earlier",
     "move_aside",
     "put_back",
@@ -142,31 +144,126 @@ def _open_at(dir_fd: int, name: str, where: Path) -> int:
     return fd
 
 
-def _sha256(fd: int, size: int, where: Path) -> str:
+def _sha256(fd: int, size: int, where: Path, stop: threading.Event | None = None) -> str:
     h = hashlib.sha256()
     buf = bytearray(min(_CHUNK, size) or 1)
     view = memoryview(buf)
     for at in range(0, size, _CHUNK):
+        if stop is not None and stop.is_set():
+            raise WriteFailed(f"{where}: hashing stopped")
         n = min(_CHUNK, size - at)
         fileio.preadv_exact(fd, view[:n], at, where)
         h.update(view[:n])
     return h.hexdigest()
 
 
-def _hash_at(dir_fd: int, name: str, where: Path) -> tuple[int, str, Identity]:
-    """Size, SHA-256 and identity of the regular file ``name`` in ``dir_fd``."""
+def _hash_at(
+    dir_fd: int, name: str, where: Path, stop: threading.Event | None = None
+) -> tuple[int, str, Identity]:
+    """Size, SHA-256 and identity of the regular file ``name`` in ``dir_fd`` (``stop``:
+    set, it ends the reading early)."""
     fd = _open_at(dir_fd, name, where)
     try:
         st = os.fstat(fd)
-        return st.st_size, _sha256(fd, st.st_size, where), _identity(st)
+        return st.st_size, _sha256(fd, st.st_size, where, stop), _identity(st)
     finally:
         os.close(fd)
 
 
 # ---- the marker -----------------------------------------------------------------------------
-def write_marker(tmp: Path, names: list[str], vault: str, threads: int = 1) -> None:
+class _Stream:
+    """One file hashed as it is written: ranges read back in order as they complete."""
+
+    def __init__(self, fd: int, where: Path) -> None:
+        self.fd = os.dup(fd)  # the writer's descriptor is closed when the file is committed
+        self.where = where
+        self.sha = hashlib.sha256()
+        self.end = 0  # bytes queued for hashing so far
+        self.broken = False  # a range out of order: hashed whole once complete instead
+
+    def update(self, start: int, end: int, stop: threading.Event) -> None:
+        for at in range(start, end, _CHUNK):
+            if stop.is_set():
+                raise WriteFailed(f"{self.where}: hashing stopped")
+            self.sha.update(fileio.pread_exact(self.fd, min(_CHUNK, end - at), at, self.where))
+
+    def finish(self) -> tuple[int, str, Identity]:
+        try:
+            st = os.fstat(self.fd)
+            if st.st_size != self.end:
+                raise WriteFailed(f"{self.where}: {st.st_size} bytes, {self.end} hashed")
+            return st.st_size, self.sha.hexdigest(), _identity(st)
+        finally:
+            os.close(self.fd)
+
+
+class Hashes:
+    """The SHA-256 of each file of the new folder ``tmp``, computed in a background thread
+    while the export writes: a shard's bytes are read back (from the page cache) range by
+    range as the writer reports them complete (:meth:`written`), so hashing overlaps
+    decoding and writing; any other file is read back whole (:meth:`files`). A context
+    manager: leaving it stops the thread."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self._fd = _open_folder(tmp)
+        self._pool = ThreadPoolExecutor(max_workers=1)  # in order; hashlib releases the GIL
+        self._stop = threading.Event()  # an interrupted export does not wait for a hash
+        self._streams: dict[str, _Stream] = {}
+        self._done: dict[str, Future[tuple[int, str, Identity]]] = {}
+
+    def __enter__(self) -> Hashes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for stream in self._streams.values():
+            with contextlib.suppress(OSError):
+                os.close(stream.fd)  # (a stream not finished)
+        self._streams.clear()
+        os.close(self._fd)
+
+    def written(self, name: str, fd: int, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` of the file ``name`` (open as ``fd``) are written; the
+        bytes before the first range reported (the header) are taken as written too."""
+        stream = self._streams.get(name)
+        if stream is None:
+            stream = self._streams[name] = _Stream(fd, self.tmp / name)
+        if stream.broken or start < stream.end:
+            stream.broken = True
+            return
+        self._pool.submit(stream.update, stream.end, end, self._stop)
+        stream.end = end
+
+    def complete(self, name: str) -> None:
+        """The file ``name`` is complete (under its name): its digest, from its ranges when
+        they covered it in order, else read back whole."""
+        stream = self._streams.pop(name, None)
+        if stream is not None and not stream.broken:
+            self._done[name] = self._pool.submit(stream.finish)
+            return
+        if stream is not None:
+            self._pool.submit(os.close, stream.fd)
+        where = self.tmp / name
+        self._done[name] = self._pool.submit(_hash_at, self._fd, name, where, self._stop)
+
+    def files(self, names: list[str]) -> list[dict[str, Any]]:
+        """``{"name", "size", "sha256"}`` of each of ``names`` (hashed now if not yet)."""
+        for name in names:
+            if name not in self._done:
+                self.complete(name)
+        return [
+            {"name": n, "size": size, "sha256": digest}
+            for n in names
+            for size, digest, _ in (self._done[n].result(),)
+        ]
+
+
+def write_marker(tmp: Path, names: list[str], vault: str, hashes: Hashes | None = None) -> None:
     """Write :data:`MARKER` into the new export folder ``tmp``: each of ``names`` (files of
-    ``tmp``, read back) with its size and SHA-256, and the vault's file name.
+    ``tmp``, read back, by ``hashes`` where it has them already) with its size and SHA-256,
+    and the vault's file name.
 
     >>> import tempfile
     >>> d = Path(tempfile.mkdtemp())
@@ -176,15 +273,11 @@ def write_marker(tmp: Path, names: list[str], vault: str, threads: int = 1) -> N
     >>> doc["schema"], doc["files"][0]["size"], doc["files"][0]["sha256"][:8]
     ('smoe-export/1', 2, '44136fa3')
     """
-    with _folder(tmp) as dir_fd:
-
-        def one(name: str) -> dict[str, Any]:
-            size, digest, _ = _hash_at(dir_fd, name, tmp / name)
-            return {"name": name, "size": size, "sha256": digest}
-
-        workers = max(1, min(threads, len(names)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:  # hashlib releases the GIL
-            files = list(pool.map(one, names))
+    if hashes is None:
+        with Hashes(tmp) as own:
+            files = own.files(names)
+    else:
+        files = hashes.files(names)
     doc = {"schema": SCHEMA, "vault": vault, "files": files}
     data = json.dumps(utf8_tree(doc), indent=2, sort_keys=True, ensure_ascii=True) + "\n"
     f = AtomicFile(tmp / MARKER)
