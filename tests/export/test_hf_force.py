@@ -254,3 +254,20 @@ def test_the_sweep_removes_only_what_an_export_wrote(
     assert sorted(os.listdir(aside)) == sorted([*os.listdir(earlier), "notes.txt"])
     assert not clean.exists()
     assert os.listdir(tmp) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("ranges", [[(0, 40), (40, 100)], [(8, 100), (0, 8)]], ids=["in", "out"])
+def test_a_file_hashed_as_written_gives_its_digest(tmp_path: Path, ranges: list) -> None:
+    """Ranges reported in file order are hashed as they come; one out of order makes the
+    file be read back whole once complete: the digest is the file's either way."""
+    data = bytes(range(100))
+    path = tmp_path / "model.safetensors"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    with folder.Hashes(tmp_path) as hashes:
+        for start, end in ranges:
+            os.pwrite(fd, data[start:end], start)
+            hashes.written(path.name, fd, start, end)
+        os.close(fd)  # as a commit closes it
+        hashes.complete(path.name)
+        (entry,) = hashes.files([path.name])
+    assert entry == {"name": path.name, "size": 100, "sha256": hashlib.sha256(data).hexdigest()}

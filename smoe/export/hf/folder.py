@@ -194,7 +194,13 @@ class _Stream:
                 raise WriteFailed(f"{self.where}: {st.st_size} bytes, {self.end} hashed")
             return st.st_size, self.sha.hexdigest(), _identity(st)
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the descriptor (once; the thread that reads it has stopped or is done)."""
+        if self.fd >= 0:
             os.close(self.fd)
+            self.fd = -1
 
 
 class Hashes:
@@ -209,7 +215,8 @@ class Hashes:
         self._fd = _open_folder(tmp)
         self._pool = ThreadPoolExecutor(max_workers=1)  # in order; hashlib releases the GIL
         self._stop = threading.Event()  # an interrupted export does not wait for a hash
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # being written
+        self._opened: list[_Stream] = []  # each closed at the latest on leaving
         self._done: dict[str, Future[tuple[int, str, Identity]]] = {}
 
     def __enter__(self) -> Hashes:
@@ -218,10 +225,8 @@ class Hashes:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for stream in self._streams.values():
-            with contextlib.suppress(OSError):
-                os.close(stream.fd)  # (a stream not finished)
-        self._streams.clear()
+        for stream in self._opened:
+            stream.close()
         os.close(self._fd)
 
     def written(self, name: str, fd: int, start: int, end: int) -> None:
@@ -230,6 +235,7 @@ class Hashes:
         stream = self._streams.get(name)
         if stream is None:
             stream = self._streams[name] = _Stream(fd, self.tmp / name)
+            self._opened.append(stream)
         if stream.broken or start < stream.end:
             stream.broken = True
             return
@@ -244,7 +250,7 @@ class Hashes:
             self._done[name] = self._pool.submit(stream.finish)
             return
         if stream is not None:
-            self._pool.submit(os.close, stream.fd)
+            self._pool.submit(stream.close)  # after its queued ranges
         where = self.tmp / name
         self._done[name] = self._pool.submit(_hash_at, self._fd, name, where, self._stop)
 
