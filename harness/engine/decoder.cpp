@@ -1,6 +1,7 @@
 #include "engine/decoder.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -18,6 +19,18 @@ float dot(const float* a, const float* b, uint32_t n) {
     float tail = 0;
     for (; i < n; ++i)
         tail += a[i] * b[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+float dot_bf16(const uint16_t* a, const float* b, uint32_t n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k)
+            s[k] += std::bit_cast<float>(uint32_t{a[i + k]} << 16) * b[i + k];
+    float tail = 0;
+    for (; i < n; ++i)
+        tail += std::bit_cast<float>(uint32_t{a[i]} << 16) * b[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
 }
 
@@ -54,13 +67,23 @@ void rms_norm(const float* x, const float* w, uint32_t n, float eps, float* out)
         out[i] = w[i] * (x[i] * r);
 }
 
+float Linear::dot_row(uint64_t r, const float* x) const {
+    return w16.empty() ? dot(w.data() + r * cols, x, cols)
+                       : dot_bf16(w16.data() + r * cols, x, cols);
+}
+
+void Linear::row(uint64_t r, float* out) const {
+    for (uint32_t i = 0; i < cols; ++i)
+        out[i] =
+            w16.empty() ? w[r * cols + i] : std::bit_cast<float>(uint32_t{w16[r * cols + i]} << 16);
+}
+
 void matmul(ThreadPool& pool, const Linear& l, const float* x, size_t T, float* y) {
     pool.parallel_for(l.rows, [&](size_t begin, size_t end, unsigned) {
         for (size_t r = begin; r < end; ++r) {
-            const float* w = l.w.data() + r * l.cols;
             const float b = l.bias.empty() ? 0.0f : l.bias[r];
             for (size_t t = 0; t < T; ++t)
-                y[t * l.rows + r] = dot(w, x + t * l.cols, l.cols) + b;
+                y[t * l.rows + r] = l.dot_row(r, x + t * l.cols) + b;
         }
     });
 }
@@ -307,10 +330,11 @@ std::vector<float> Decoder::feed(const std::vector<uint32_t>& tokens) {
     if (T == 0 || pos_ + T > max_positions_)
         throw std::logic_error("decoder fed past its KV cache");
     std::vector<float> x(T * c.d_model), h(T * c.d_model), y;
-    for (size_t t = 0; t < T; ++t)
+    for (size_t t = 0; t < T; ++t) {
+        m_.embed.row(tokens[t], x.data() + t * c.d_model);
         for (uint32_t d = 0; d < c.d_model; ++d)
-            x[t * c.d_model + d] =
-                m_.embed[uint64_t{tokens[t]} * c.d_model + d] * c.embedding_multiplier;
+            x[t * c.d_model + d] *= c.embedding_multiplier;
+    }
     for (uint32_t L = 0; L < c.layers; ++L) {
         const LayerWeights& l = m_.layers[L];
         for (size_t t = 0; t < T; ++t)
@@ -329,14 +353,8 @@ std::vector<float> Decoder::feed(const std::vector<uint32_t>& tokens) {
     pos_ += T;
     std::vector<float> last(c.d_model), logits(c.vocab);
     rms_norm(x.data() + (T - 1) * c.d_model, m_.final_norm.data(), c.d_model, c.eps, last.data());
-    if (!m_.lm_head.present()) {  // tied: the embeddings as the head, without a copy
-        pool_.parallel_for(c.vocab, [&](size_t b, size_t e, unsigned) {
-            for (size_t r = b; r < e; ++r)
-                logits[r] = dot(m_.embed.data() + r * c.d_model, last.data(), c.d_model);
-        });
-    } else {
-        matmul(pool_, m_.lm_head, last.data(), 1, logits.data());
-    }
+    // tied: the embeddings are the head (without a copy)
+    matmul(pool_, m_.lm_head.present() ? m_.lm_head : m_.embed, last.data(), 1, logits.data());
     for (float& v : logits)
         v /= c.logits_scaling;
     return logits;

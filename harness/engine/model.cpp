@@ -38,7 +38,9 @@ std::vector<uint64_t> dims(std::initializer_list<uint32_t> d) {
 
 Linear linear(const Scout& s, const std::string& name, uint32_t rows, uint32_t cols) {
     Linear l;
-    l.w = s.floats(name + ".weight", dims({rows, cols}));
+    l.w16 = s.bf16(name + ".weight", dims({rows, cols}));
+    if (l.w16.empty())
+        l.w = s.floats(name + ".weight", dims({rows, cols}));
     l.rows = rows;
     l.cols = cols;
     if (s.find(name + ".bias"))
@@ -378,7 +380,7 @@ Model build_model(const Vault& v, const Scout& s, const std::string& config_path
                            std::to_string(c.experts) + " experts per layer");
     if (c.layers == 0 || c.layers > 4096)
         throw RefusedInput(v.name + ": " + std::to_string(c.layers) + " layers");
-    m.embed = s.floats(prefix + "embed_tokens.weight", dims({c.vocab, c.d_model}));
+    m.embed = linear(s, prefix + "embed_tokens", c.vocab, c.d_model);
     m.final_norm = s.floats(prefix + "norm.weight", dims({c.d_model}));
     if (s.find("lm_head.weight"))
         m.lm_head = linear(s, "lm_head", c.vocab, c.d_model);

@@ -16,10 +16,17 @@
 namespace smoe::harness::engine {
 
 /// A dense weight matrix of the scout, [rows, cols] row-major, with its bias when it has one.
+/// BF16 weights stay BF16 (`w16`, widened as used: the resident trunk is the scout's size);
+/// other dtypes are widened to float32 once (`w`).
 struct Linear {
     std::vector<float> w, bias;
+    std::vector<uint16_t> w16;
     uint32_t rows = 0, cols = 0;
     bool present() const { return rows != 0; }
+    /// Row r . x (cols floats).
+    float dot_row(uint64_t r, const float* x) const;
+    /// Row r as floats, into out.
+    void row(uint64_t r, float* out) const;
 };
 
 /// A SwiGLU MLP held in the scout (a dense layer's, or a shared expert's).
@@ -56,7 +63,7 @@ struct ModelConfig {
 
 struct Model {
     ModelConfig cfg;
-    std::vector<float> embed;  // [vocab, d_model]
+    Linear embed;  // [vocab, d_model]
     std::vector<float> final_norm;
     Linear lm_head;  // empty when tied to the embeddings
     std::vector<LayerWeights> layers;

@@ -122,8 +122,8 @@ const ScoutTensor* Scout::find(const std::string& name) const {
     return it == tensors_.end() ? nullptr : &it->second;
 }
 
-std::vector<float> Scout::floats(const std::string& name,
-                                 const std::vector<uint64_t>& shape) const {
+const ScoutTensor& Scout::checked(const std::string& name,
+                                  const std::vector<uint64_t>& shape) const {
     const ScoutTensor* t = find(name);
     if (t == nullptr)
         throw RefusedInput(path_ + ": no tensor " + name);
@@ -131,6 +131,25 @@ std::vector<float> Scout::floats(const std::string& name,
         throw RefusedInput(path_ + ": " + name + " is " + shape_text(t->shape) +
                            ", the vault's model needs " + shape_text(shape) +
                            " (a scout of another model?)");
+    return *t;
+}
+
+std::vector<uint16_t> Scout::bf16(const std::string& name,
+                                  const std::vector<uint64_t>& shape) const {
+    const ScoutTensor& t = checked(name, shape);
+    if (t.dtype != "BF16")
+        return {};
+    std::vector<uint16_t> out(t.elements());
+    pread_full(in_.fd.get(), out.data(), t.end - t.begin, t.begin, path_);
+    for (uint16_t& v : out)  // little-endian on disk
+        v = static_cast<uint16_t>(reinterpret_cast<const uint8_t*>(&v)[0] |
+                                  reinterpret_cast<const uint8_t*>(&v)[1] << 8);
+    return out;
+}
+
+std::vector<float> Scout::floats(const std::string& name,
+                                 const std::vector<uint64_t>& shape) const {
+    const ScoutTensor* t = &checked(name, shape);
     const uint64_t n = t->elements();
     std::vector<uint8_t> raw(t->end - t->begin);
     pread_full(in_.fd.get(), raw.data(), raw.size(), t->begin, path_);

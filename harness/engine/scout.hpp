@@ -34,11 +34,16 @@ public:
     /// The tensor as float32, row-major (RefusedInput for an unsupported dtype; the shape is
     /// checked against `shape` when given: a scout of another model is refused naming it).
     std::vector<float> floats(const std::string& name, const std::vector<uint64_t>& shape) const;
+    /// A BF16 tensor's raw values (kept as they are: the decoder widens them as it uses them,
+    /// so the resident trunk is the scout's size); empty for another dtype. Shape checked as
+    /// floats() does.
+    std::vector<uint16_t> bf16(const std::string& name, const std::vector<uint64_t>& shape) const;
     const std::map<std::string, ScoutTensor>& tensors() const { return tensors_; }
     const std::string& path() const { return path_; }
     FileId id() const { return in_.id; }
 
 private:
+    const ScoutTensor& checked(const std::string& name, const std::vector<uint64_t>& shape) const;
     std::string path_;
     Input in_;
     std::map<std::string, ScoutTensor> tensors_;
