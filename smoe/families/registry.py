@@ -276,6 +276,7 @@ _FAMILY_LIST: list[Family] = [
         ),
         architecture="DeepseekV2ForCausalLM",
         note="transformers' router never renormalises (it ignores norm_topk_prob)",
+        semantics=(ROUTED_SCALING,),
     ),
     Family(
         "deepseek_v3",
@@ -288,7 +289,7 @@ _FAMILY_LIST: list[Family] = [
             *GROUP_ROUTING_KEYS,
         ),
         architecture="DeepseekV3ForCausalLM",
-        note="sigmoid scores with e_score_correction_bias (in the scout) for selection",
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     # from the modeling code of transformers 5.24, family by family
     Family(
@@ -303,6 +304,11 @@ _FAMILY_LIST: list[Family] = [
             "sliding_window",
             "mup_enabled",
             "head_dim",
+        ),
+        semantics=(
+            "router scores are sigmoid(logits), not softmax; the top-k is chosen on scores + "
+            "expert_bias (a buffer in the scout), the weights are the scores alone",
+            "the routed weights are multiplied by route_scale",
         ),
     ),
     Family(
@@ -325,6 +331,7 @@ _FAMILY_LIST: list[Family] = [
             *MLA_KEYS,
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "axk2",
@@ -340,6 +347,7 @@ _FAMILY_LIST: list[Family] = [
             *MLA_KEYS,
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "bailing_hybrid",
@@ -351,7 +359,7 @@ _FAMILY_LIST: list[Family] = [
             Refusal("share_expert_swiglu_limit_list", CLAMP_SHARED),
             Refusal("swiglu_limits_shared", CLAMP_SHARED),
         ),
-        semantics=(SIGMOID_BIAS,),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
         beyond=(
             "layer_types",
             "layer_group_size",
@@ -383,6 +391,7 @@ _FAMILY_LIST: list[Family] = [
             "head_dim",
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, "the routed output is multiplied by routed_scaling_factor"),
     ),
     Family(
         "cohere2_moe",
@@ -415,6 +424,7 @@ _FAMILY_LIST: list[Family] = [
         aliases=("deepseek_ocr2_text",),
         renorm=False,
         beyond=("mlp_layer_types", "topk_method", "routed_scaling_factor", "n_shared_experts"),
+        semantics=(ROUTED_SCALING,),
     ),
     Family(
         "deepseek_v32",
@@ -429,6 +439,7 @@ _FAMILY_LIST: list[Family] = [
             *MLA_KEYS,
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "deepseek_v4",
@@ -463,6 +474,7 @@ _FAMILY_LIST: list[Family] = [
             "sliding_window",
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "dots3_note",
@@ -484,6 +496,7 @@ _FAMILY_LIST: list[Family] = [
             "sliding_window",
             *MLA_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "ernie4_5_moe",
@@ -527,6 +540,7 @@ _FAMILY_LIST: list[Family] = [
             "num_shared_experts",
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "flex_olmo",
@@ -545,6 +559,7 @@ _FAMILY_LIST: list[Family] = [
             "shared_expert_intermediate_size",
             "attention",
         ),
+        semantics=("router scores are sigmoid(logits), not softmax; the top-k is chosen on them",),
     ),
     Family(
         "gemma4",
@@ -566,6 +581,7 @@ _FAMILY_LIST: list[Family] = [
             "routed_scaling_factor",
             "num_nextn_predict_layers",
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "glm4_moe_lite",
@@ -577,6 +593,7 @@ _FAMILY_LIST: list[Family] = [
             "routed_scaling_factor",
             *MLA_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "glm4v_moe",
@@ -590,6 +607,7 @@ _FAMILY_LIST: list[Family] = [
             "n_shared_experts",
             "routed_scaling_factor",
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "glm5_next",
@@ -611,6 +629,7 @@ _FAMILY_LIST: list[Family] = [
             "first_k_dense_replace",
             *MLA_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "gpt_oss",
@@ -693,6 +712,7 @@ _FAMILY_LIST: list[Family] = [
             "num_shared_experts",
             "enable_moe_fp32_combine",
         ),
+        semantics=(SIGMOID_BIAS, "the routed weights are multiplied by router_scaling_factor"),
     ),
     Family(
         "hy_v4",
@@ -766,6 +786,7 @@ _FAMILY_LIST: list[Family] = [
             *MLA_KEYS,
             *GROUP_ROUTING_KEYS,
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "kimi_linear",
@@ -786,6 +807,7 @@ _FAMILY_LIST: list[Family] = [
             "linear_conv_kernel_dim",
         ),
         nope=True,
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "kolibri1",
@@ -831,6 +853,12 @@ _FAMILY_LIST: list[Family] = [
             "rope_parameters",
             "sliding_window",
         ),
+        semantics=(
+            SIGMOID_BIAS,
+            "router logits are soft-capped first (tanh(x / c) * c, c = "
+            "moe_router_logit_softcapping, when above 0)",
+            "the routed output is multiplied by moe_routed_scaling_factor",
+        ),
     ),
     Family(
         "lara_mini",
@@ -875,6 +903,7 @@ _FAMILY_LIST: list[Family] = [
         semantics=(
             "the q/k norm is a weightless RMS norm, applied only in the layers with RoPE "
             "(no_rope_layers says which)",
+            "the routed weights are sigmoid of the chosen top-k logits (no softmax)",
         ),
         moe_ffn=("intermediate_size",),
         beyond=(
@@ -945,6 +974,7 @@ _FAMILY_LIST: list[Family] = [
         renorm=True,
         moe_ffn=("intermediate_size",),
         beyond=("rope_parameters.partial_rotary_factor",),
+        semantics=(SIGMOID_BIAS,),
     ),
     Family(
         "minimax_m3_vl",
@@ -967,6 +997,7 @@ _FAMILY_LIST: list[Family] = [
             "topk_group",
             *MLA_KEYS,
         ),
+        semantics=(ROUTED_SCALING,),
     ),
     Family(
         "mistral_large4",
@@ -985,6 +1016,7 @@ _FAMILY_LIST: list[Family] = [
             "qk_nope_head_dim",
             "v_head_dim",
         ),
+        semantics=(ROUTED_SCALING,),
     ),
     Family(
         "muse_spark",
@@ -1127,6 +1159,7 @@ _FAMILY_LIST: list[Family] = [
             "head_dim",
             "attention_bias",
         ),
+        semantics=(SIGMOID_BIAS, ROUTED_SCALING),
     ),
     Family(
         "step3p7",
@@ -1187,6 +1220,7 @@ _FAMILY_LIST: list[Family] = [
             "mlp_bias",
             "attention_bias",
         ),
+        semantics=(ROUTED_SCALING,),
     ),
     Family(
         "zaya",
