@@ -255,13 +255,14 @@ void Decoder::routed(uint32_t layer, const std::vector<float>& h, size_t T,
         struct Job {
             size_t t, i, b;
         };
+        // expert by expert, so that a worker's consecutive jobs reuse a blob while it is in
+        // the CPU's caches (a prefill chunk applies each expert to many tokens)
         std::vector<Job> jobs;
-        for (size_t t = 0; t < T; ++t)
-            for (size_t i = 0; i < c.top_k; ++i) {
-                auto at = std::find(batch.begin(), batch.end(), chosen[t][i]);
-                if (at != batch.end())
-                    jobs.push_back({t, i, static_cast<size_t>(at - batch.begin())});
-            }
+        for (size_t b = 0; b < batch.size(); ++b)
+            for (size_t t = 0; t < T; ++t)
+                for (size_t i = 0; i < c.top_k; ++i)
+                    if (chosen[t][i] == batch[b])
+                        jobs.push_back({t, i, b});
         const double t0 = now_seconds();
         try {
             pool_.parallel_for(jobs.size(), [&](size_t b0, size_t b1, unsigned worker) {
