@@ -578,7 +578,7 @@ _FAMILY_LIST: list[Family] = [
             "use_qk_norm",
             "first_k_dense_replace",
             "n_shared_experts",
-            "routed_scaling_factor",
+            *GROUP_ROUTING_KEYS,  # its router limits the top-k to topk_group of n_group groups
             "num_nextn_predict_layers",
         ),
         semantics=(SIGMOID_BIAS, ROUTED_SCALING),
