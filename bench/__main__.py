@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark, end with one table, write build/bench.json.
 
     python -m bench [--quick]
-        [--only machine,quant,imatrix,sculpt,checkpoint,export,reader,harness,quality]
+        [--only machine,quant,imatrix,sculpt,checkpoint,export,reader,harness,quality,stream]
 
 Each section ends with a table of its figures, one line each: the value, the limit or
 baseline it is held against (measured in the same run), the ratio, the goal and whether it
@@ -42,6 +42,7 @@ WORKDIR = {
     "reader": "reader",
     "harness": "harness",
     "quality": "quality",  # needs ../shared/models/tiny-moe-py, else says so
+    "stream": "stream",  # (c) needs ../shared/models/tiny-moe-py, else says so
 }
 """Per section, its folder under build/bench-data (None: it needs none)."""
 SECTIONS = tuple(WORKDIR)

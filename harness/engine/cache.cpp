@@ -92,9 +92,20 @@ struct Slot {
     int64_t entry = NONE;  // the table index it holds or is loading
     State state = State::empty;
     uint32_t pins = 0;
-    bool prefetch = false;     // loaded on a hint, not yet asked for
+    uint32_t pending = 0;      // chunks of its read still to come
+    bool hinted = false;       // its read was started by a hint (counted in hints_in_flight)
     std::exception_ptr error;  // a failed read, for the acquire waiting on it
 };
+
+/// One piece of a blob's read: blobs are read in chunks so that a layer's few large blobs
+/// keep every I/O thread busy to the end.
+struct Job {
+    uint64_t slot, offset, len;
+};
+
+/// Bytes of one read (a multiple of the 16 KiB page, as O_DIRECT needs).
+constexpr uint64_t CHUNK = uint64_t{1} << 20;
+static_assert(CHUNK % PAGE_SIZE == 0);
 
 }  // namespace
 
@@ -165,14 +176,33 @@ struct ExpertCache::Impl {
 
     /// Starts loading table entry `e` into slot `s` (under mu).
     void load(uint32_t e, uint64_t s, bool hint) {
-        slots[s].entry = e;
-        slots[s].state = State::loading;
-        slots[s].prefetch = hint;
+        const Expert& x = v.experts[e];
+        Slot& slot = slots[s];
+        slot.entry = e;
+        slot.state = State::loading;
+        slot.hinted = hint;
         where[e] = static_cast<int64_t>(s);
-        (hint ? hints : demands).push_back(s);
+        std::deque<Job>& queue = hint ? hints : demands;
+        for (uint64_t at = 0; at < x.padded_size; at += CHUNK) {
+            queue.push_back(Job{s, at, std::min(CHUNK, x.padded_size - at)});
+            ++slot.pending;
+        }
         if (hint)
             ++hints_in_flight;
-        job_ready.notify_one();
+        job_ready.notify_all();
+    }
+
+    /// A demand for a blob a hint is loading: its chunks still queued go before the hints.
+    void promote(uint64_t s) {
+        for (auto it = hints.begin(); it != hints.end();) {
+            if (it->slot == s) {
+                demands.push_back(*it);
+                it = hints.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        job_ready.notify_all();
     }
 
     /// An I/O thread: demand reads first, hints only when no demand waits.
@@ -182,33 +212,43 @@ struct ExpertCache::Impl {
             job_ready.wait(lock, [&] { return stopping || !demands.empty() || !hints.empty(); });
             if (stopping)
                 return;
-            std::deque<uint64_t>& queue = demands.empty() ? hints : demands;
-            const uint64_t s = queue.front();
+            std::deque<Job>& queue = demands.empty() ? hints : demands;
+            const Job job = queue.front();
             queue.pop_front();
-            const Expert& x = v.experts[static_cast<size_t>(slots[s].entry)];
+            const Expert& x = v.experts[static_cast<size_t>(slots[job.slot].entry)];
             lock.unlock();
             std::exception_ptr error;
             try {
-                pread_full(fd.get(), slot_data(s), static_cast<size_t>(x.padded_size),
-                           x.byte_offset, v.name);
+                pread_full(fd.get(), slot_data(job.slot) + job.offset, static_cast<size_t>(job.len),
+                           x.byte_offset + job.offset, v.name);
             } catch (...) {
                 error = std::current_exception();
             }
             lock.lock();
-            Slot& slot = slots[s];
-            if (slot.prefetch)
-                --hints_in_flight;
-            if (error && slot.pins == 0) {  // a hint nobody waits for: forgotten
-                where[static_cast<size_t>(slot.entry)] = NONE;
-                slot = Slot{};
-            } else {
-                slot.state = State::ready;
-                slot.error = error;
+            finished(job.slot, x, error);
+        }
+    }
+
+    /// One chunk of slot `s` is read (under mu); the last one makes it ready.
+    void finished(uint64_t s, const Expert& x, std::exception_ptr error) {
+        Slot& slot = slots[s];
+        if (error && !slot.error)
+            slot.error = error;
+        if (--slot.pending > 0)
+            return;
+        if (slot.hinted)
+            --hints_in_flight;
+        if (slot.error && slot.pins == 0) {  // a hint nobody waits for: forgotten
+            where[static_cast<size_t>(slot.entry)] = NONE;
+            slot = Slot{};
+        } else {
+            slot.state = State::ready;
+            if (!slot.error) {
                 counters.bytes_read += x.padded_size;
                 counters.blobs_read += 1;
             }
-            done.notify_all();
         }
+        done.notify_all();
     }
 
     /// Drops this call's pins (under mu) after a failure.
@@ -237,7 +277,7 @@ struct ExpertCache::Impl {
     std::condition_variable job_ready, done;
     std::vector<Slot> slots;
     std::vector<int64_t> where;  // per table index: its slot, or NONE
-    std::deque<uint64_t> demands, hints;
+    std::deque<Job> demands, hints;
     unsigned prefetch_limit = 0, hints_in_flight = 0;
     bool stopping = false;
     CacheCounters counters;
@@ -291,7 +331,8 @@ std::vector<const uint8_t*> ExpertCache::acquire(uint32_t layer,
         }
         Slot& x = m.slots[static_cast<size_t>(m.where[e])];
         x.pins += 1;
-        x.prefetch = false;
+        if (x.state == State::loading)
+            m.promote(static_cast<uint64_t>(m.where[e]));
         mine.push_back(static_cast<uint64_t>(m.where[e]));
         m.counters.hits += 1;
     }

@@ -46,6 +46,16 @@ def test_held_blobs_stay_intact(vault: Path, policy: str, slots: int, threads: i
     assert doc["bytes_read"] == doc["blobs_read"] * 16384
 
 
+@pytest.mark.usefixtures("smoe_stream")
+def test_blobs_larger_than_a_read_chunk(tmp_path: Path) -> None:
+    """Blobs of over 1 MiB are read in several pieces, by several threads at once."""
+    big = make_vault(tmp_path / "big.smoe", layers=2, experts=3, top_k=2, ffn=12288)
+    for threads in (1, 4):
+        doc = cache_check(SMOE_STREAM, big, 2, 120, threads, "--io-threads", threads, "--direct")
+        assert doc["acquires"] > 10 and doc["misses"] > 10
+        assert doc["bytes_read"] == doc["blobs_read"] * (big.stat().st_size - 16384) // 6
+
+
 def test_held_blobs_stay_intact_under_sanitizers(make: Callable[..., None], vault: Path) -> None:
     make("build/asan/smoe-stream")
     for threads in (1, 4):

@@ -1,0 +1,273 @@
+"""The streaming decoder's expert cache (`smoe-stream replay`), each figure beside its bound
+measured in the same run.
+
+(c) Hit rate on real routing. The model is ``tiny-moe-py`` (``shared/models/tiny-moe-py``
+beside the repository; without it (c) says so in one line and records nothing): transformers
+runs it (float32, CPU) over the first 8 rows of ``eval_ids.npy`` (256 bytes each) with
+``output_router_logits``, and each MoE layer's top-k (the config's ``num_experts_per_tok``)
+of every token is the routing; ``smoe sculpt`` makes its Q4 vault, and the routing becomes a
+``smoe-trace/1`` trace of it (window after window, token after token, layer after layer).
+It is replayed at caches of 1x and 2x the per-token working set (MoE layers x top-k blobs)
+with each eviction policy; the bound is Belady's optimum for the same trace and cache size,
+which replay computes. Goal: the default policy (``cycle``) >= 0.9 of Belady; LRU is
+informative.
+
+(b) Miss-bound throughput. A vault of Qwen3-30B-A3B expert shapes (2.36 MB per Q4 expert,
+32 experts a layer, top-8), read with O_DIRECT so the page cache plays no part, replayed on a
+random top-8 routing with a cache of one layer's top-k (every read a miss): expert bytes per
+second of the replay against the raw O_DIRECT read rate of the same file measured in the same
+run (``smoe-stream bench --direct``: the fastest plain read of any pattern and thread count).
+Goal >= 0.8.
+
+(e) Memory. The peak RSS of that replay with a cache of a quarter of the vault (buffered, so
+the page cache could hold it all), against the cache's bytes: goal <= cache + 64 MiB.
+
+(a) decode with every expert cached and (d) prefill's bytes read against the union of its
+experts need `smoe-stream generate`; they are recorded as not measured here (the generate
+benchmark's own section measures them).
+
+Run ``python -m bench --only stream [--quick]``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import crc32c
+import numpy as np
+
+from bench.figures import figure, peak_rss_of
+from bench.harness_bench import make_vault
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "build" / "smoe-stream"
+MODEL_HOME = ROOT.parent / "shared" / "models" / "tiny-moe-py"
+"""The trained model's folder (``model/``, ``eval_ids.npy``)."""
+
+WINDOWS, INPUTS = 8, 256
+"""Rows of ``eval_ids.npy`` the routing is recorded over, and bytes of each."""
+POLICY = "cycle"
+"""The policy the decoder uses (the goal's); the others are informative."""
+POLICIES = ("lru", "cycle")
+OF_BELADY_GOAL = 0.9
+THROUGHPUT_GOAL = 0.8
+RSS_SLACK = 64 << 20
+SMOE = [sys.executable, "-m", "smoe"]
+BENCH = [str(BIN), "bench", "--threads", "auto"]
+
+
+# ---- traces -------------------------------------------------------------------------------
+
+
+def trace_header(vault: Path) -> dict:
+    """The first line of a ``smoe-trace/1`` trace of ``vault`` (docs/FORMAT.md)."""
+    with vault.open("rb") as f:
+        head = f.read(64)
+        total, table = struct.unpack_from("<IQ", head, 20)
+        f.seek(table)
+        entries = f.read(48 * total)
+        layers, width = struct.unpack_from("<II", head, 12)
+        f.seek(struct.unpack_from("<I", head, 60)[0] + 32)
+        top_k = struct.unpack("<I", f.read(4))[0]
+    ident = f"{crc32c.crc32c(head + entries):08x}"
+    return {
+        "schema": "smoe-trace/1",
+        "vault": {
+            "size": vault.stat().st_size,
+            "num_moe_layers": layers,
+            "num_experts": width,
+            "top_k": top_k,
+            "id": ident,
+        },
+    }
+
+
+def write_trace(out: Path, vault: Path, routing: np.ndarray, layer_ids: list[int]) -> Path:
+    """``routing[token, moe_layer, k]`` as a trace of ``vault``."""
+    lines = [json.dumps(trace_header(vault))]
+    for t in range(routing.shape[0]):
+        for i, layer in enumerate(layer_ids):
+            experts = [int(e) for e in routing[t, i]]
+            lines.append(json.dumps({"token": t, "layer": layer, "experts": experts}))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def replay(vault: Path, trace: Path, *args: object) -> dict:
+    cmd = [str(BIN), "replay", str(vault), str(trace), *map(str, args), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+# ---- (c) real routing ---------------------------------------------------------------------
+
+
+def model_routing() -> tuple[np.ndarray, int]:
+    """The top-k of every MoE layer for every token of the first WINDOWS rows of eval_ids:
+    [tokens, layers, k], and k."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        MODEL_HOME / "model", dtype=torch.float32
+    )
+    model.eval()
+    k = int(model.config.num_experts_per_tok)
+    ids = np.load(MODEL_HOME / "eval_ids.npy")[:WINDOWS, :INPUTS]
+    with torch.no_grad():
+        out = model(torch.tensor(ids, dtype=torch.long), output_router_logits=True)
+    tops = [torch.topk(r.float(), k, dim=-1).indices.numpy() for r in out.router_logits]
+    return np.stack(tops, axis=1), k  # router_logits: one [tokens, experts] per MoE layer
+
+
+def sculpted(workdir: Path) -> Path:
+    """The Q4 vault of tiny-moe-py (sculpted once, kept for later runs)."""
+    vault = workdir / "tiny-moe-py.smoe"
+    if not vault.exists():
+        subprocess.run(
+            [*SMOE, "sculpt", str(MODEL_HOME / "model"), str(workdir), "--name", "tiny-moe-py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    return vault
+
+
+def layer_ids(vault: Path) -> list[int]:
+    proc = subprocess.run([str(BIN), "check", str(vault), "--json"], capture_output=True, text=True)
+    return [x["layer_id"] for x in json.loads(proc.stdout)["layers"]]
+
+
+def real_routing_figures(workdir: Path) -> list[dict]:
+    if not MODEL_HOME.is_dir():
+        print(f"stream: {MODEL_HOME} is absent: (c) not measured")
+        return []
+    vault = sculpted(workdir)
+    routing, k = model_routing()
+    layers = layer_ids(vault)
+    trace = write_trace(workdir / "tiny-moe-py.trace.jsonl", vault, routing, layers)
+    working_set = len(layers) * k
+    figs = []
+    for times in (1, 2):
+        slots = times * working_set
+        runs = {p: replay(vault, trace, "--cache-slots", slots, "--policy", p) for p in POLICIES}
+        belady = runs[POLICY]["belady_hit_rate"]
+        for p, r in runs.items():
+            ours = r["hit_rate"]
+            goal = p == POLICY
+            figs.append(
+                figure(
+                    f"hit rate, {p}, cache {times}x the working set ({slots} blobs), "
+                    "tiny-moe-py routing, vs Belady",
+                    ours,
+                    belady,
+                    "hit rate",
+                    f">= {OF_BELADY_GOAL} of Belady" if goal else "informative",
+                    ours >= OF_BELADY_GOAL * belady if goal else None,
+                    detail=f"{r['steps']} steps ({routing.shape[0]} tokens x {len(layers)} "
+                    f"MoE layers, top-{k}): {r['hits']} hits, {r['misses']} misses; Belady "
+                    f"{r['belady_hits']} hits",
+                    summary=not goal,
+                )
+            )
+    return figs
+
+
+# ---- (b) throughput and (e) memory ----------------------------------------------------------
+
+
+def random_routing(tokens: int, layers: int, experts: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack(
+        [
+            np.stack([rng.choice(experts, k, replace=False) for _ in range(layers)])
+            for _ in range(tokens)
+        ]
+    )
+
+
+def raw_direct_rate(vault: Path, seconds: str) -> tuple[float, dict]:
+    """The file's O_DIRECT read limit (GB/s) by `smoe-stream bench --direct`."""
+    proc = subprocess.run(
+        [
+            *BENCH,
+            str(vault),
+            "--direct",
+            "--pattern",
+            "random",
+            "--topk",
+            "8",
+            "--seconds",
+            seconds,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    r = json.loads(proc.stdout)
+    return r["raw_read"]["file_limit"]["gb_per_s"], r
+
+
+def throughput_figures(workdir: Path, quick: bool) -> list[dict]:
+    layers, experts, k = (8, 32, 8) if quick else (16, 32, 8)
+    vault = make_vault(workdir / f"q4-qwen3-30b-shapes-{layers}.smoe", layers, experts)
+    routing = random_routing(6 if quick else 24, layers, experts, k)
+    trace = write_trace(
+        workdir / f"random-{layers}.trace.jsonl", vault, routing, list(range(layers))
+    )
+    limit, bench = raw_direct_rate(vault, "1" if quick else "3")
+    best: dict | None = None
+    for threads in (2, 4, 8):
+        r = replay(vault, trace, "--cache-slots", k, "--direct", "--io-threads", threads)
+        r["rate"] = r["bytes_read"] / r["seconds"] / 1e9
+        if best is None or r["rate"] > best["rate"]:
+            best = r
+    assert best is not None
+    figs = [
+        figure(
+            "miss-bound replay, O_DIRECT, cache of one layer's top-k: expert bytes/s vs raw "
+            "O_DIRECT reads of the file" + ("" if best["direct"] else " (O_DIRECT refused)"),
+            best["rate"],
+            limit,
+            "GB/s",
+            f">= {THROUGHPUT_GOAL:.0%} of raw",
+            best["rate"] >= THROUGHPUT_GOAL * limit,
+            detail=f"{best['misses']} misses of {best['requests']} requests, "
+            f"{best['io_threads']} I/O threads (best of 2, 4, 8); raw: smoe-stream bench "
+            f"--direct, fastest plain read of any pattern ({bench['raw_read']['file_limit']})",
+        )
+    ]
+    size = vault.stat().st_size
+    slot = best["slot_bytes"]
+    slots = size // 4 // slot
+    _, rss, out = peak_rss_of(
+        [str(BIN), "replay", str(vault), str(trace), "--cache-slots", str(slots), "--json"]
+    )
+    cache = json.loads(out)["cache_bytes"]
+    figs.append(
+        figure(
+            f"peak RSS of replay, vault {size / 2**30:.2f} GiB = 4x the cache, vs cache + 64 MiB",
+            rss / 2**20,
+            (cache + RSS_SLACK) / 2**20,
+            "MiB",
+            "<= cache + 64 MiB",
+            rss <= cache + RSS_SLACK,
+            detail=f"cache {slots} slots of {slot} bytes = {cache / 2**20:.0f} MiB",
+        )
+    )
+    return figs
+
+
+def run(workdir: Path, quick: bool = False) -> list[dict]:
+    if not BIN.exists():
+        subprocess.run(["make", "-s", "build"], cwd=ROOT, check=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    figs = real_routing_figures(workdir)
+    figs += throughput_figures(workdir, quick)
+    return figs
