@@ -51,6 +51,7 @@ _LABELS = {
     "semantics": "beyond, in the code",
     "refuse_if": "refused when",
     "rope_switch": "RoPE only when",
+    "silu_fixed": "SiLU whatever hidden_act",
     "architecture": "export architecture",
     "rebuild": "export rebuilds config",
     "note": "note",

@@ -423,7 +423,7 @@ experts can be represented
                 f"{subject}: model_type {model_type!r} refused: {found}: {rule.reason}"
             )
     act = get_str(cfg, where, "hidden_act", "hidden_activation", default="silu").lower()
-    if act not in _SILU_ACTS:
+    if act not in _SILU_ACTS and not (family is not None and family.silu_fixed):
         raise RefusedInput(
             f"{subject}: hidden_act {act!r} refused: only SiLU-gated (SwiGLU) "
             "experts can be represented"

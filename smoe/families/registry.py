@@ -30,6 +30,7 @@ __all__ = [
     "PER_EXPERT_ROLES",
     "PREFIXES",
     "QK_NORMS",
+    "STACKED_ROLES",
     "Family",
     "Flag",
     "Layout",
@@ -52,6 +53,7 @@ class Layout(Enum):
     PER_EXPERT = "per expert"  # one 2-D tensor per expert and role
     FUSED = "fused [E, 2I, H]"  # gate_up [E, 2I, H] (gate rows first), down [E, H, I]
     FUSED_T = "fused [E, H, 2I]"  # gate_up [E, H, 2I] (gate columns first), down [E, I, H]
+    STACKED = "stacked [E, I, H] per role"  # gate_proj, up_proj [E, I, H], down_proj [E, H, I]
 
 
 PER_EXPERT_ROLES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2, "w1": 0, "w3": 1, "w2": 2}
@@ -67,6 +69,10 @@ FUSED_NAMES = (
     ("experts.w13_weight", "experts.w2_weight"),
 )
 """(gate_up, down) names of fused 3-D expert tensors, after the layer's container."""
+
+STACKED_ROLES = {"gate_proj.weight": 0, "up_proj.weight": 1, "down_proj.weight": 2}
+"""Names of one 3-D tensor per role holding every expert (step3p7's ``moe.gate_proj.weight``
+[E, I, H]), after the layer's container; a 2-D tensor of these names is a dense MLP's."""
 
 PREFIXES = (
     "model.",
@@ -107,8 +113,9 @@ GROUP_ROUTING_KEYS = ("routed_scaling_factor", "n_group", "topk_group")
 """Group-limited routing and the routed experts' scale (DeepSeek-V3 style routers)."""
 
 SIGMOID_BIAS = (
-    "router scores are sigmoid(logits), not softmax; the top-k is chosen on scores + "
-    "e_score_correction_bias (a router tensor in the scout), the weights are the scores alone"
+    "router scores are sigmoid(logits), not softmax; the top-k is chosen on scores + the "
+    "router's e_score_correction_bias (in the scout, under the checkpoint's name for it), the "
+    "weights are the scores alone"
 )
 """The DeepSeek-V3 style router, fixed in the modeling code (no config key says it)."""
 SIGMOID = "router scores are sigmoid(logits), not softmax"
@@ -220,6 +227,9 @@ class Family:
     scaling, an output gate), whatever carries it (the code, a scout tensor)."""
     refuse_if: tuple[Refusal, ...] = ()
     """Configurations of this family the format cannot hold (see :class:`Refusal`)."""
+    silu_fixed: bool = False
+    """The modeling code computes SiLU whatever ``hidden_act`` says (step3p7's config class
+    replaces the Hub's ``swigluoai``): the key is not read."""
     architecture: str = ""
     """transformers' class for ``export --hf`` to write into a rebuilt config."""
     rebuild: bool = False
@@ -1164,12 +1174,9 @@ _FAMILY_LIST: list[Family] = [
     Family(
         "step3p7",
         aliases=("step3p5",),
-        refused=(
-            "its experts are stacked per role under moe. (gate_proj and up_proj [E, I, H], "
-            "down_proj [E, H, I]); not a layout smoe reads yet (unclamped, swiglu_limits null "
-            "or 0, it would be plain SwiGLU; clamped, it is refused naming swiglu_limits)"
-        ),
+        layouts=(Layout.STACKED,),
         renorm=True,
+        silu_fixed=True,
         moe_ffn=("moe_intermediate_size",),
         refuse_if=(
             Refusal("swiglu_limits", CLAMP),
@@ -1199,8 +1206,8 @@ _FAMILY_LIST: list[Family] = [
         ),
         note=(
             "Hub checkpoints (Step-3.5/3.7-Flash) clamp layers 43-44 through swiglu_limits "
-            "and are refused naming it; hidden_act 'swigluoai' in their config.json is forced "
-            "to silu by transformers' config class"
+            "and are refused naming it; their hidden_act 'swigluoai' is replaced by silu in "
+            "transformers' config class, as the modeling code computes"
         ),
     ),
     Family(
@@ -1247,7 +1254,7 @@ for _f in _FAMILY_LIST:
     for _alias in _f.aliases:
         FAMILIES.setdefault(_alias, _f)
 
-_GENERIC = Family("", layouts=tuple(Layout))
+_GENERIC = Family("", layouts=tuple(Layout))  # stacked too: its names are its own
 _GENERIC_KEYS = {
     "top_k": (
         "num_experts_per_tok",

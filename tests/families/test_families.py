@@ -337,6 +337,7 @@ ROUND_TRIP_DEFAULT = {
     "qwen3_5_moe",  # gated q, linear attention layers
     "llama4",  # a language model inside a wrapper, run alone
     "minicpm5_moe",  # new in transformers 5.25
+    "step3p7",  # stacked per role, gate_proj/up_proj [E, I, H], down_proj [E, H, I]
 }
 """Round-tripped in every ``make test`` (one of each layout and kind); the other families are
 marked slow (``make test-all``), their arch fields and expert math checked above."""

@@ -57,3 +57,20 @@ def test_hub_layout_gives_the_same_vault(tmp_path: Path, inter: int) -> None:
     assert back[name].shape == original[name].shape
     rel = (back[name].float() - original[name].float()).norm() / original[name].float().norm()
     assert rel < 0.2
+
+
+def test_stacked_experts_without_a_role_are_refused(tmp_path: Path) -> None:
+    """step3p7 stacks every expert in one 3-D tensor per role; a layer missing one role is
+    refused naming it, nothing written."""
+    from smoe.errors import SmoeError
+
+    saved = tmp_path / "saved"
+    tiny.write("step3p7", saved)
+    for f in saved.glob("*.safetensors"):
+        tensors = safetensors_torch.load_file(f)
+        tensors.pop("model.layers.1.moe.up_proj.weight")
+        safetensors_torch.save_file(tensors, f, metadata={"format": "pt"})
+    with pytest.raises(SmoeError) as info:
+        sculpt(saved, tmp_path / "out", SculptOptions(bits=4, jobs=1))
+    assert str(info.value) == f"{saved}: layer 1 has stacked experts but no up_proj.weight tensor"
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -150,3 +150,38 @@ def test_renormalisation_follows_the_selection_function(
     result = sculpt(folder, tmp_path / "out", SculptOptions(jobs=1))
     assert bool(int(_arch(result)["flags"]) & 1) == flag
     assert not [w for w in result.warnings if "norm_topk_prob" in w]
+
+
+@pytest.mark.parametrize(
+    "key, reason",
+    [("text_config.swiglu_limits", CLAMP), ("text_config.swiglu_limits_shared", CLAMP_SHARED)],
+)
+def test_a_configured_clamp_of_step3p7_is_refused(key: str, reason: str, tmp_path: Path) -> None:
+    folder = tmp_path / "step3p7"
+    tiny.write("step3p7", folder, overrides={key: [0, 7.0]})
+    inner = json.loads((folder / "config.json").read_text())["text_config"]["model_type"]
+    assert _refused(folder, tmp_path / "out") == (
+        f"{folder}: model_type {inner!r} refused: {key.split('.')[1]} is [0, 7.0]: {reason}"
+    )
+
+
+def test_step3p7_unclamped_converts_whatever_its_hidden_act_says(tmp_path: Path) -> None:
+    """Limits of 0 or null are plain SwiGLU; the Hub's hidden_act 'swigluoai' is what
+    transformers' config class replaces by silu (its modeling code computes SiLU)."""
+    folder = tmp_path / "step3p7"
+    tiny.write("step3p7", folder, overrides={"text_config.swiglu_limits": [0, None]})
+    doc = json.loads((folder / "config.json").read_text())
+    doc["text_config"]["hidden_act"] = "swigluoai"
+    (folder / "config.json").write_text(json.dumps(doc))
+    result = sculpt(folder, tmp_path / "out", SculptOptions(jobs=1))
+    assert _arch(result)["moe_ffn_dim"] == 24
+
+
+def test_per_layer_head_counts_that_differ_are_refused() -> None:
+    cfg = {"model_type": "step3p7", "num_attention_heads": 64, "num_sliding_attention_heads": 96}
+    with pytest.raises(SmoeError) as info:
+        refuse_unsupported(cfg, "config.json", "ckpt")
+    assert str(info.value) == (
+        "ckpt: model_type 'step3p7' refused: num_sliding_attention_heads is 96, "
+        f"num_attention_heads 64: {FAMILIES['step3p7'].refuse_if[2].reason}"
+    )

@@ -51,6 +51,7 @@ from smoe.families.registry import (
     PER_EXPERT_ROLES,
     PREFIXES,
     QK_NORMS,
+    STACKED_ROLES,
     Family,
     Layout,
     assumptions,
@@ -76,6 +77,9 @@ _PER_EXPERT = re.compile(
     "^" + _CONTAINER + r"experts\.(\d+)\.(" + "|".join(PER_EXPERT_ROLES) + r")\.weight$"
 )
 _FUSED = [(re.compile("^" + _CONTAINER + re.escape(gu) + "$"), dn) for gu, dn in FUSED_NAMES]
+_STACKED = re.compile(  # one 3-D tensor per role (step3p7), told from a dense MLP by its rank
+    "^(" + "|".join(CONTAINERS) + r")\.(" + "|".join(re.escape(n) for n in STACKED_ROLES) + ")$"
+)
 _BIAS = re.compile(  # the experts' own biases; not a router's e_score_correction_bias
     "^" + _CONTAINER + r"experts\.(?:\d+\.\w+\.bias|(?:gate_up|down|gate|up)_proj_bias|\w+\.bias)$"
 )
@@ -87,7 +91,7 @@ _DENSE_GATE = re.compile(
 )
 _Q_NORMS = tuple(f"{a}.{n}" for a in ("attn", "attention") for n in QK_NORMS)  # self_attn too
 _ROLE_NAMES = {"gate_proj": 0, "up_proj": 1, "down_proj": 2}
-_SHARED_GATE = re.compile(r"^(?:\w+\.)*shared_\w+\.(?:gate_proj|w1)\.weight$")
+_SHARED_GATE = re.compile(r"^(?:\w+\.)*shared?_\w+\.(?:gate_proj|w1)\.weight$")  # share_expert
 _SHARED_FUSED = re.compile(  # gate and up in one tensor, gate rows first (Granite)
     r"^(?:\w+\.)*shared_\w+\.(?:input_linear\.weight|gate_up_proj(?:\.weight)?)$"
 )
@@ -303,10 +307,12 @@ Roles = dict[int, TensorInfo]  # gate (0), up (1), down (2) -> tensor
 @dataclass
 class _Found:
     """The expert tensors of a checkpoint, by layout: per (layer, expert) its roles' 2-D
-    tensors, per layer its fused pair; every such name, and the language model's prefix."""
+    tensors, per layer its fused pair or its stacked 3-D tensor per role; every such name,
+    and the language model's prefix."""
 
     parts: dict[tuple[int, int], Roles] = field(default_factory=dict)
     fused: dict[int, tuple[TensorInfo, TensorInfo]] = field(default_factory=dict)
+    stacked: dict[int, Roles] = field(default_factory=dict)  # per layer, a 3-D tensor per role
     names: set[str] = field(default_factory=set)
     prefixes: set[str] = field(default_factory=set)
     stems: set[str] = field(default_factory=set)  # the prefix and layers./blocks.
@@ -326,6 +332,17 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
                 f"{root}: expert bias {name!r} refused: only bias-free "
                 "SiLU-gated (SwiGLU) experts can be represented"
             )
+        m = _STACKED.match(rest)
+        if m and len(info.shape) == 3:
+            roles = found.stacked.setdefault(layer, {})
+            role = STACKED_ROLES[m.group(2)]
+            if role in roles:
+                raise _stored_twice(root, roles[role].name, name, f"layer {layer}")
+            roles[role] = info
+            found.names.add(name)
+            found.prefixes.add(prefix)
+            found.stems.add(stem)
+            continue
         m = _PER_EXPERT.match(rest)
         if m:
             key, role = (layer, int(m.group(1))), PER_EXPERT_ROLES[m.group(2)]
@@ -441,6 +458,44 @@ def _add_fused_refs(
                 e,
                 ((gu, e, slice(0, inter)), (gu, e, slice(inter, 2 * inter)), (down, e, None)),
                 transposed,
+            )
+
+
+def _add_stacked_refs(
+    root: Path,
+    stacked: dict[int, Roles],
+    experts: dict[tuple[int, int], ExpertRef],
+    family: Family,
+) -> None:
+    """Add the experts of each layer's stacked tensors (gate_proj and up_proj [E, I, H],
+    down_proj [E, H, I]): expert e is slab e of each; a layer with fused or per-expert
+    tensors too is refused, as is a family whose checkpoints never stack."""
+    for layer, roles in stacked.items():
+        missing = [n for n, r in STACKED_ROLES.items() if r not in roles]
+        if missing:
+            raise RefusedInput(
+                f"{root}: layer {layer} has stacked experts but no {' or '.join(missing)} tensor"
+            )
+        if Layout.STACKED not in family.layouts:
+            raise RefusedInput(
+                f"{root}: layer {layer} stores its experts stacked per role "
+                f"({roles[0].name} {list(roles[0].shape)}), not a layout of "
+                f"{family.model_type} checkpoints"
+            )
+        gate, up, down = roles[0], roles[1], roles[2]
+        if len({gate.shape[0], up.shape[0], down.shape[0]}) != 1:
+            raise RefusedInput(
+                f"{root}: layer {layer} stacked experts {gate.name} {list(gate.shape)}, "
+                f"{up.name} {list(up.shape)}, {down.name} {list(down.shape)}: expected one "
+                "expert count"
+            )
+        for e in range(gate.shape[0]):
+            if (layer, e) in experts:
+                raise RefusedInput(
+                    f"{root}: layer {layer} expert {e} is stored both stacked and otherwise"
+                )
+            experts[(layer, e)] = ExpertRef(
+                layer, e, ((gate, e, None), (up, e, None), (down, e, None))
             )
 
 
@@ -589,6 +644,7 @@ class Checkpoint:
         found = _find_experts(root, tensors)
         experts = _per_expert_refs(root, found.parts)
         _add_fused_refs(root, found.fused, experts, family)
+        _add_stacked_refs(root, found.stacked, experts, family)
         if not experts:
             raise RefusedInput(
                 f"{root}: no routed expert tensors found (looked for "
