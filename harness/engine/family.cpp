@@ -22,7 +22,9 @@ const std::vector<FamilyRule>& rules() {
           {"residual_multiplier", 1},
           {"logits_scaling", 1}}},
         // no key says so: minimax_m2 scores with a sigmoid plus a correction bias
-        {"minimax_m2", Scoring::sigmoid, {{"rope_parameters.partial_rotary_factor", 1}}},
+        {"minimax_m2",
+         Scoring::sigmoid,
+         {{"rope_parameters.partial_rotary_factor", 1}, {"rotary_dim", 0}}},
         {"glm4_moe",
          Scoring::sigmoid,
          {{"rope_parameters.partial_rotary_factor", 0.5},

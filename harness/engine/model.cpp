@@ -219,9 +219,18 @@ void apply_family(ModelConfig& c, const FamilyRule& rule, const std::string& con
             }
         return fallback;
     };
+    // the rotary share of a head: rope_parameters' partial_rotary_factor, else the top-level
+    // one, else a legacy rotary_dim (released MiniMax-M2 configs), else the family's default
+    const bool names_rotary_dim = key("rotary_dim", -1) >= 0 && cfg.count("rotary_dim");
     double partial = key("rope_parameters.partial_rotary_factor", -1);
-    if (partial < 0 || !cfg.count("rope_parameters.partial_rotary_factor"))
-        partial = key("partial_rotary_factor", partial < 0 ? 1.0 : partial);
+    if (!cfg.count("rope_parameters.partial_rotary_factor")) {
+        if (cfg.count("partial_rotary_factor"))
+            partial = key("partial_rotary_factor", partial);
+        else if (names_rotary_dim)
+            partial = cfg.at("rotary_dim") / c.head_dim;
+        else
+            partial = key("partial_rotary_factor", partial < 0 ? 1.0 : partial);
+    }
     if (!(partial > 0 && partial <= 1))
         throw RefusedInput(config_path + ": partial_rotary_factor " + std::to_string(partial) +
                            " outside (0, 1]");

@@ -983,7 +983,8 @@ _FAMILY_LIST: list[Family] = [
         "minimax_m2",
         renorm=True,
         moe_ffn=("intermediate_size",),
-        beyond=("rope_parameters.partial_rotary_factor",),
+        # released configs give the rotary share as rotary_dim (transformers converts it)
+        beyond=("rope_parameters.partial_rotary_factor", "rotary_dim"),
         semantics=(SIGMOID_BIAS,),
     ),
     Family(

@@ -184,3 +184,24 @@ def test_evictions_inside_a_token_are_counted(smoe_stream: Path, tmp_path: Path)
     )
     steps = json.loads(proc.stdout)["per_token"]
     assert all(s["misses"] >= 1 and s["hits"] + s["misses"] == 6 for s in steps[1:])
+
+
+def test_minimax_m2_legacy_rotary_dim(smoe_stream: Path, tmp_path: Path) -> None:
+    """Released MiniMax-M2 configs give the rotary share as rotary_dim (transformers turns it
+    into partial_rotary_factor): a config copy with only rotary_dim runs the same."""
+    folder = checkpoint("minimax_m2", tmp_path / "ck", {})
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config["rope_parameters"].pop("partial_rotary_factor", None)
+    config["rotary_dim"] = config["head_dim"] // 2
+    path.write_text(json.dumps(config))
+    vault = sculpt(folder, tmp_path / "out", SculptOptions(jobs=1)).vault
+    tokens, ours = generate(vault)
+    ref = reference(vault, tokens)
+    assert_conforms(tokens, ours, ref)
+    copy = vault.with_name(vault.stem + ".config.json")  # without it: the whole head rotates
+    without = json.loads(copy.read_text())
+    del without["rotary_dim"]
+    copy.write_text(json.dumps(without))
+    _, whole = generate(vault)
+    assert float((np.abs(whole - ref) / np.abs(ref).max(axis=1, keepdims=True)).max()) > TOLERANCE
