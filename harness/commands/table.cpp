@@ -23,7 +23,7 @@ const std::vector<Command>& table() {
          "replay VAULT TRACE (--cache-mb M | --cache-slots S) [--io-threads T] [--direct]\n"
          "                                [--policy lru|cycle] [--json]",
          cmd_replay},
-        // hidden, for the test suite (harness/main.cpp says what each does)
+        // hidden, for the test suite (harness/main.cpp's opening comment says what each does)
         {"fuzz", nullptr, cmd_fuzz},
         {"fp16-table", nullptr, cmd_fp16_table},
         {"crc32c", nullptr, cmd_crc32c},
