@@ -38,7 +38,8 @@ def generate(*args: object) -> Any:
 
 
 def test_prints_the_generated_ids(smoe_stream: Path, vault: Path) -> None:
-    proc = generate(vault, "--prompt", PROMPT, "--max-new", 6)
+    # buffered: O_DIRECT refused (tmpfs) would add a warning
+    proc = generate(vault, "--prompt", PROMPT, "--max-new", 6, "--buffered")
     assert proc.returncode == 0 and proc.stderr == ""
     ids = [int(t) for t in proc.stdout.strip().split(",")]
     assert len(ids) == 6 and all(0 <= t < 128 for t in ids)
@@ -217,7 +218,7 @@ def test_the_scouts_shapes_win_over_the_block(
     flags_at = int.from_bytes(data[60:64], "little") + 12  # reserved_ext: the arch block
     data[flags_at] &= ~2  # has_qk_norm off
     copy.write_bytes(bytes(data))
-    proc = generate(copy, "--prompt", PROMPT, "--max-new", 4)
+    proc = generate(copy, "--prompt", PROMPT, "--max-new", 4, "--buffered")
     assert proc.returncode == 0
     assert proc.stderr == (
         f"smoe-stream: warning: {copy}: the arch block says has_qk_norm 0, the scout has q/k "
