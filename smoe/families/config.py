@@ -557,6 +557,12 @@ def arch_from_config(
     family = family or family_of(name) or generic(name)
     theta, warnings = (0.0, []) if _no_rope(cfg, where, family) else _rope_theta(cfg, where)
     heads, kv, head_dim = _attention_from_config(cfg, where)
+    if is_mla(cfg, where) and kv != heads:  # R7: MLA expands one key per query head
+        warnings.append(
+            f"num_kv_heads: config.json says num_key_value_heads {kv}, but multi-head latent "
+            f"attention has one key per query head; the block says {heads}"
+        )
+        kv = heads
     top_k = _top_k(cfg, where, family)
     moe_cfg = get_int(cfg, where, *family.moe_ffn)
     if moe_cfg is not None and moe_cfg != moe_ffn_dim:

@@ -91,6 +91,7 @@ def stated(doc: object, path: Path) -> dict[str, tuple[str, Any]]:
         if found is not None:
             facts[name] = found
     if is_mla(cfg, where):
+        facts.pop("num_kv_heads", None)  # R7: MLA has a key per query head, whatever it says
         width = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         facts["head_dim"] = ("qk_nope_head_dim + qk_rope_head_dim", width)
     elif get_int(cfg, where, "head_dim") is not None:

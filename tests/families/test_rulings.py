@@ -185,3 +185,23 @@ def test_per_layer_head_counts_that_differ_are_refused() -> None:
         "ckpt: model_type 'step3p7' refused: num_sliding_attention_heads is 96, "
         f"num_attention_heads 64: {FAMILIES['step3p7'].refuse_if[2].reason}"
     )
+
+
+def test_latent_attention_has_a_key_per_query_head(tmp_path: Path) -> None:
+    """MLA (DeepSeek-V3): the attention expands the latent into one key per query head,
+    whatever num_key_value_heads says; the block says what the attention computes."""
+    folder = tmp_path / "deepseek_v3"
+    tiny.write("deepseek_v3", folder)
+    doc = json.loads((folder / "config.json").read_text())
+    doc["num_key_value_heads"] = 2
+    (folder / "config.json").write_text(json.dumps(doc))
+    result = sculpt(folder, tmp_path / "out", SculptOptions(jobs=1))
+    assert int(_arch(result)["num_kv_heads"]) == int(doc["num_attention_heads"]) == 4
+    assert (
+        "num_kv_heads: config.json says num_key_value_heads 2, but multi-head latent attention "
+        "has one key per query head; the block says 4"
+    ) in result.warnings
+    from smoe.export.hf.checkpoint import export_hf
+
+    export_hf(result.vault, tmp_path / "hf")  # the config copy says 2: not a contradiction
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_key_value_heads"] == 2
