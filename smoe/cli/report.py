@@ -63,7 +63,7 @@ from smoe.format.verify import Report, verify_file
 from smoe.format.view import FileView, Geometry, arch_view, header_view, table_views
 from smoe.interop.safetensors_io import DTYPE_SIZES
 from smoe.plumbing import fileio
-from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.atomic import AtomicFile, Signature, refuse_foreign
 from smoe.quant import SNR_FLOOR_DB
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
@@ -86,6 +86,7 @@ __all__ = [
 ]
 
 TEMPLATE = "report.html.j2"
+GENERATOR = b'<meta name="generator" content="smoe '  # in the page's head (the template)
 SCHEMA = "smoe-report/1"  # the "schema" key of `smoe report --json` (docs/JSON.md)
 WIDTH = 1160  # drawing width of the maps, in CSS pixels
 MAX_RUNS = 512  # blob segments drawn on the file map at most (runs are merged beyond)
@@ -98,6 +99,10 @@ BF16_BYTES = DTYPE_SIZES["BF16"]  # per weight, of the BF16 the compression is m
 UNKNOWN_V1 = "unknown (v1 vault)"  # the cost per token of a vault without moe_top_k
 UNKNOWN_ARCH = "unknown (no readable arch block)"
 UNKNOWN_TABLE = "unknown (no readable expert table)"
+# a page replaced by report -o --force must be one report wrote (its generator tag)
+REPORT_SIGNATURE = Signature(
+    "a page smoe report wrote", lambda fd: GENERATOR in os.pread(fd, 4096, 0)
+)
 UNKNOWN_WHY = {
     UNKNOWN_TABLE: "the expert table cannot be read (see the findings)",
     UNKNOWN_V1: "a v1 vault has no arch block, so no moe_top_k",
@@ -243,11 +248,13 @@ def write_report(
         raise WriteFailed(f"{out}: is a folder; name the .html file to write")
     if not replace:
         fileio.refuse_existing(out)
+    else:
+        refuse_foreign(out, REPORT_SIGNATURE)
     with FileView.open(vault) as view:
         report = verify_file(view, vault, deep=deep, manifest=manifest)
         context = collect(view, vault, report, side, deep)
     html = render(context).encode("utf-8")
-    with AtomicFile(out, replace=replace) as f:
+    with AtomicFile(out, replace=replace, ours=REPORT_SIGNATURE) as f:
         f.pwrite(html, 0)
         f.commit()
     return ReportResult(

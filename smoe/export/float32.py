@@ -16,11 +16,15 @@ import numpy as np
 from smoe import quant
 from smoe.errors import RefusedInput, WriteFailed
 from smoe.format import manifest
-from smoe.interop.safetensors_io import write_file
+from smoe.interop.safetensors_io import marked, write_file
 from smoe.plumbing import fileio
+from smoe.plumbing.atomic import refuse_foreign
 from smoe.vault.reader import Vault
 
-__all__ = ["export"]
+__all__ = ["EXPORT_SIGNATURE", "export"]
+
+# what an export file says of itself, so that a replacing export knows its own
+EXPORT_SIGNATURE = marked("a float32 file smoe export wrote", "smoe", "export")
 
 
 def _tensor_name(layer: int, expert: int, tensor: str) -> str:
@@ -37,7 +41,8 @@ def export(
 ) -> list[str]:
     """Write the selected experts' float32 weights; returns the tensor names written.
     ``replace`` False (``smoe export`` without ``--force``): an existing ``out`` is refused
-    (:class:`~smoe.errors.OutputExists`), before anything is read, and never replaced.
+    (:class:`~smoe.errors.OutputExists`), before anything is read, and never replaced;
+    True replaces only a file an export wrote (its ``smoe`` metadata), never another.
 
     One expert is dequantised at a time, straight into its place in the output file.
 
@@ -56,6 +61,8 @@ def export(
         raise WriteFailed(f"{out}: is a folder; name the .safetensors file to write")
     if not replace:
         fileio.refuse_existing(out)
+    else:
+        refuse_foreign(out, EXPORT_SIGNATURE)
     vault = Vault.open(vault_path)
     keys = [
         k for k in vault if (layer is None or k[0] == layer) and (expert is None or k[1] == expert)
@@ -87,7 +94,6 @@ def export(
         quant.decode(view.packed, view.scales, view.bits, view.shape, out=data)
         fileio.pwrite_all(fd, data.astype("<f4", copy=False), offset, out)
 
-    write_file(
-        out, items, fill, metadata={"format": "pt", "source": vault_path.name}, replace=replace
-    )
+    metadata = {"format": "pt", "source": vault_path.name, "smoe": "export"}
+    write_file(out, items, fill, metadata=metadata, replace=replace, ours=EXPORT_SIGNATURE)
     return [name for name, _, _ in items]

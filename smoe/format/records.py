@@ -7,6 +7,7 @@ byte layout has exactly one source: the .ksy.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from smoe.errors import FormatError
 from smoe.format.plan import Plan
 from smoe.interop.safetensors_io import json_excerpt
+from smoe.plumbing.atomic import Signature
 from smoe_gen import layout
 
 __all__ = [
@@ -378,3 +380,11 @@ def plain_rows(arr: np.ndarray) -> list[dict]:
         col = arr[name]
         cols[name] = [bytes(r).hex() for r in col] if col.ndim > 1 else col.tolist()
     return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
+
+
+def _starts_with_magic(fd: int) -> bool:
+    return os.pread(fd, len(layout.MAGIC), 0) == layout.MAGIC
+
+
+# a vault is known again by its magic: what sculpt --force and upgrade --out --force replace
+VAULT_SIGNATURE = Signature("a .smoe vault", _starts_with_magic)

@@ -24,7 +24,7 @@ import numpy as np
 
 from smoe.errors import RefusedInput, WriteFailed
 from smoe.plumbing import fileio
-from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.atomic import AtomicFile, Signature
 
 __all__ = [
     "DTYPE_SIZES",
@@ -435,6 +435,7 @@ def write_file(
     *,
     stage: Literal[False] = False,
     replace: bool = True,
+    ours: Signature | None = None,
 ) -> int: ...
 @overload
 def write_file(
@@ -445,6 +446,7 @@ def write_file(
     *,
     stage: Literal[True],
     replace: bool = True,
+    ours: Signature | None = None,
 ) -> tuple[int, AtomicFile]: ...
 @overload
 def write_file(
@@ -455,6 +457,7 @@ def write_file(
     *,
     stage: bool,
     replace: bool = True,
+    ours: Signature | None = None,
 ) -> int | tuple[int, AtomicFile]: ...
 def write_file(
     path: Path,
@@ -464,11 +467,13 @@ def write_file(
     *,
     stage: bool = False,
     replace: bool = True,
+    ours: Signature | None = None,
 ) -> int | tuple[int, AtomicFile]:
     """Write a safetensors file whose tensors ``items`` = (name, dtype, shape) are in name
     order; ``fill(fd, i, offset)`` writes tensor i's bytes at absolute ``offset`` (with
     :func:`fileio.pwrite_all`). ``replace`` False: an existing ``path`` is refused and never
-    replaced (:class:`~smoe.plumbing.atomic.AtomicFile`).
+    replaced (:class:`~smoe.plumbing.atomic.AtomicFile`); ``ours``: only a file with that
+    signature is replaced.
 
     The header is written first (all sizes are known), so data can be streamed tensor by
     tensor with bounded memory. Atomic: temp file, fsync, rename; on any error the temp
@@ -502,7 +507,7 @@ def write_file(
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     base = 8 + len(raw)
-    out = AtomicFile(path, replace=replace)
+    out = AtomicFile(path, replace=replace, ours=ours)
     try:
         fd = out.fd
         assert fd is not None
@@ -579,3 +584,34 @@ def write_streaming(
     finally:
         for src in fds.values():
             os.close(src)
+
+
+def _metadata(fd: int) -> dict[str, object]:
+    """The ``__metadata__`` of the safetensors file open at ``fd`` (bounded; {} if none)."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, 8, 0)
+    if len(head) != 8:
+        return {}
+    (n,) = struct.unpack("<Q", head)
+    if n > min(_MAX_HEADER, size - 8):
+        return {}
+    try:
+        header = json.loads(os.pread(fd, n, 8))
+    except ValueError:
+        return {}
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def marked(what: str, key: str, value: str) -> Signature:
+    """The signature of a safetensors file smoe wrote with ``__metadata__[key] == value``.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x.safetensors"
+    >>> _ = write_file(path, [], lambda fd, i, off: None, {"smoe": "export"})
+    >>> sig = marked("an export", "smoe", "export")
+    >>> fd = os.open(path, os.O_RDONLY); sig.probe(fd), marked("?", "smoe", "scout").probe(fd)
+    (True, False)
+    >>> os.close(fd)
+    """
+    return Signature(what, lambda fd: _metadata(fd).get(key) == value)

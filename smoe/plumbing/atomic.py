@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +28,48 @@ if TYPE_CHECKING:
     from collections.abc import Buffer
     from types import TracebackType
 
-__all__ = ["AtomicFile", "put_in_place", "sweep_stale"]
+__all__ = ["AtomicFile", "Signature", "put_in_place", "refuse_foreign", "sweep_stale"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How one kind of output smoe writes is known again, so that a replacing write (the
+    CLI's ``--force``, the API's default) never replaces a file smoe did not write.
+
+    ``probe`` reads an open, regular existing file (bounded) and says whether it is one.
+    """
+
+    what: str  # "a .smoe vault", for the refusal
+    probe: Callable[[int], bool]
+
+
+def refuse_foreign(path: str | os.PathLike, ours: Signature) -> None:
+    """Refuse (:class:`~smoe.errors.WriteFailed`) a regular file at ``path`` that is not
+    ``ours``: nothing there, or a symlink (replaced, never followed), passes.
+
+    >>> import tempfile
+    >>> sig = Signature("a greeting", lambda fd: os.pread(fd, 5, 0) == b"hello")
+    >>> refuse_foreign(tempfile.mkdtemp() + "/absent", sig)
+    >>> refuse_foreign("LICENSE", sig)
+    Traceback (most recent call last):
+    smoe.errors.WriteFailed: LICENSE: exists and smoe did not write it (not a greeting); ...
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | fileio._NOFOLLOW | fileio._CLOEXEC)
+    except OSError:
+        return  # absent, a symlink, or out of reach: creating or renaming says why
+    try:
+        st = os.fstat(fd)
+        ok = not stat.S_ISREG(st.st_mode) or ours.probe(fd)  # not a file: existing_output's
+    except (OSError, ValueError):
+        ok = False
+    finally:
+        os.close(fd)
+    if not ok:
+        raise WriteFailed(
+            f"{path}: exists and smoe did not write it (not {ours.what}); --force replaces "
+            "only what smoe wrote: move it away yourself if it is to go"
+        )
 
 
 _TMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}\.tmp$")
@@ -69,6 +113,8 @@ def put_in_place(f: AtomicFile) -> None:
     (True, False)
     """
     if f.replace:
+        if f.ours is not None:
+            refuse_foreign(f.path, f.ours)  # again: a file put there meanwhile is kept
         fileio.rename(f.tmp, f.path)
     else:
         fileio.rename_new(f.tmp, f.path)
@@ -90,15 +136,23 @@ class AtomicFile:
     """
 
     def __init__(
-        self, path: str | os.PathLike, tmp: str | os.PathLike | None = None, replace: bool = True
+        self,
+        path: str | os.PathLike,
+        tmp: str | os.PathLike | None = None,
+        replace: bool = True,
+        ours: Signature | None = None,
     ) -> None:
         """``replace=False``: an existing ``path`` is refused now and at the commit, which
         then never replaces it (:func:`~smoe.plumbing.fileio.rename_new`), so that an output
-        that appears meanwhile (another run) is kept: :class:`~smoe.errors.OutputExists`."""
+        that appears meanwhile (another run) is kept: :class:`~smoe.errors.OutputExists`.
+        ``ours``: a file replaced must carry that signature, now and at the commit."""
         self.path = Path(path)
         self.replace = replace
+        self.ours = ours
         if not replace:
             fileio.refuse_existing(self.path)
+        elif ours is not None:
+            refuse_foreign(self.path, ours)
         replaced = fileio.existing_output(self.path)  # a FIFO or a device: refused here
         fileio.ensure_dir(self.path.parent)
         if tmp is None:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from smoe.errors import UsageError
 from smoe.format.manifest import path_for
+from smoe.format.records import VAULT_SIGNATURE
 from smoe.plumbing import fileio
+from smoe.plumbing.atomic import refuse_foreign
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.sculpt.source.hub import output_stem
 from smoe.vault.companions import companions
@@ -80,6 +82,8 @@ class Paths:
             fileio.existing_output(path)
         if not replace:
             fileio.refuse_existing(self.vault)
+        else:  # --force replaces a vault, never a file smoe did not write
+            refuse_foreign(self.vault, VAULT_SIGNATURE)
 
     def refuse_inputs(self, inputs: list[Path]) -> None:
         """Refuse any output (or partial, journal or lock) that is one of ``inputs``: a run

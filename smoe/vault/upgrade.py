@@ -40,9 +40,9 @@ import numpy as np
 from smoe.errors import FormatError, RefusedInput, SmoeError, WriteFailed
 from smoe.families.config import read_json
 from smoe.format import manifest
-from smoe.format.records import ArchInfo, arch_record
+from smoe.format.records import VAULT_SIGNATURE, ArchInfo, arch_record
 from smoe.plumbing import fileio
-from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.atomic import AtomicFile, refuse_foreign
 from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.meta import check_metadata
 from smoe.vault.reader import Vault
@@ -559,6 +559,8 @@ def _rewrite(
     fileio.require_regular(path)
     if not replace:
         fileio.refuse_existing(out)
+    else:  # a file replaced must be a vault: --force never replaces what smoe did not write
+        refuse_foreign(out, VAULT_SIGNATURE)
     fileio.ensure_dir(out.parent)
     with fileio.Lock(out.parent / f".{out.name}.lock", out):
         vault = Vault.open(path)
@@ -581,7 +583,10 @@ def _rewrite(
         meta[layout.TABLE_OFFSET : g.descriptors_offset] = table.tobytes()
         meta[g.descriptors_offset : g.descriptors_end] = vault.descriptors.tobytes()
         meta[slot : slot + layout.ARCH_BLOCK_SIZE] = arch_record(arch).tobytes()
-        with AtomicFile(out, replace=replace) as dst, AtomicFile(man_out) as mdst:
+        with (
+            AtomicFile(out, replace=replace, ours=VAULT_SIGNATURE) as dst,
+            AtomicFile(man_out) as mdst,
+        ):
             dst.truncate(end + shift)
             dst.pwrite(meta, 0)
             crcs = _copy_blobs(vault, dst, end, shift)

@@ -40,7 +40,7 @@ from smoe import quant
 from smoe.errors import FormatError, RefusedInput, SmoeError, WriterStateError
 from smoe.format.manifest import ManifestBuilder, checksum, encode, path_for, tool_info
 from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
-from smoe.format.records import U32_MAX, ArchInfo, ModelInfo, metadata_bytes
+from smoe.format.records import U32_MAX, VAULT_SIGNATURE, ArchInfo, ModelInfo, metadata_bytes
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, put_in_place
 from smoe.vault.meta import check_metadata
@@ -380,7 +380,9 @@ of gate_proj shape (32, 64)
         """
         self._require(State.DECLARING, action="begin")
         plan = make_plan(self._shapes, self.bits, self.version)
-        self._out = AtomicFile(self.path, tmp=self._partial, replace=self._replace)
+        self._out = AtomicFile(
+            self.path, tmp=self._partial, replace=self._replace, ours=VAULT_SIGNATURE
+        )
         try:
             if not keep:
                 self._out.truncate(0)

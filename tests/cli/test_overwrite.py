@@ -53,8 +53,7 @@ def test_an_existing_output_is_refused_and_force_replaces_it(
     tmp_path: Path, sculpted: Path, name: str
 ) -> None:
     args, out = commands(tmp_path, sculpted)[name]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(b"someone else's file")
+    assert run(*args).returncode == 0  # an earlier run's output: smoe wrote it
     before = untouched(out)
     proc = run(*args)
     assert (proc.returncode, proc.stdout, proc.stderr) == (
@@ -71,8 +70,47 @@ def test_an_existing_output_is_refused_and_force_replaces_it(
     }
     proc = run(*args, "--force")
     assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() != before[0]
+    assert out.stat().st_ino != before[1]
     assert not [n for n in os.listdir(out.parent) if n.endswith(".tmp")]
+
+
+FOREIGN = {  # what each command's output is known by, for the refusal
+    "sculpt": "a .smoe vault",
+    "export": "a float32 file smoe export wrote",
+    "upgrade": "a .smoe vault",
+    "report": "a page smoe report wrote",
+}
+
+
+@pytest.mark.parametrize("name", ["sculpt", "export", "upgrade", "report"])
+def test_force_never_replaces_a_file_smoe_did_not_write(
+    tmp_path: Path, sculpted: Path, name: str
+) -> None:
+    """--force may delete only what smoe wrote: a file of the user's under the output's
+    name (a checkpoint shard named like the export, a page, any file) is kept."""
+    args, out = commands(tmp_path, sculpted)[name]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(b"someone else's file")
+    before = untouched(out)
+    proc = run(*args, "--force")
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"error: {out}: exists and smoe did not write it (not {FOREIGN[name]}); --force "
+        "replaces only what smoe wrote: move it away yourself if it is to go\n"
+    )
+    assert untouched(out) == before
+    assert not [n for n in os.listdir(out.parent) if n.endswith(".tmp")]
+
+
+def test_export_force_keeps_a_checkpoint_shard(tmp_path: Path, sculpted: Path) -> None:
+    """A safetensors file that an export did not write (the source's own shard) is never
+    replaced by `export VAULT SHARD --force`."""
+    shard = tmp_path / "model.safetensors"
+    shutil.copy2(MODEL / "model.safetensors", shard)
+    before = untouched(shard)
+    proc = run("export", sculpted, shard, "--force")
+    assert proc.returncode == 1 and "smoe did not write it" in proc.stderr
+    assert untouched(shard) == before
 
 
 def test_export_hf_refuses_a_folder_and_force_replaces_an_earlier_export(

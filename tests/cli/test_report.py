@@ -376,7 +376,7 @@ def test_refuses_an_output_that_is_the_vault_or_its_manifest(demo: Path, tmp_pat
 
 def test_written_atomically_over_an_old_page_or_a_symlink(demo: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
-    out.write_text("old")
+    write_report(demo, out)  # an old page of ours
     target = tmp_path / "target.txt"
     target.write_text("keep")
     link = tmp_path / "link.html"
