@@ -1018,24 +1018,29 @@ class Checkpoint:
 
     def family_record(self) -> dict | None:
         """What the manifest's ``source.family`` says (docs/MANIFEST.md): the config keys an
-        engine must read from the config copy (``config_keys``), whether the registry knows
-        the family, and the language model's layer stem when it is not ``model.layers.``;
-        None when there is nothing beyond the arch block to say.
+        engine must read from the config copy (``config_keys``), what it must compute that
+        no key announces (``semantics``, present when the registry lists any: a sigmoid
+        router with a correction bias, a routed scaling), whether the registry knows the
+        family, and the language model's layer stem when it is not ``model.layers.``; None
+        when there is nothing beyond the arch block to say.
 
         >>> Checkpoint.open("fixtures/checkpoints/qwen3_moe").family_record() is None
         True
-        >>> "routed_scaling_factor" in Checkpoint.open(
-        ...     "fixtures/checkpoints/deepseek_v3").family_record()["config_keys"]
-        True
+        >>> record = Checkpoint.open("fixtures/checkpoints/deepseek_v3").family_record()
+        >>> "routed_scaling_factor" in record["config_keys"], record["semantics"][0][:33]
+        (True, 'router scores are sigmoid(logits)')
         """
         registered = (
             self.family.model_type != ""
             and bool(family_of(self.family.model_type))
             and not self.warnings_of_assumption()
         )
-        if registered and not self.family.beyond and self.stem == "model.layers.":
+        plain = not self.family.beyond and not self.family.semantics
+        if registered and plain and self.stem == "model.layers.":
             return None
         record: dict = {"registered": registered, "config_keys": list(self.family.beyond)}
+        if self.family.semantics:
+            record["semantics"] = list(self.family.semantics)
         if self.stem != "model.layers.":
             record["layers"] = self.stem
         return record
