@@ -85,7 +85,7 @@ ReplayArgs parse(const Args& args) {
 
 /// What a replay measured.
 struct Replayed {
-    uint64_t steps = 0, requests = 0;
+    uint64_t steps = 0, requests = 0, hints = 0;
     engine::CacheCounters counters;
     engine::HitCount belady;
     uint64_t capacity = 0, slot_bytes = 0;
@@ -104,6 +104,11 @@ Replayed replay(const Vault& v, const std::vector<engine::TraceStep>& steps,
     r.direct = cache.direct();
     const double t0 = now_seconds();
     for (const engine::TraceStep& s : steps) {
+        if (s.hint) {
+            cache.prefetch(s.layer, s.experts);
+            ++r.hints;
+            continue;
+        }
         for (const auto& [b, e] : engine::batches(s.experts.size(), r.capacity)) {
             const std::vector<uint32_t> batch(s.experts.begin() + static_cast<ptrdiff_t>(b),
                                               s.experts.begin() + static_cast<ptrdiff_t>(e));
@@ -112,8 +117,9 @@ Replayed replay(const Vault& v, const std::vector<engine::TraceStep>& steps,
         }
         r.requests += s.experts.size();
     }
+    cache.wait_idle();  // hints still in flight: their bytes count
     r.seconds = now_seconds() - t0;
-    r.steps = steps.size();
+    r.steps = steps.size() - r.hints;
     r.counters = cache.counters();
     r.belady = engine::belady(steps, r.capacity);
     return r;
@@ -132,7 +138,7 @@ std::string json_report(const ReplayArgs& a, const Replayed& r) {
     j.member("slots", r.capacity).member("slot_bytes", r.slot_bytes);
     j.member("cache_bytes", r.capacity * r.slot_bytes);
     j.member("io_threads", a.cache.io_threads).member("direct", r.direct);
-    j.member("steps", r.steps).member("requests", r.requests);
+    j.member("steps", r.steps).member("hints", r.hints).member("requests", r.requests);
     j.member("hits", c.hits).member("misses", c.misses).member("hit_rate", rate);
     j.member("belady_hits", r.belady.hits).member("belady_hit_rate", r.belady.rate());
     j.key("of_belady");  // null where Belady hits nothing
@@ -141,6 +147,7 @@ std::string json_report(const ReplayArgs& a, const Replayed& r) {
     else
         j.null();
     j.member("bytes_read", c.bytes_read).member("blobs_read", c.blobs_read);
+    j.member("prefetched", c.prefetched);
     j.member("read_seconds", c.read_seconds);
     j.member("read_bytes_per_s", ratio(static_cast<double>(c.bytes_read), c.read_seconds));
     j.member("seconds", r.seconds);
@@ -152,12 +159,13 @@ std::string json_report(const ReplayArgs& a, const Replayed& r) {
 std::string text_report(const ReplayArgs& a, const Replayed& r) {
     const engine::CacheCounters& c = r.counters;
     const double rate = engine::HitCount{c.hits, c.misses}.rate();
-    char buf[1024];
+    char buf[1536];
     std::snprintf(
         buf, sizeof buf,
         "replay: %llu steps, %llu requests, policy %s, %llu slots of %llu bytes, %s reads\n"
         "hits %llu, misses %llu: hit rate %.4f (Belady %.4f: %.3f of it)\n"
-        "read %llu bytes in %llu blobs: %.1f MB/s over %.3f s of reads; %.0f steps/s\n",
+        "read %llu bytes in %llu blobs (%llu on hints): %.1f MB/s over %.3f s of reads; "
+        "%.0f steps/s\n",
         static_cast<unsigned long long>(r.steps), static_cast<unsigned long long>(r.requests),
         a.cache.policy.c_str(), static_cast<unsigned long long>(r.capacity),
         static_cast<unsigned long long>(r.slot_bytes), r.direct ? "O_DIRECT" : "buffered",
@@ -165,6 +173,7 @@ std::string text_report(const ReplayArgs& a, const Replayed& r) {
         r.belady.rate(), ratio(rate, r.belady.rate()),
         static_cast<unsigned long long>(c.bytes_read),
         static_cast<unsigned long long>(c.blobs_read),
+        static_cast<unsigned long long>(c.prefetched),
         ratio(static_cast<double>(c.bytes_read), c.read_seconds) / 1e6, c.read_seconds,
         ratio(static_cast<double>(r.steps), r.seconds));
     return buf;

@@ -93,7 +93,6 @@ struct Slot {
     State state = State::empty;
     uint32_t pins = 0;
     uint32_t pending = 0;      // chunks of its read still to come
-    bool hinted = false;       // its read was started by a hint (counted in hints_in_flight)
     std::exception_ptr error;  // a failed read, for the acquire waiting on it
 };
 
@@ -126,7 +125,7 @@ struct ExpertCache::Impl {
         slots.resize(capacity);
         const unsigned threads = std::clamp(opt.io_threads, 1u, MAX_IO_THREADS);
         // hints never take the last worker: a demand read always finds one free
-        prefetch_limit = threads - 1;
+        hint_limit = threads - 1;
         for (unsigned t = 0; t < threads; ++t)
             workers.emplace_back([this] { work(); });
     }
@@ -180,15 +179,12 @@ struct ExpertCache::Impl {
         Slot& slot = slots[s];
         slot.entry = e;
         slot.state = State::loading;
-        slot.hinted = hint;
         where[e] = static_cast<int64_t>(s);
         std::deque<Job>& queue = hint ? hints : demands;
         for (uint64_t at = 0; at < x.padded_size; at += CHUNK) {
             queue.push_back(Job{s, at, std::min(CHUNK, x.padded_size - at)});
             ++slot.pending;
         }
-        if (hint)
-            ++hints_in_flight;
         job_ready.notify_all();
     }
 
@@ -209,12 +205,17 @@ struct ExpertCache::Impl {
     void work() {
         std::unique_lock lock(mu);
         for (;;) {
-            job_ready.wait(lock, [&] { return stopping || !demands.empty() || !hints.empty(); });
+            job_ready.wait(lock, [&] {
+                return stopping || !demands.empty() ||
+                       (!hints.empty() && hint_workers < hint_limit);
+            });
             if (stopping)
                 return;
-            std::deque<Job>& queue = demands.empty() ? hints : demands;
+            const bool hint = demands.empty();
+            std::deque<Job>& queue = hint ? hints : demands;
             const Job job = queue.front();
             queue.pop_front();
+            hint_workers += hint;
             const Expert& x = v.experts[static_cast<size_t>(slots[job.slot].entry)];
             lock.unlock();
             std::exception_ptr error;
@@ -225,6 +226,10 @@ struct ExpertCache::Impl {
                 error = std::current_exception();
             }
             lock.lock();
+            if (hint) {
+                --hint_workers;
+                job_ready.notify_one();
+            }
             finished(job.slot, x, error);
         }
     }
@@ -236,8 +241,6 @@ struct ExpertCache::Impl {
             slot.error = error;
         if (--slot.pending > 0)
             return;
-        if (slot.hinted)
-            --hints_in_flight;
         if (slot.error && slot.pins == 0) {  // a hint nobody waits for: forgotten
             where[static_cast<size_t>(slot.entry)] = NONE;
             slot = Slot{};
@@ -278,7 +281,7 @@ struct ExpertCache::Impl {
     std::vector<Slot> slots;
     std::vector<int64_t> where;  // per table index: its slot, or NONE
     std::deque<Job> demands, hints;
-    unsigned prefetch_limit = 0, hints_in_flight = 0;
+    unsigned hint_limit = 0, hint_workers = 0;  // I/O threads hints may take, and take now
     bool stopping = false;
     CacheCounters counters;
     CacheCounters snapshot;  // what counters() returned last
@@ -394,7 +397,7 @@ void ExpertCache::prefetch(uint32_t layer, const std::vector<uint32_t>& experts)
     const std::lock_guard lock(m.mu);
     m.policy->hint(layer, entries);
     for (uint32_t e : entries) {
-        if (m.where[e] != NONE || m.hints_in_flight >= m.prefetch_limit || !m.demands.empty())
+        if (m.where[e] != NONE || m.hint_limit == 0)
             continue;
         const int64_t s = m.claim();
         if (s == NONE)

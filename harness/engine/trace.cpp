@@ -47,8 +47,17 @@ TraceWriter::TraceWriter(const Vault& v, const std::string& path) : file_(path) 
 }
 
 void TraceWriter::record(uint32_t token, uint32_t layer, const std::vector<uint32_t>& experts) {
+    line(token, layer, "experts", experts);
+}
+
+void TraceWriter::hint(uint32_t token, uint32_t layer, const std::vector<uint32_t>& experts) {
+    line(token, layer, "hint", experts);
+}
+
+void TraceWriter::line(uint32_t token, uint32_t layer, const char* key,
+                       const std::vector<uint32_t>& experts) {
     JsonWriter j;
-    j.begin_object().member("token", token).member("layer", layer).key("experts").begin_array();
+    j.begin_object().member("token", token).member("layer", layer).key(key).begin_array();
     for (uint32_t e : experts)
         j.value(e);
     j.end_array().end_object();
@@ -151,9 +160,12 @@ TraceStep parse_step(std::string_view line, const Vault& v) {
         } else if (key == "layer") {
             s.layer = static_cast<uint32_t>(bounded(r, UINT32_MAX, "layer"));
             have_layer = true;
-        } else if (key == "experts") {
+        } else if (key == "experts" || key == "hint") {
+            if (have_experts)
+                throw JsonSyntaxError(0, "both experts and hint");
+            s.hint = key == "hint";
             if (r.peek() != JsonReader::Kind::array)
-                throw JsonSyntaxError(0, "experts is not an array");
+                throw JsonSyntaxError(0, key + " is not an array");
             r.array([&](size_t i) {
                 if (i >= v.header.max_experts_per_layer)
                     throw JsonSyntaxError(0, "more experts than the router's " +
@@ -248,7 +260,7 @@ HitCount belady(const std::vector<TraceStep>& steps, uint64_t slots) {
     std::vector<uint64_t> seq;
     std::vector<size_t> batch_end;  // per request: the end of its batch in seq
     for (const TraceStep& s : steps)
-        for (const auto& [b, e] : batches(s.experts.size(), slots)) {
+        for (const auto& [b, e] : batches(s.hint ? 0 : s.experts.size(), slots)) {
             for (size_t i = b; i < e; ++i)
                 seq.push_back(uint64_t{s.layer} << 32 | s.experts[i]);
             for (size_t i = b; i < e; ++i)

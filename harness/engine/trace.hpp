@@ -20,11 +20,13 @@ inline constexpr const char* TRACE_SCHEMA = "smoe-trace/1";
 inline constexpr size_t TRACE_MAX_LINE = 64 * 1024;
 inline constexpr uint64_t TRACE_MAX_STEPS = uint64_t{1} << 24;
 
-/// One layer of one token: the experts it asked for, in the order asked.
+/// One layer of one token: the experts it asked for, in the order asked; or, for a hint
+/// line, the experts the engine guessed it would ask for (ExpertCache::prefetch).
 struct TraceStep {
     uint32_t token = 0;
     uint32_t layer = 0;
     std::vector<uint32_t> experts;
+    bool hint = false;
 };
 
 /// The vault's identity in a trace: the CRC-32C of its header and expert table bytes, as
@@ -37,10 +39,14 @@ class TraceWriter {
 public:
     TraceWriter(const Vault& v, const std::string& path);
     void record(uint32_t token, uint32_t layer, const std::vector<uint32_t>& experts);
+    /// A prefetch hint given before (token, layer) asked (a "hint" line).
+    void hint(uint32_t token, uint32_t layer, const std::vector<uint32_t>& experts);
     void commit();
 
 private:
     void flush();
+    void line(uint32_t token, uint32_t layer, const char* key,
+              const std::vector<uint32_t>& experts);
     AtomicFile file_;
     std::string buf_;
 };
@@ -59,7 +65,8 @@ struct HitCount {
     }
 };
 
-/// Belady's optimum for a cache of `slots` blobs, by demand paging: each step's experts are
+/// Belady's optimum for a cache of `slots` blobs, by demand paging (hint lines are not
+/// demands: they are left out): each step's experts are
 /// pinned together (a step of more than `slots` experts in batches of `slots`, as the
 /// decoder's prefill does), and a miss evicts the unpinned blob used again furthest ahead
 /// (never again first). Exact: furthest-in-future is optimal with pinned sets too.

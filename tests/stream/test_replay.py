@@ -79,6 +79,30 @@ def test_a_step_larger_than_the_cache_is_read_in_batches(vault: Path, tmp_path) 
 
 
 @pytest.mark.usefixtures("smoe_stream")
+def test_hint_lines_prefetch_and_leave_belady_alone(vault: Path, steps, tmp_path) -> None:
+    """A hint line (the engine's guess of a layer's experts before it routes) prefetches on
+    the spare I/O threads; Belady's demand-paging optimum leaves hints out."""
+    plain = write_trace(tmp_path / "plain.jsonl", vault, steps)
+    lines = plain.read_text().splitlines()
+    hinted = [lines[0]]
+    for line in lines[1:]:  # each step hinted right before it, perfectly
+        step = json.loads(line)
+        hinted += [
+            json.dumps({**{k: step[k] for k in ("token", "layer")}, "hint": step["experts"]})
+        ]
+        hinted.append(line)
+    trace = tmp_path / "hinted.jsonl"
+    trace.write_text("\n".join(hinted) + "\n")
+    base = replay(vault, plain, "--cache-slots", 4, "--io-threads", 2)
+    doc = replay(vault, trace, "--cache-slots", 4, "--io-threads", 2)
+    assert doc["steps"] == base["steps"] == len(steps) and doc["hints"] == len(steps)
+    assert doc["belady_hits"] == base["belady_hits"] and doc["requests"] == base["requests"]
+    assert doc["misses"] == 0 and doc["prefetched"] == doc["blobs_read"] > 0  # all prefetched
+    one = replay(vault, trace, "--cache-slots", 4, "--io-threads", 1)  # no spare thread
+    assert one["prefetched"] == 0 and (one["hits"], one["misses"]) == (base["hits"], base["misses"])
+
+
+@pytest.mark.usefixtures("smoe_stream")
 def test_cache_mb_counts_whole_slots(vault: Path, steps, tmp_path) -> None:
     trace = write_trace(tmp_path / "t.jsonl", vault, steps)
     doc = replay(vault, trace, "--cache-mb", 1)  # 1 MiB = 64 slots of 16 KiB, more than 18 blobs
@@ -147,6 +171,11 @@ MALFORMED: dict[str, tuple[str, str]] = {
         '{"token": 0, "layer": 1, "experts": [0, 1, 2, 3, 4, 5, 0]}',
         "line 3: more experts than the router's 6",
     ),
+    "experts and hint": (
+        '{"token": 0, "layer": 0, "experts": [0], "hint": [1]}',
+        "line 3: both experts and hint",
+    ),
+    "hint not an array": ('{"token": 0, "layer": 0, "hint": 1}', "line 3: hint is not an array"),
     "fractional expert": ('{"token": 0, "layer": 0, "experts": [1.5]}', "line 3: expert is not"),
     "an array": ("[1, 2]", "line 3: "),
     "too deep": ('{"token": 0, "layer": 0, "experts": [[[[[0]]]]]}', "line 3: "),
