@@ -72,9 +72,9 @@ MODELS: dict[str, Any] = {}
 """model_type -> the model ``written`` saved (float32), as transformers holds it in memory."""
 
 
-# routers inside their MoE block's forward (no module of their own to run): the registry's
-# reading of their modeling code stands for the norm_topk flag
-ROUTER_NOT_A_MODULE = {"afmoe", "hy_v3", "lfm2_moe", "llama4", "minimax_m2", "zaya"}
+# a router whose output is not (…, top-k weights, indices) (llama4: sigmoid scores scattered
+# over every expert): the registry's reading of its modeling code stands for the flag
+ROUTER_NOT_A_MODULE = {"llama4"}
 # Phi-MoE's sparsemixer weighs each pick by a masked softmax (often exactly 1 each): its sums
 # can look constant without any renormalisation, so the probe cannot tell; the flag is 0
 SPARSEMIXER = {"phimoe"}
@@ -91,11 +91,14 @@ def _router_renormalises(model: Any) -> bool | None:
             continue
         if not re.search(r"Router|Gate$|TopK", type(module).__name__):
             continue
-        try:
-            with torch.no_grad():
-                out = module(x)
-        except Exception:  # not a router of hidden states (or another signature)
-            continue
+        out = None
+        for hidden_states in (x, x[None]):  # [tokens, hidden], or [batch, tokens, hidden]
+            try:
+                with torch.no_grad():
+                    out = module(hidden_states, *_bias_argument(model, module))
+                break
+            except Exception:  # not a router of hidden states (or another signature)
+                continue
         if not isinstance(out, tuple):
             continue
         tensors = [o for o in out if torch.is_tensor(o) and o.dim() == 2 and o.shape[0] == 16]
@@ -108,6 +111,23 @@ def _router_renormalises(model: Any) -> bool | None:
         sums = picked[-1].double().sum(1)
         return bool(sums.std() / sums.mean().abs() < 1e-4)
     return None
+
+
+def _bias_argument(model: Any, router: Any) -> list[Any]:
+    """A router whose forward takes its selection bias from the MoE block (afmoe, hy_v3,
+    lfm2_moe, minimax_m2: ``expert_bias``, ``e_score_correction_bias``) gets a zero bias."""
+    import inspect
+
+    params = list(inspect.signature(router.forward).parameters)
+    if len(params) < 2 or "bias" not in params[1]:
+        return []
+    c = model.config.get_text_config()
+    experts = next(
+        getattr(c, k)
+        for k in ("num_experts", "num_local_experts", "n_routed_experts")
+        if getattr(c, k, None)
+    )
+    return [torch.zeros(experts)]
 
 
 def _layer_0_is_dense(model: Any) -> bool:
