@@ -7,6 +7,7 @@ refused in one line, with a valid JSON error document under --json."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from stream_traces import belady, header, lru, make_vault, random_steps, write_trace
 
+from fixtures_data import ROOT
 from helpers import SMOE_STREAM, refused, run, strict_json
 
 PAGE = 16384
@@ -236,3 +238,21 @@ def test_usage_errors_exit_2(vault: Path, steps, args: tuple, words: str, tmp_pa
     line = replay_refused(vault, trace, *args, code=2)
     assert line.startswith(f"error: {words}"), line
     assert line.endswith(" (see smoe-stream --help)")
+
+
+def documented(section: str) -> set[str]:
+    """Every key named in the first column of the table under ``## section`` of docs/JSON.md
+    (a cell may name several: `a`, `b`; `vault.size` names `size` of `vault`)."""
+    text = (ROOT / "docs" / "JSON.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    cells = re.findall(r"^\| ([^|]+) \|", body, re.M)
+    return {k for c in cells for k in re.findall(r"`([a-z_.]+)`", c)}
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_documents_have_the_documented_keys(vault: Path, steps, tmp_path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", vault, steps)
+    assert set(replay(vault, trace, "--cache-slots", 4)) == documented("Replay document")
+    first = header(vault)
+    keys = {*first, *(f"vault.{k}" for k in first["vault"]), "token", "layer", "experts", "hint"}
+    assert documented("Routing trace") == keys - {"vault"}
