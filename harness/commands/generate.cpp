@@ -188,6 +188,7 @@ std::string generate_json(const GenerateArgs& g, const Model& m, const Run& r) {
     j.member("decode_tokens_per_s", rate(decoded, r.decode_s));
     j.key("cache").begin_object().member("slots", r.slots).member("direct", r.direct);
     cost_members(j, r.total);
+    j.member("prefetched", r.total.prefetched);
     const uint64_t asked = r.total.hits + r.total.misses;
     j.member("hit_rate", asked ? double(r.total.hits) / double(asked) : 0.0);
     j.member("belady_hit_rate", r.belady);
@@ -285,8 +286,12 @@ int run_generate(const GenerateArgs& g) {
     r.compute = dec.expert_compute();
     if (!g.trace.empty()) {
         TraceWriter tw(v, g.trace);
-        for (const TraceStep& s : dec.steps())
-            tw.record(s.token, s.layer, s.experts);
+        for (const TraceStep& s : dec.steps()) {
+            if (s.hint)
+                tw.hint(s.token, s.layer, s.experts);
+            else
+                tw.record(s.token, s.layer, s.experts);
+        }
         tw.commit();
     }
     if (!g.logits.empty())

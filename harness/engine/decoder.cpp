@@ -104,6 +104,9 @@ Decoder::Decoder(const Vault& vault, const Model& model, ExpertCache& cache, Thr
         k_cache_[L].resize(max_positions * kv_rows);
         v_cache_[L].resize(max_positions * kv_rows);
     }
+    next_moe_.assign(c.layers, c.layers);
+    for (uint32_t L = c.layers; L-- > 1;)
+        next_moe_[L - 1] = m_.layers[L].moe ? L : next_moe_[L];
     for (uint32_t i = 0; i < c.rotary_dim / 2; ++i)
         inv_freq_.push_back(static_cast<float>(
             1.0 / std::pow(double(c.rope_theta),
@@ -252,6 +255,11 @@ void Decoder::routed(uint32_t layer, const std::vector<float>& h, size_t T,
     for (const auto& [begin, end] : batches(uni.size(), cache_.capacity())) {
         const std::vector<uint32_t> batch(uni.begin() + begin, uni.begin() + end);
         const auto blobs = cache_.acquire(layer, batch);
+        if (!guess_.experts.empty()) {  // after the demand: a hint never delays it
+            cache_.prefetch(guess_.layer, guess_.experts);
+            steps_.push_back(guess_);
+            guess_.experts.clear();
+        }
         struct Job {
             size_t t, i, b;
         };
@@ -325,6 +333,18 @@ void Decoder::mlp(uint32_t layer, const std::vector<float>& h, size_t T, std::ve
     }
 }
 
+void Decoder::guess_next(uint32_t layer, const std::vector<float>& x) {
+    const uint32_t next = next_moe_[layer];
+    if (next >= m_.cfg.layers)
+        return;
+    const LayerWeights& l = m_.layers[next];
+    std::vector<float> h(m_.cfg.d_model), logits(m_.cfg.experts), weights;
+    rms_norm(x.data(), l.post_norm.data(), m_.cfg.d_model, m_.cfg.eps, h.data());
+    matmul(pool_, l.router, h.data(), 1, logits.data());
+    guess_ = {static_cast<uint32_t>(pos_), next, {}, true};
+    route(l, logits.data(), guess_.experts, weights);
+}
+
 std::vector<float> Decoder::feed(const std::vector<uint32_t>& tokens) {
     const ModelConfig& c = m_.cfg;
     const size_t T = tokens.size();
@@ -347,6 +367,8 @@ std::vector<float> Decoder::feed(const std::vector<uint32_t>& tokens) {
         for (size_t t = 0; t < T; ++t)
             rms_norm(x.data() + t * c.d_model, l.post_norm.data(), c.d_model, c.eps,
                      h.data() + t * c.d_model);
+        if (T == 1 && l.moe)
+            guess_next(L, x);
         mlp(L, h, T, y);
         for (size_t i = 0; i < x.size(); ++i)
             x[i] += y[i] * c.residual_multiplier;

@@ -36,7 +36,10 @@ public:
     uint64_t position() const { return pos_; }
 
     /// The routing trace so far: per chunk and MoE layer, the experts acquired (a chunk's
-    /// union, sorted), under the position of the chunk's first token.
+    /// union, sorted), under the position of the chunk's first token; and the hints: while a
+    /// decoded token's MoE layer runs, the next MoE layer's router applied early (to the
+    /// residual stream as it is, under that layer's norm) names the experts the cache may
+    /// prefetch at low priority.
     const std::vector<TraceStep>& steps() const { return steps_; }
     const ExpertCompute& expert_compute() const { return compute_; }
 
@@ -47,6 +50,7 @@ private:
     void route(const LayerWeights& l, const float* logits, std::vector<uint32_t>& chosen,
                std::vector<float>& weights) const;
     void rope(float* x, uint32_t heads, uint64_t pos) const;
+    void guess_next(uint32_t layer, const std::vector<float>& x);
 
     const Vault& vault_;
     const Model& m_;
@@ -54,6 +58,8 @@ private:
     ThreadPool& pool_;
     std::vector<TraceStep> steps_;
     ExpertCompute compute_;
+    std::vector<uint32_t> next_moe_;  // per layer: the next MoE layer (layers when none)
+    TraceStep guess_;                 // the next MoE layer's likely experts, to prefetch
     uint64_t max_positions_, pos_ = 0;
     std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_positions, kv_rows]
     std::vector<ExpertKernel> kernels_;                  // one per worker

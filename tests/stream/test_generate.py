@@ -72,11 +72,20 @@ def test_logits_and_trace(smoe_stream: Path, vault: Path, tmp_path: Path) -> Non
     assert [int(r.argmax()) for r in rows] == ids  # greedy: each id is its step's argmax
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[0]["schema"] == "smoe-trace/1"
-    steps = lines[1:]  # the prompt's chunk and 4 decoded tokens, 2 MoE layers each
+    steps = [s for s in lines[1:] if "experts" in s]
+    # the prompt's chunk and 4 decoded tokens, 2 MoE layers each
     assert [(s["token"], s["layer"]) for s in steps] == [
         (t, layer) for t in (0, 5, 6, 7, 8) for layer in (0, 1)
     ]
     assert all(len(s["experts"]) == 2 for s in steps[2:])
+    # while a decoded token's layer 0 runs, layer 1's router applied early names a guess
+    hints = [s for s in lines[1:] if "hint" in s]
+    assert [(s["token"], s["layer"], len(s["hint"])) for s in hints] == [
+        (t, 1, 2) for t in (5, 6, 7, 8)
+    ]
+    order = [(s["token"], s["layer"], "hint" in s) for s in lines[1:]]
+    for t in (5, 6, 7, 8):  # each hint after its token's layer 0, before its layer 1
+        assert order.index((t, 0, False)) < order.index((t, 1, True)) < order.index((t, 1, False))
 
 
 def test_sampling_is_reproducible_by_seed(smoe_stream: Path, vault: Path) -> None:
