@@ -43,7 +43,9 @@
 // little-endian u32 length and its bytes; prints [shown(text), fold_lines(text)] for each,
 // as a JSON array); `cache-check VAULT SLOTS STEPS SEED [--direct] [--io-threads T]
 // [--policy P]` (the expert cache under a seeded mix of acquires, releases and hints, every
-// held blob checked against the vault after every acquire; what it did as JSON).
+// held blob checked against the vault after every acquire; what it did as JSON);
+// `decoder-families` (the families generate runs, the config keys each reads and its
+// router's scoring, as a JSON array).
 
 #include "commands/command.hpp"
 #include "io.hpp"

@@ -65,5 +65,6 @@ int cmd_crc32c(const Args& args);
 int cmd_rules(const Args& args);
 int cmd_exit_codes(const Args& args);
 int cmd_shown(const Args& args);
+int cmd_decoder_families(const Args& args);
 
 }  // namespace smoe::harness::commands

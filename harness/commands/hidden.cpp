@@ -2,6 +2,7 @@
 
 #include "commands/command.hpp"
 #include "crc32c.hpp"
+#include "engine/family.hpp"
 #include "fp16.hpp"
 #include "fuzz.hpp"
 #include "io.hpp"
@@ -132,6 +133,27 @@ int cmd_shown(const Args& args) {
         const std::string_view text(reinterpret_cast<const char*>(data.data() + at), len);
         at += len;
         j.begin_array().value(shown(text)).value(fold_lines(text)).end_array();
+    }
+    j.end_array();
+    std::printf("%s\n", j.str().c_str());
+    return 0;
+}
+
+/// The families generate runs, as JSON: [{"model_type", "scoring", "keys"}] (the config-copy
+/// keys each reads), for the test that keeps the registry's `generate` column equal to it.
+int cmd_decoder_families(const Args& args) {
+    if (!args.empty())
+        throw UsageError("decoder-families: no arguments expected");
+    JsonWriter j;
+    j.begin_array();
+    for (const std::string& name : engine::split_families()) {
+        const engine::FamilyRule& r = *engine::family_rule(name);
+        j.begin_object().member("model_type", name);
+        j.member("scoring", r.scoring == engine::Scoring::sigmoid ? "sigmoid" : "softmax");
+        j.key("keys").begin_array();
+        for (const auto& [key, fallback] : r.keys)
+            j.value(key);
+        j.end_array().end_object();
     }
     j.end_array();
     std::printf("%s\n", j.str().c_str());

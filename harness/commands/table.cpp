@@ -30,6 +30,7 @@ const std::vector<Command>& table() {
         {"rules", nullptr, cmd_rules},
         {"exit-codes", nullptr, cmd_exit_codes},
         {"shown", nullptr, cmd_shown},
+        {"decoder-families", nullptr, cmd_decoder_families},
         {"cache-check", nullptr, cmd_cache_check},
     };
     return all;

@@ -53,6 +53,7 @@ _LABELS = {
     "rope_switch": "RoPE only when",
     "silu_fixed": "SiLU whatever hidden_act",
     "architecture": "export architecture",
+    "generate": "runs in generate",
     "rebuild": "export rebuilds config",
     "note": "note",
 }
@@ -194,6 +195,7 @@ def render_table(console: Console, long: bool = False) -> None:
         table.add_column(name)
     table.add_column("gated q")
     table.add_column("export --hf (architecture; config)")
+    table.add_column("generate")
     if long:
         table.add_column("beyond the arch block", overflow="fold")
         table.add_column("note / refusal reason", overflow="fold")
@@ -201,8 +203,9 @@ def render_table(console: Console, long: bool = False) -> None:
         cells = [f.model_type, _words(f.aliases), status(f)]
         if f.converted:
             cells += [_words(f.layouts), renorm_text(f), _words(f.gated_q), _export_text(f)]
+            cells.append(_words(f.generate))
         else:  # what it would be read as does not apply
-            cells += ["-", "-", "-", "-"]
+            cells += ["-", "-", "-", "-", "-"]
         if long:
             cells += [_words(f.beyond), f.refused or f.note or "-"]
         table.add_row(*(escape(shown(c)) for c in cells))
@@ -244,18 +247,18 @@ def _cell(text: str) -> str:
 
 def markdown_table(listed: Iterable[Family] | None = None) -> str:
     """The README's family table (every family unless ``listed``), generated from the
-    registry: model type (aliases), status, layouts (converted families), notes or the
-    refusal reason.
+    registry: model type (aliases), status, layouts (converted families), whether
+    ``smoe-stream generate`` runs it, notes or the refusal reason.
 
     >>> print(markdown_table([FAMILIES["qwen3_moe"]]))
-    | model type (aliases) | status | layouts | notes / refusal reason |
-    |---|---|---|---|
-    | `qwen3_moe` | converted | per expert, fused [E, 2I, H] |  |
+    | model type (aliases) | status | layouts | generate | notes / refusal reason |
+    |---|---|---|---|---|
+    | `qwen3_moe` | converted | per expert, fused [E, 2I, H] | yes |  |
     <BLANKLINE>
     """
     lines = [
-        "| model type (aliases) | status | layouts | notes / refusal reason |",
-        "|---|---|---|---|",
+        "| model type (aliases) | status | layouts | generate | notes / refusal reason |",
+        "|---|---|---|---|---|",
     ]
     for f in families() if listed is None else listed:
         name = f"`{f.model_type}`"
@@ -263,7 +266,8 @@ def markdown_table(listed: Iterable[Family] | None = None) -> str:
             name += " (" + ", ".join(f"`{a}`" for a in f.aliases) + ")"
         notes = f.refused or f.note
         layouts = ", ".join(layout.value for layout in f.layouts) if f.converted else "-"
-        lines.append(f"| {name} | {status(f)} | {_cell(layouts)} | {_cell(notes)} |")
+        runs = _words(f.generate) if f.converted else "-"
+        lines.append(f"| {name} | {status(f)} | {_cell(layouts)} | {runs} | {_cell(notes)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -234,6 +234,10 @@ class Family:
     """transformers' class for ``export --hf`` to write into a rebuilt config."""
     rebuild: bool = False
     """Whether ``export --hf`` can rebuild the config exactly from the vault alone."""
+    generate: bool = False
+    """Whether ``smoe-stream generate`` runs it (its rules: harness/engine/family.cpp, which
+    reads only this entry's ``beyond`` keys; tests/stream/test_generate_families.py keeps the
+    two equal and the conformance tests prove each against transformers)."""
     note: str = ""
 
     @property
@@ -249,12 +253,14 @@ class Family:
 _FAMILY_LIST: list[Family] = [
     Family(
         "qwen3_moe",
+        generate=True,
         qk_norm=True,
         architecture="Qwen3MoeForCausalLM",
         rebuild=True,
     ),
     Family(
         "qwen2_moe",
+        generate=True,
         beyond=("shared_expert_intermediate_size",),
         architecture="Qwen2MoeForCausalLM",
         rebuild=True,
@@ -262,6 +268,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "olmoe",
+        generate=True,
         qk_norm=True,
         moe_ffn=("intermediate_size",),
         architecture="OlmoeForCausalLM",
@@ -269,6 +276,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "mixtral",
+        generate=True,
         renorm=True,
         moe_ffn=("intermediate_size",),
         architecture="MixtralForCausalLM",
@@ -581,6 +589,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "glm4_moe",
+        generate=True,
         renorm=Renorm(default=True),
         beyond=(
             "partial_rotary_factor",
@@ -650,6 +659,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "granitemoe",
+        generate=True,
         layouts=(Layout.FUSED,),
         renorm=True,
         moe_ffn=("intermediate_size",),
@@ -981,6 +991,7 @@ _FAMILY_LIST: list[Family] = [
     ),
     Family(
         "minimax_m2",
+        generate=True,
         renorm=True,
         moe_ffn=("intermediate_size",),
         # released configs give the rotary share as rotary_dim (transformers converts it)
