@@ -205,3 +205,15 @@ def test_latent_attention_has_a_key_per_query_head(tmp_path: Path) -> None:
 
     export_hf(result.vault, tmp_path / "hf")  # the config copy says 2: not a contradiction
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_key_value_heads"] == 2
+
+
+@pytest.mark.parametrize(
+    "alias",
+    sorted(a for f in set(FAMILIES.values()) if not f.converted for a in f.aliases),
+)
+def test_a_refused_familys_aliases_are_refused_for_its_reason(alias: str) -> None:
+    """A wrapper's text model type (inkling_text) says why its family is refused, not what
+    the generic reading stumbles on first (it said "no rope_theta")."""
+    with pytest.raises(SmoeError) as info:
+        refuse_unsupported({"model_type": alias}, "config.json", "ckpt")
+    assert str(info.value) == f"ckpt: model_type {alias!r} refused: {FAMILIES[alias].refused}"
