@@ -54,9 +54,8 @@ def refuse_foreign(path: str | os.PathLike, ours: Signature) -> None:
     Traceback (most recent call last):
     smoe.errors.WriteFailed: LICENSE: exists and smoe did not write it (not a greeting); ...
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | fileio._NOFOLLOW | fileio._CLOEXEC)
-    except OSError:
+    fd = fileio.open_existing(path)
+    if fd is None:
         return  # absent, a symlink, or out of reach: creating or renaming says why
     try:
         st = os.fstat(fd)
