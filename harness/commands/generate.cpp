@@ -263,6 +263,7 @@ int run_generate(const GenerateArgs& g) {
             g.prompt.begin() + at,
             g.prompt.begin() + std::min(g.prompt.size(), at + PREFILL_CHUNK)));
     r.prefill_s = now_seconds() - t0;
+    cache.wait_idle();  // a step's hints still in flight count in that step
     StepCost cost{0, r.prefill_s * 1e3, minus(cache.counters(), before)};
     for (uint64_t i = 0; i < g.max_new; ++i) {
         cost.token = sampler.next(logits);
@@ -276,6 +277,7 @@ int run_generate(const GenerateArgs& g) {
         before = cache.counters();
         logits = dec.feed({cost.token});
         const double dt = now_seconds() - t0;
+        cache.wait_idle();
         r.decode_s += dt;
         cost = {0, dt * 1e3, minus(cache.counters(), before)};
     }

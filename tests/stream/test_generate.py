@@ -56,9 +56,11 @@ def test_json_counts_what_the_cache_did(smoe_stream: Path, vault: Path) -> None:
     assert cache["slots"] == 3 and len(steps) == 8 and steps[0]["prefill"] is True
     for key in ("hits", "misses", "blobs", "bytes"):
         assert sum(s[key] for s in steps) == cache[key], key
-    assert cache["misses"] == cache["blobs"] > 0  # every miss is one blob read
+    # every miss is one blob read, and so is every prefetch
+    assert cache["blobs"] == cache["misses"] + cache["prefetched"] and cache["misses"] > 0
     assert cache["hit_rate"] == pytest.approx(cache["hits"] / (cache["hits"] + cache["misses"]))
-    assert cache["hit_rate"] <= cache["belady_hit_rate"] + 1e-12  # nothing beats the optimum
+    if cache["prefetched"] == 0:  # no demand paging beats the optimum (prefetching may)
+        assert cache["hit_rate"] <= cache["belady_hit_rate"] + 1e-12
     for s in steps[1:]:  # each decoded token asks for top-2 in each of 2 MoE layers
         assert s["hits"] + s["misses"] == 4
 
