@@ -18,6 +18,12 @@ from smoe.format.records import ArchInfo, ModelInfo, metadata_bytes
 from smoe.interop.safetensors_io import write_streaming
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, sweep_stale
+from smoe.plumbing.lock import Lock
+from smoe.sculpt.calibrate.run import (
+    RUN_FIGURES,
+    CalibrationInputs,
+    calibrate_layers,
+)
 from smoe.sculpt.inputs import (
     check_calibrate_options,
     open_calibration,
@@ -207,7 +213,7 @@ def _sculpt_checked(run: Run, model_dir: Path, out_dir: Path) -> SculptResult | 
     if opts.dry_run:
         return _dry_run(run, plan0, arch, record, warnings)
     fileio.ensure_dir(out_dir)
-    with fileio.Lock(paths.lock, paths.vault):
+    with Lock(paths.lock, paths.vault):
         if not opts.replace:  # again, under the lock: another run may have finished meanwhile
             fileio.refuse_existing(paths.vault)
         for staged in (paths.scout, paths.config, paths.manifest, paths.vault):
@@ -403,55 +409,28 @@ class _Locked:
         again on the blobs as written, for the next layer's inputs. A resume's kept experts
         are read back from the partial and their estimates recomputed. Returns the tally and
         the calibration's record."""
-        from smoe.sculpt.calibrate.run import RUN_FIGURES, calibrate_layers
-
-        run, writer, journal = self.run, self.writer, self.journal
-        assert journal is not None and run.calibration is not None
+        run, writer = self.run, self.writer
+        assert self.journal is not None and run.calibration is not None
         target = Target(str(writer.partial_path), str(self.paths.vault), writer.partial_identity)
         by_key = {(r.layer, r.expert): r for r in run.refs}
-        tally = _Tally.of(resumed)
-        slots = {e.key: e for e in plan.experts}
-
-        def write(jobs: list[Job]) -> dict[tuple[int, int], list[Any]]:
-            reports: dict[tuple[int, int], list[Any]] = {}
-            results = run_jobs(jobs, run.jobs, target)
-            try:
-                for key, crc, srcs, snrs, _, nbytes, calib in results:
-                    reports[key] = calib or [None, None, None]
-                    pending[key] = (crc, srcs, snrs, nbytes)
-            finally:
-                results.close()
-            return reports
-
-        pending: dict[tuple[int, int], tuple[int, tuple[int, ...], list[float | None], int]] = {}
-
-        def entries(key: tuple[int, int], srcs: Any, snrs: Any, estimates: list[Any]) -> list:
-            out = tensor_entries(by_key[key], srcs, snrs)
-            for entry, est in zip(out, estimates):
-                if est is not None:
-                    entry.update(est.entry())
-            return out
-
-        def adopt(key: tuple[int, int], estimates: list[Any]) -> None:
-            crc, srcs, snrs, nbytes = pending.pop(key)
-            writer.adopt(*key, crc, entries(key, srcs, snrs, estimates))
-            journal.append(Entry(crc, srcs, tuple(snrs), None).line(key))
-            tally.add(key, snrs, [None, None, None], nbytes)
-            if run.progress:
-                run.progress(tally.done, len(run.refs), tally.bytes_in)
-
-        def annotate(key: tuple[int, int], estimates: list[Any]) -> None:
-            kept = resumed.kept[key]  # adopted by the resume: its entries gain the estimates
-            writer.annotate(*key, entries(key, kept.sources, kept.snrs, estimates))
-
-        marks["experts"] = time.perf_counter()  # the calibration's passes are the work
-        record = calibrate_layers(
-            run, todo, resumed, slots, writer.partial_path, write, adopt, annotate
+        sink = _CalibratedSink(self, _Tally.of(resumed), target, resumed, by_key)
+        inputs = CalibrationInputs(
+            ckpt=run.ckpt,
+            refs=run.refs,
+            ids=run.calibration.ids,
+            bits=run.opts.bits,
+            device=run.opts.device,
+            todo=todo,
+            kept=set(resumed.kept),
+            slots={e.key: e for e in plan.experts},
+            partial=writer.partial_path,
         )
+        marks["experts"] = time.perf_counter()  # the calibration's passes are the work
+        record = calibrate_layers(inputs, sink)
         record = (run.calibration_record or {}) | record
         if run.source is not None:  # the manifest: the same for two runs of one command
             run.source["calibration"] = {k: v for k, v in record.items() if k not in RUN_FIGURES}
-        return tally, record
+        return sink.tally, record
 
     def commit(self) -> int:
         """Stage the scout and the config copy and commit them with the vault; the scout's
@@ -491,6 +470,56 @@ class _Locked:
         """The vault is committed: the journal goes."""
         if self.journal is not None:
             self.journal.close(remove=True)
+
+
+@dataclass
+class _CalibratedSink:
+    """A calibrated run's experts into the writer and the journal (the
+    :class:`~smoe.sculpt.calibrate.run.CalibrationSink` of :func:`calibrate_layers`): what
+    the workers wrote waits in ``pending`` until the run has its estimates."""
+
+    locked: _Locked
+    tally: _Tally
+    target: Target
+    resumed: Resumed
+    by_key: dict[tuple[int, int], ExpertRef]
+    pending: dict[tuple[int, int], tuple[int, tuple[int, ...], list[float | None], int]] = field(
+        default_factory=dict
+    )
+
+    def write(self, jobs: list[Job]) -> dict[tuple[int, int], list[Any]]:
+        reports: dict[tuple[int, int], list[Any]] = {}
+        results = run_jobs(jobs, self.locked.run.jobs, self.target)
+        try:
+            for key, crc, srcs, snrs, _, nbytes, calib in results:
+                reports[key] = calib or [None, None, None]
+                self.pending[key] = (crc, srcs, snrs, nbytes)
+        finally:
+            results.close()
+        return reports
+
+    def _entries(
+        self, key: tuple[int, int], srcs: Any, snrs: Any, estimates: list[Any]
+    ) -> list[dict[str, Any]]:
+        out = tensor_entries(self.by_key[key], srcs, snrs)
+        for entry, est in zip(out, estimates):
+            if est is not None:
+                entry.update(est.entry())
+        return out
+
+    def adopt(self, key: tuple[int, int], estimates: list[Any]) -> None:
+        run, writer, journal = self.locked.run, self.locked.writer, self.locked.journal
+        assert journal is not None
+        crc, srcs, snrs, nbytes = self.pending.pop(key)
+        writer.adopt(*key, crc, self._entries(key, srcs, snrs, estimates))
+        journal.append(Entry(crc, srcs, tuple(snrs), None).line(key))
+        self.tally.add(key, snrs, [None, None, None], nbytes)
+        if run.progress:
+            run.progress(self.tally.done, len(run.refs), self.tally.bytes_in)
+
+    def annotate(self, key: tuple[int, int], estimates: list[Any]) -> None:
+        kept = self.resumed.kept[key]  # adopted by the resume: its entries gain the estimates
+        self.locked.writer.annotate(*key, self._entries(key, kept.sources, kept.snrs, estimates))
 
 
 def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> SculptResult:

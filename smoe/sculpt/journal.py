@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +23,13 @@ from smoe.errors import SmoeError
 from smoe.format.manifest import checksum
 from smoe.format.plan import ExpertSlot
 from smoe.plumbing import fileio
-from smoe.quant.importance import ImportanceRuns, prepare_importance
-from smoe.quant.inputs import bf16_to_f32, flat_source, read_chunk, source_kind
-from smoe.quant.traits import CHUNK_WEIGHTS, level_center
+from smoe.quant.replay import tensor_stats
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.options import SculptOptions
 from smoe.sculpt.provenance import tensor_entries
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.workers import expert_importance
 from smoe.vault.writer import VaultWriter
-from smoe_gen.layout import GROUP_SIZE, num_groups, packed_size
 
 if TYPE_CHECKING:
     from smoe.sculpt.source.imatrix import ImportanceMatrix
@@ -48,7 +44,6 @@ __all__ = [
     "journal_limit",
     "keep_verified",
     "read_journal",
-    "tensor_stats",
     "untouched",
 ]
 
@@ -498,7 +493,8 @@ def blob_stats(
     :meth:`~smoe.sculpt.expert_reader.ExpertReader.read` gives them), weighted by
     ``importance`` (per tensor, or None), as the encoder computed them when it wrote the
     blob: the same error per weight, ``w - (code - c) * (scale / c)``, summed in the same
-    order (:func:`tensor_stats`), so the SNR is the encoder's to the last bit. (Not the
+    order (:func:`smoe.quant.replay.tensor_stats`), so the SNR is the encoder's to the last
+    bit. (Not the
     decoder's values: :func:`smoe.quant.decode` multiplies ``((code - c) / c) * scale``,
     which rounds differently in the last bit of some weights.)
 
@@ -556,219 +552,3 @@ def _compiled_available(bits: int, scale: str) -> bool:
         return quant.fast_kernels(bits, scale, kernel="fast") is not None
     except SmoeError:  # no numba
         return False
-
-
-def tensor_stats(
-    weights: np.ndarray,
-    src_dtype: str | None,
-    bits: int,
-    packed: np.ndarray,
-    scales: np.ndarray,
-    importance: np.ndarray | None = None,
-    compiled: bool = False,
-) -> quant.QuantStats | None:
-    """The :class:`~smoe.quant.QuantStats` that :func:`smoe.quant.encode_into` gathered when
-    it encoded ``weights`` (read as ``src_dtype``, with per-column ``importance``) into the
-    codes ``packed`` and fp16 ``scales`` (their ``uint8`` bytes), recomputed from those codes
-    and scales: chunk by chunk and run by run in the numpy encoder's float32 arithmetic, or
-    with ``compiled`` in the compiled encoder's lanes and tiles (its own routines, given the
-    stored scales: no scale is searched). None when, ``compiled``, a code is not the nearest
-    level of its stored scale (then the compiled encoder did not write these codes).
-
-    >>> from smoe import quant
-    >>> w = np.linspace(-1, 1, 130, dtype=np.float32)  # two groups and two weights
-    >>> stats = quant.QuantStats()
-    >>> packed, scales = np.empty(65, np.uint8), np.empty(3, "<f2")
-    >>> quant.encode_into(w, 4, packed, scales, stats=stats, kernel="numpy")
-    >>> tensor_stats(w, None, 4, packed, scales.view(np.uint8)).snr_db == stats.snr_db
-    True
-    """
-    kind = source_kind(weights, src_dtype)
-    n = weights.size
-    src = flat_source(weights, kind)
-    prepared = prepare_importance(importance, weights.shape)
-    stats = quant.QuantStats()
-    if n == 0:
-        return stats
-    chunk = min(CHUNK_WEIGHTS, num_groups(n) * GROUP_SIZE)
-    runs = None if prepared is None else ImportanceRuns(*prepared, chunk)
-    fp16 = np.ascontiguousarray(scales).view("<f2")
-    if packed.size != packed_size(n, bits) or fp16.size != num_groups(n):
-        return None
-    if compiled:
-        sums = _compiled_sums(src, kind, n, bits, packed, fp16, runs, chunk)
-        if sums is None:
-            return None
-        stats.add_sums(n, sums, runs.top if runs is not None else 1.0)
-    else:
-        _reference_sums(src, kind, n, bits, packed, fp16, runs, chunk, stats)
-    return stats
-
-
-def _reference_sums(
-    src: np.ndarray,
-    kind: str,
-    n: int,
-    bits: int,
-    packed: np.ndarray,
-    fp16: np.ndarray,
-    runs: ImportanceRuns | None,
-    chunk: int,
-    stats: quant.QuantStats,
-) -> None:
-    """:func:`tensor_stats` as the numpy encoder sums (``smoe.quant.encoder._encode_run``):
-    per chunk its whole groups, then the partial last group, each run's error
-    ``w - (f + 0.5) * (scale / c)`` in float32 (``f + 0.5 = code - c``), added to
-    ``stats`` with the run's importance."""
-    levels = _code_levels(bits)
-    c = np.float32(level_center(bits))
-    unit = runs.top if runs is not None else 1.0
-    buf, err = np.empty(chunk, np.float32), np.empty(chunk, np.float32)
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        flat = read_chunk(src, kind, start, stop, buf)
-        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
-        for lo, hi in ((0, full), (full, stop - start)):
-            if hi <= lo:
-                continue
-            at, m = start + lo, hi - lo
-            p0 = at * bits // 8
-            v = levels[packed[p0 : p0 + -(-m * bits // 8)]].reshape(-1)[:m]
-            g0 = at // GROUP_SIZE
-            k = fp16[g0 : g0 + num_groups(m)].astype(np.float32) / c
-            e = err[:m]
-            width = min(m, GROUP_SIZE)
-            np.multiply(v.reshape(-1, width), k[:, None], out=e.reshape(-1, width))
-            np.subtract(flat[lo:hi], e, out=e)
-            stats.add(flat[lo:hi], e, None if runs is None else runs.run(at, at + m), unit)
-
-
-_LEVELS: dict[int, np.ndarray] = {}
-
-
-def _code_levels(bits: int) -> np.ndarray:
-    """``table[byte, j]`` = ``code - c`` of field ``j`` of ``byte`` (half-integers, exact in
-    float32; the encoder's ``f + 0.5``).
-
-    >>> _code_levels(2)[0b11100100].tolist()  # codes 0, 1, 2, 3
-    [-1.5, -0.5, 0.5, 1.5]
-    """
-    if bits not in _LEVELS:
-        per = 8 // bits
-        codes = (np.arange(256)[:, None] >> (bits * np.arange(per))) & ((1 << bits) - 1)
-        _LEVELS[bits] = (codes - level_center(bits)).astype(np.float32)
-    return _LEVELS[bits]
-
-
-def _compiled_sums(
-    src: np.ndarray,
-    kind: str,
-    n: int,
-    bits: int,
-    packed: np.ndarray,
-    fp16: np.ndarray,
-    runs: ImportanceRuns | None,
-    chunk: int,
-) -> np.ndarray | None:
-    """:func:`tensor_stats` as the compiled encoder sums (``smoe.quant.encoder._encode_fast``):
-    the same chunks, handed to :func:`_compiled_replay` as the encoder hands them to
-    ``encode_chunk``; the sums, or None if a code differs."""
-    replay = _compiled_replay()
-    words_of_bf16 = kind == "bf16" and src.ndim == 1 and src.flags.c_contiguous
-    buf = None if words_of_bf16 else np.empty(chunk, np.float32)
-    sums = np.zeros(4 if runs is None else 6)
-    scales32 = fp16.astype(np.float32)  # exact: what the encoder chose, then stored
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        full = (stop - start) // GROUP_SIZE * GROUP_SIZE
-        if buf is None:
-            part = src[start:stop]
-            tail = bf16_to_f32(part[full:])
-        else:
-            part = read_chunk(src, kind, start, stop, buf)
-            tail = part[full:]
-        words = part[:full].view(np.uint64)
-        if not words.flags.aligned:
-            words = words.copy()
-        g0, p0 = start // GROUP_SIZE, start * bits // 8
-        hcols, c0, htail = (
-            (None, 0, None)
-            if runs is None
-            else (
-                runs.h,
-                start % runs.cols,
-                runs.run(start + full, stop),
-            )
-        )
-        ok = replay(
-            words,
-            buf is not None,
-            tail,
-            hcols,
-            c0,
-            htail,
-            bits,
-            packed[p0 : p0 + packed_size(stop - start, bits)],
-            scales32[g0 : g0 + num_groups(stop - start)],
-            sums,
-        )
-        if not ok:
-            return None
-    return sums
-
-
-# The compiled encoder's own driver loop (``_encode_absmax`` in smoe.quant.kernels.encode)
-# with each tile's scales taken from the blob instead of chosen: its codes are recomputed
-# into a scratch copy (and compared with the blob's) and its statistics summed by the
-# encoder's own routines, in the encoder's order. Compiled in that module's namespace and
-# attributed to its file, so that numba's disk cache of it goes stale with the encoder;
-# the function's name carries the SHA-256 of this source, so it goes stale with this too.
-_REPLAY_SOURCE = """
-def _replay_TAG(src64, f32, tail, hcols, c0, htail, bits, packed, scales, acc):
-    groups = src64.size // (2 * _ROWS if f32 else _ROWS)
-    yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(bits)
-    y = yu.view(np.float32)
-    hu = np.zeros(_ROWS * _W, np.uint32)
-    last = np.full(1, -1, np.int64)
-    mine = np.empty(packed.size, np.uint8)  # every byte written: by _finish, _codes_group
-    chosen = np.empty(scales.size, np.float32)
-    for g0 in range(0, groups, TILE):
-        t = min(TILE, groups - g0)
-        top = _load(src64, f32, g0, t, words, yu, mx, amax)
-        for g in range(TILE):
-            sc[g] = scales[g0 + g] if g < t else _F32(0)
-        if hcols is None:
-            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out,
-                    mine, chosen, acc, None)
-        else:
-            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
-            _finish(y, top, sc, bits, g0, t, rows[0], rows[1], codes, sums, lanes, out,
-                    mine, chosen, acc, hu.view(np.float32))
-    if tail.size:
-        _codes_group(tail, scales[groups], bits, mine[groups * GROUP_SIZE * bits // 8 :],
-                     acc, htail)
-    _end(lanes, acc)
-    for i in range(packed.size):
-        if mine[i] != packed[i]:
-            return False
-    return True
-"""
-_REPLAY: list[Any] = []
-_REPLAY_LOCK = threading.Lock()
-
-
-def _compiled_replay() -> Any:
-    """The compiled replay of :data:`_REPLAY_SOURCE` (numba needed), compiled or loaded from
-    numba's disk cache once per process."""
-    with _REPLAY_LOCK:
-        if not _REPLAY:
-            from smoe.quant.kernels import encode as kernels
-            from smoe.quant.kernels.code_cache import compile_cached
-            from smoe.quant.kernels.jit import jit
-
-            tag = hashlib.sha256(_REPLAY_SOURCE.encode()).hexdigest()[:16]
-            source = _REPLAY_SOURCE.replace("TAG", tag)
-            namespace: dict[str, Any] = {}
-            exec(compile_cached(source, kernels.__file__), vars(kernels), namespace)
-            _REPLAY.append(jit()(namespace[f"_replay_{tag}"]))
-    return _REPLAY[0]

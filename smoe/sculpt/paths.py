@@ -11,6 +11,7 @@ from smoe.format.manifest import path_for
 from smoe.format.records import VAULT_SIGNATURE
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import refuse_foreign
+from smoe.plumbing.lock import lock_for
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.sculpt.source.hub import output_stem
 from smoe.vault.companions import companions
@@ -51,7 +52,7 @@ class Paths:
             companions(vault)[1],
             Path(f"{hidden}.partial"),
             Path(f"{hidden}.journal"),
-            Path(f"{hidden}.lock"),
+            lock_for(vault),
         )
 
     TMP_EXTRA = len("..0123abcd.tmp")

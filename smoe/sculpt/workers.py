@@ -24,6 +24,7 @@ from smoe.format.manifest import checksum
 from smoe.format.plan import ExpertSlot
 from smoe.plumbing import fileio
 from smoe.plumbing.cpus import limit_blas_threads, usable_cores
+from smoe.quant.replay import tensor_stats
 from smoe.sculpt.blob_writer import BlobWriter
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.source.checkpoint import ExpertRef
@@ -168,8 +169,6 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
         reports=reports,
     )
     if hessians:  # its SNR from the codes, as a resume recomputes it (numpy's order)
-        from smoe.sculpt.journal import tensor_stats  # (journal imports this module)
-
         for i, (t, (w, src)) in enumerate(zip(job.slot.tensors, mats)):
             if hessians[i] is not None:
                 packed = out[t.packed_offset : t.packed_offset + t.packed_size]

@@ -6,9 +6,12 @@ in the vault layer so that neither imports the other.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-__all__ = ["companions"]
+from smoe.plumbing.lock import lock_for
+
+__all__ = ["companions", "lock_path"]
 
 
 def companions(vault: Path) -> tuple[Path, Path]:
@@ -20,3 +23,13 @@ def companions(vault: Path) -> tuple[Path, Path]:
     """
     stem = vault.name.removesuffix(".smoe") or vault.name
     return vault.with_name(f"{stem}.scout.safetensors"), vault.with_name(f"{stem}.config.json")
+
+
+def lock_path(path: str | os.PathLike) -> Path:
+    """The lock of a vault edited in place (``smoe upgrade``, ``smoe meta``): ``.<name>.lock``
+    beside its real file (symlinks resolved), so two names of one vault share one lock.
+
+    >>> lock_path("fixtures/q4_v2.smoe").name
+    '.q4_v2.smoe.lock'
+    """
+    return lock_for(os.path.realpath(path))

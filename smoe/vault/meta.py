@@ -28,8 +28,9 @@ from typing import Any
 from smoe.errors import RefusedInput, SmoeError, UsageError
 from smoe.format import manifest
 from smoe.interop.safetensors_io import json_excerpt
-from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, sweep_stale
+from smoe.plumbing.lock import Lock
+from smoe.vault.companions import lock_path
 
 __all__ = [
     "KEY_PATTERN",
@@ -243,9 +244,7 @@ def edit_meta(
     if both:
         raise UsageError(f"metadata key {both[0]!r}: both set and unset")
     _checked(path)  # an unreadable vault or manifest is refused before the lock file is made
-    from smoe.vault.upgrade import lock_path
-
-    with fileio.Lock(lock_path(path), path):
+    with Lock(lock_path(path), path):
         where, doc = _checked(path)
         old = _stored(doc, where)
         missing = [k for k in dropped if k not in old]

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, SupportsIndex
 
 import numpy as np
 
@@ -31,7 +31,6 @@ from smoe.format.manifest import source_fault
 from smoe.format.records import model_type_str
 from smoe.interop.fp8 import FP8_DTYPES
 from smoe.interop.safetensors_io import FLOAT_DTYPES, json_excerpt
-from smoe.vault.reader import Vault
 from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = [
@@ -51,10 +50,49 @@ MIXTRAL_ROLES = ("w1", "w3", "w2")  # gate, up, down
 MIXTRAL_ROUTER = re.compile(r"^model\.layers\.\d+\.block_sparse_moe\.gate\.weight$")
 
 
+class _Tensor(Protocol):
+    def dequantize(self) -> np.ndarray: ...
+
+
+class _Expert(Protocol):
+    @property
+    def tensors(self) -> Sequence[_Tensor]: ...
+
+
+class VaultLike(Protocol):
+    """What the naming rules read of a vault (:class:`smoe.vault.reader.Vault` has it): the
+    reader names its tensors by these rules, so they see it through this view and never
+    import it.
+
+    >>> from smoe.vault.reader import Vault
+    >>> with Vault.open("fixtures/q4_v2.smoe") as vault:  # a Vault is one
+    ...     len(vault), vault.index(1, 3), sorted(family_layout(vault, set(), "olmoe"))[0]
+    (8, 7, 'model.layers.0.mlp.experts.0.down_proj.weight')
+    """
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def data(self) -> Any: ...  # len(data): the file's size
+    @property
+    def header_record(self) -> np.void: ...
+    @property
+    def arch(self) -> Mapping[str, Any] | None: ...
+    @property
+    def table(self) -> np.ndarray: ...
+    @property
+    def descriptors(self) -> np.ndarray: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[tuple[int, int]]: ...
+    def index(self, layer: SupportsIndex, expert: SupportsIndex) -> int: ...
+    def expert(self, layer: SupportsIndex, expert: SupportsIndex) -> _Expert: ...
+
+
 @dataclass(frozen=True)
 class Piece:
     """One vault tensor's place in an output tensor.
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     out = family_layout(vault, set(), "olmoe")
     >>> out["model.layers.1.mlp.experts.2.down_proj.weight"].pieces
@@ -71,6 +109,7 @@ class Piece:
 class OutTensor:
     """An expert tensor of the output checkpoint and the vault tensors that fill it.
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     out = family_layout(vault, set(), "mixtral")
     >>> o = out["model.layers.0.block_sparse_moe.experts.3.w2.weight"]
@@ -96,16 +135,17 @@ class OutTensor:
         return self.shape[-2] if self.transposed else self.shape[-1]
 
 
-def _shape(vault: Vault, key: tuple[int, int], t: int) -> tuple[int, int]:
+def _shape(vault: VaultLike, key: tuple[int, int], t: int) -> tuple[int, int]:
     d = vault.descriptors[vault.index(*key)][t]
     return int(d["rows"]), int(d["cols"])
 
 
-def family_layout(vault: Vault, scout_names: set[str], model_type: str) -> dict[str, OutTensor]:
+def family_layout(vault: VaultLike, scout_names: set[str], model_type: str) -> dict[str, OutTensor]:
     """Standard per-expert names: Mixtral's ``w1/w3/w2`` for the mixtral family (by the
     arch block's model_type or the scout's ``block_sparse_moe`` routers), else
     ``mlp.experts.{E}.{gate,up,down}_proj``.
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     names = list(family_layout(vault, set(), "mixtral"))
     >>> len(names), names[:3]  # doctest: +NORMALIZE_WHITESPACE
@@ -128,12 +168,15 @@ def _where(path: Path, i: int, j: int | None = None) -> str:
     return f"{path}: experts[{i}]" + ("" if j is None else f".tensors[{j}]")
 
 
-def manifest_layout(vault: Vault, doc: dict[str, Any], path: Path) -> dict[str, OutTensor] | None:
+def manifest_layout(
+    vault: VaultLike, doc: dict[str, Any], path: Path
+) -> dict[str, OutTensor] | None:
     """The source's names and layout from a manifest that matches ``vault`` (checked by the
     caller); None when it records no ``tensors`` (e.g. written by ``upgrade --out`` from an
     old manifest). Refused: sources that do not tile their tensor exactly once.
 
     >>> from smoe.format import manifest
+    >>> from smoe.vault.reader import Vault
     >>> vault = Vault.open("fixtures/q4_v2.smoe")
     >>> path = Path("fixtures/q4_v2.smoe.manifest.json")
     >>> doc = manifest.load(path, len(vault))
@@ -191,7 +234,7 @@ def _same_orientation(tensors: list[Any], where: str) -> None:
         )
 
 
-def _check_orientation(out: dict[str, OutTensor], vault: Vault, path: Path) -> None:
+def _check_orientation(out: dict[str, OutTensor], vault: VaultLike, path: Path) -> None:
     """The manifest's ``transposed`` against the family the arch block names: a fused slab
     recorded transposed (``[E, H, 2I]``) for a family whose checkpoints have no transposed
     layout, or untransposed (``[E, 2I, H]``) for one whose fused layout is only transposed,
@@ -219,7 +262,7 @@ def _check_orientation(out: dict[str, OutTensor], vault: Vault, path: Path) -> N
 
 def _place(
     out: dict[str, OutTensor],
-    vault: Vault,
+    vault: VaultLike,
     key: tuple[int, int],
     t: int,
     entry: object,
@@ -366,11 +409,12 @@ def natural_key(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
+def load_manifest(vault: VaultLike) -> tuple[dict[str, Any] | None, Path]:
     """The manifest beside ``vault`` (None if there is none) and its path, checked to
     describe the vault: size, table entries, offsets and raw sizes (export checks the
     blobs' CRCs while it reads them); refused naming both sides otherwise.
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     doc, path = load_manifest(vault)
     >>> path.name, len(doc["experts"])
@@ -408,7 +452,7 @@ def load_manifest(vault: Vault) -> tuple[dict[str, Any] | None, Path]:
 
 
 def expert_layout(
-    vault: Vault,
+    vault: VaultLike,
     doc: dict[str, Any] | None,
     manifest_path: Path,
     scout_names: Callable[[], Iterable[str]],
@@ -418,6 +462,7 @@ def expert_layout(
     family's standard names (``scout_names()``, the scout's tensor names, called only
     then: its routers tell Mixtral's naming).
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     doc, path = load_manifest(vault)
     ...     out = expert_layout(vault, doc, path, lambda: ())
@@ -432,11 +477,12 @@ def expert_layout(
     return experts
 
 
-def assemble(vault: Vault, o: OutTensor) -> np.ndarray:
+def assemble(vault: VaultLike, o: OutTensor) -> np.ndarray:
     """Output tensor ``o`` dequantised to float32, laid out as export writes it: each
     piece at its slab and rows, a transposed layout's pieces as their transposes side by
     side (``[E, H, 2I]``).
 
+    >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as vault:
     ...     out = family_layout(vault, set(), "olmoe")
     ...     w = assemble(vault, out["model.layers.1.mlp.experts.2.down_proj.weight"])

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Iterator, Mapping, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, SupportsIndex, TypeVar, overload
+from typing import Any, SupportsIndex, TypeVar, overload
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -41,13 +41,12 @@ from smoe.format.findings import Finding
 from smoe.format.verify import Report, check_arch, check_descriptors, check_header, check_table
 from smoe.format.view import Data, FileView, Geometry, arch_view, header_view, table_views
 from smoe.interop.safetensors_io import read_header
+from smoe.vault import names
 from smoe.vault.companions import companions
 from smoe.vault.fields import Fields
+from smoe.vault.names import OutTensor
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES, Rule
-
-if TYPE_CHECKING:
-    from smoe.vault.names import OutTensor
 
 __all__ = ["ExpertView", "TensorView", "Vault", "VaultError"]
 
@@ -298,6 +297,23 @@ class Vault(Mapping[tuple[int, int], ExpertView]):
 slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
     """
 
+    def __new__(cls, *args: object, **kwargs: object) -> Vault:
+        """``Vault(path)`` alone says how a vault is opened (the constructor takes the
+        parts :meth:`open` has read and checked).
+
+        >>> Vault("model.smoe")
+        Traceback (most recent call last):
+        TypeError: Vault('model.smoe'): open a vault file with Vault.open('model.smoe') \
+(Vault.from_array for one in memory)
+        """
+        if len(args) + len(kwargs) == 1:
+            (given,) = (*args, *kwargs.values())
+            raise TypeError(
+                f"Vault({given!r}): open a vault file with Vault.open({given!r}) "
+                "(Vault.from_array for one in memory)"
+            )
+        return super().__new__(cls)
+
     def __init__(
         self,
         path: Path,
@@ -327,7 +343,9 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
     def open(cls, path: str | os.PathLike[str]) -> Vault:
         """Open and check a vault file; ``fileio.NotRegular`` for FIFOs, folders, devices.
 
-        A file that is not a vault raises :class:`VaultError`. Use it in a ``with`` block
+        A file that cannot be opened raises the ``OSError`` ``open()`` would (also a
+        ``NotRegular``): ``FileNotFoundError`` when it is missing, ``PermissionError``,
+        ``IsADirectoryError``. A file that is not a vault raises :class:`VaultError`. Use it in a ``with`` block
         or call :meth:`close`.
 
         >>> v = Vault.open("fixtures/q4_v2.smoe")
@@ -555,8 +573,6 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
         """Export's expert tensors by name, in natural order; worked out once,
         from the manifest and scout beside the vault (a vault over an array has neither)."""
         if self._hf is None:
-            from smoe.vault import names  # the export rules, which import this module
-
             beside = isinstance(self.data, FileView)
             doc, manifest_path = names.load_manifest(self) if beside else (None, Path())
             scout = companions(self.path)[0]
@@ -609,9 +625,7 @@ nearest: 'model.layers.1.mlp.experts.2.down_proj.weight', ... (vault.tensor_name
                 f"{self.path}: no tensor {name!r}{shown} (vault.tensor_names() lists all "
                 f"{len(found)})"
             )
-        from smoe.vault.names import assemble
-
-        return assemble(self, out)
+        return names.assemble(self, out)
 
     def expert(self, layer: SupportsIndex, expert: SupportsIndex) -> ExpertView:
         """One expert's tensors, read with one ``pread``; its descriptors are checked first.

@@ -43,6 +43,8 @@ from smoe.format import manifest
 from smoe.format.records import VAULT_SIGNATURE, ArchInfo, arch_record
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, refuse_foreign
+from smoe.plumbing.lock import Lock, lock_for
+from smoe.vault.companions import lock_path
 from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.meta import check_metadata
 from smoe.vault.reader import Vault
@@ -176,12 +178,6 @@ def has_room(vault: Vault) -> bool:
     return _arch_slot(vault) + layout.ARCH_BLOCK_SIZE <= vault.geometry.data_offset
 
 
-def lock_path(path: str | os.PathLike) -> Path:
-    """The lock of a vault: ``.<name>.lock`` beside its real file (symlinks resolved)."""
-    real = Path(os.path.realpath(path))
-    return real.parent / f".{real.name}.lock"
-
-
 def _check_gap(vault: Vault) -> None:
     g = vault.geometry
     gap = vault.data[g.descriptors_end : g.data_offset]
@@ -292,7 +288,7 @@ vault's table, which holds experts of layer 2
     fileio.require_regular(path)
     fd = _open_for_writing(path)  # first: a read-only vault is named as such
     try:
-        with fileio.Lock(lock_path(path), path):
+        with Lock(lock_path(path), path):
             return _in_place(path, fd, arch, force, ops or OsOps(), configs)
     finally:
         os.close(fd)
@@ -562,7 +558,7 @@ def _rewrite(
     else:  # a file replaced must be a vault: --force never replaces what smoe did not write
         refuse_foreign(out, VAULT_SIGNATURE)
     fileio.ensure_dir(out.parent)
-    with fileio.Lock(out.parent / f".{out.name}.lock", out):
+    with Lock(lock_for(out), out):
         vault = Vault.open(path)
         _check_moe_ffn(vault, arch)
         old = _old_manifest(path, vault)

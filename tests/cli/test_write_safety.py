@@ -376,7 +376,7 @@ def test_in_place_through_a_symlink_edits_the_target(tmp_path: Path) -> None:
 # ---- one writer per target ---------------------------------------------------------------
 HOLD = textwrap.dedent("""
     import sys
-    from smoe.plumbing.fileio import Lock
+    from smoe.plumbing.lock import Lock
     with Lock(sys.argv[1], sys.argv[2]):
         print("locked", flush=True)
         sys.stdin.readline()

@@ -22,8 +22,8 @@ import pytest
 
 from smoe import quant
 from smoe.format.manifest import checksum
+from smoe.quant.replay import tensor_stats
 from smoe.sculpt import SculptOptions, SculptResult, sculpt
-from smoe.sculpt.journal import tensor_stats
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe_testkit.synth import write_checkpoint
 

@@ -18,7 +18,7 @@ from smoe import cli
 from smoe.errors import SmoeError, UsageError
 from smoe.format import manifest
 from smoe.format.verify import verify_path
-from smoe.plumbing import fileio
+from smoe.plumbing.lock import Lock
 from smoe.vault.meta import edit_meta, read_meta
 from smoe.vault.upgrade import lock_path, upgrade
 
@@ -330,7 +330,7 @@ def test_too_many_keys(vault: Path) -> None:
 def test_a_concurrent_edit_is_refused(vault: Path, capsys: pytest.CaptureFixture) -> None:
     """Another writer (smoe sculpt, upgrade or meta) holds the vault's lock."""
     before = meta_of(vault).read_bytes()
-    with fileio.Lock(lock_path(vault), vault):
+    with Lock(lock_path(vault), vault):
         code, out, err = smoe(capsys, "meta", vault, "--set", "name=x")
         assert (code, out) == (1, "")
         assert err == (

@@ -72,6 +72,7 @@ from smoe.interop.safetensors_io import write_file as write_safetensors
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile
 from smoe.plumbing.cpus import usable_cores
+from smoe.plumbing.lock import Lock, lock_for
 from smoe.vault.companions import companions
 from smoe.vault.contradictions import refuse_contradictions, stated
 from smoe.vault.names import load_manifest, natural_key
@@ -1067,7 +1068,7 @@ def _commit_folder(
     on any failure. An aside folder that keeps a file which appeared meanwhile is named in
     ``notes``."""
     parent = fileio.ensure_dir(out_dir.parent if str(out_dir.parent) else Path("."))
-    with fileio.Lock(parent / f".{out_dir.name}.lock", out_dir):
+    with Lock(lock_for(parent / out_dir.name), out_dir):
         folder.sweep(out_dir)
         earlier = _refuse_outputs(out_dir, inputs, replace, doc)  # again, under the lock
         tmp = _make_tmp_dir(out_dir)

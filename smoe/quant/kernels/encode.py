@@ -51,6 +51,7 @@ __all__ = [
     "einsum_order_holds",
     "encode_chunk",
     "encode_chunk_cached",
+    "replay_chunk",
 ]
 
 if GROUP_SIZE != 64:
@@ -1052,6 +1053,43 @@ def _encode_absmax(src64, f32, tail, hcols, c0, htail, bits, limit, packed, scal
         _codes_group(tail, s, bits, packed[groups * GROUP_SIZE * bits // 8 :], acc, htail)
     _end(lanes, acc)
     return OK
+
+
+@jit()
+def replay_chunk(src64, f32, tail, hcols, c0, htail, bits, packed, scales, acc):
+    """:func:`_encode_absmax` with each tile's scales taken from ``scales`` (a blob's,
+    as float32) instead of chosen: the codes are recomputed into a scratch copy and
+    compared with ``packed``, and the statistics summed into ``acc`` by the encoder's own
+    routines in its order. False if a code differs (this kernel did not write them).
+    :func:`smoe.quant.replay.tensor_stats` calls it chunk by chunk, as the encoder calls
+    :func:`encode_chunk`."""
+    groups = src64.size // (2 * _ROWS if f32 else _ROWS)
+    yu, mx, amax, sc, rows, codes, sums, lanes, words, out = _scratch(bits)
+    inv4, scl4 = rows[0], rows[1]
+    y = yu.view(np.float32)
+    mine = np.empty(packed.size, np.uint8)  # every byte written: by _finish, _codes_group
+    chosen = np.empty(scales.size, np.float32)
+    hu = np.zeros(_ROWS * _W, np.uint32)
+    last = np.full(1, -1, np.int64)
+    for g0 in range(0, groups, TILE):
+        t = min(TILE, groups - g0)
+        top = _load(src64, f32, g0, t, words, yu, mx, amax)
+        for g in range(TILE):
+            sc[g] = scales[g0 + g] if g < t else _F32(0)
+        if hcols is None:  # an if statement numba prunes by argument type
+            hy = None
+        else:
+            _load_importance(hcols, c0, g0, t, hu.view(np.float32), last)
+            hy = hu.view(np.float32)
+        _finish(y, top, sc, bits, g0, t, inv4, scl4, codes, sums, lanes, out, mine, chosen, acc, hy)
+    if tail.size:
+        at = groups * GROUP_SIZE * bits // 8
+        _codes_group(tail, scales[groups], bits, mine[at:], acc, htail)
+    _end(lanes, acc)
+    for i in range(packed.size):  # noqa: SIM110 (numba compiles no generator)
+        if mine[i] != packed[i]:
+            return False
+    return True
 
 
 @jit()

@@ -9,10 +9,12 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from smoe import quant
 from smoe.format.plan import ExpertSlot
@@ -24,13 +26,15 @@ from smoe.sculpt.calibrate.runner import (
     source_weights,
     threads,
 )
+from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.workers import Job
 
-if TYPE_CHECKING:
-    from smoe.sculpt.driver import Run
-    from smoe.sculpt.journal import Resumed
-
-__all__ = ["RUN_FIGURES", "TOKENS_PER_BATCH", "calibrate_layers"]
+__all__ = [
+    "RUN_FIGURES",
+    "TOKENS_PER_BATCH",
+    "CalibrationInputs",
+    "calibrate_layers",
+]
 
 RUN_FIGURES = ("seconds", "peak_device_bytes", "peak_rss_bytes")
 """The keys of the calibration's record that measure the run (time, memory: they differ
@@ -41,23 +45,65 @@ TOKENS_PER_BATCH = 8192
 stay small beside the carried hidden states."""
 
 Key = tuple[int, int]
-Write = Callable[[list[Job]], dict[Key, list[Any]]]
-Adopt = Callable[[Key, list[Estimate | None]], None]
 
 
-def calibrate_layers(
-    run: Run,
-    todo: list[Job],
-    resumed: Resumed,
-    slots: dict[Key, ExpertSlot],
-    partial: Path,
-    write: Write,
-    adopt: Adopt,
-    annotate: Adopt,
-) -> dict[str, Any]:
-    """Every decoder layer up to the last with a chosen expert: collect, ``write`` the
+@dataclass(frozen=True)
+class CalibrationInputs:
+    """What a calibrated run reads: the checkpoint, the experts chosen (``refs``), the
+    calibration's token ``ids``, the code width and device, the experts still to write
+    (``todo``) and those a resume kept, every expert's slot and the partial vault.
+
+    >>> from smoe.sculpt.source.checkpoint import Checkpoint
+    >>> ckpt = Checkpoint.open("fixtures/checkpoints/qwen3_moe")
+    >>> refs = [ckpt.experts[(0, 1)]]
+    >>> ids = np.zeros((1, 8), np.int64)
+    >>> inputs = CalibrationInputs(
+    ...     ckpt=ckpt, refs=refs, ids=ids, bits=4, device="cpu", todo=[], kept=set(),
+    ...     slots={}, partial=Path("out/.q4.smoe.partial"))
+    >>> inputs.refs[0].layer, inputs.ids.shape
+    (0, (1, 8))
+    """
+
+    ckpt: Checkpoint
+    refs: Sequence[ExpertRef]
+    ids: np.ndarray
+    bits: int
+    device: str
+    todo: Sequence[Job]
+    kept: Collection[Key]
+    slots: Mapping[Key, ExpertSlot]
+    partial: Path
+
+
+class CalibrationSink(Protocol):
+    """Where a calibrated run's experts go (the driver's writer and journal).
+
+    >>> class Shown:
+    ...     def write(self, jobs): return {}
+    ...     def adopt(self, key, estimates): print("adopted", key)
+    ...     def annotate(self, key, estimates): print("annotated", key)
+    >>> sink: CalibrationSink = Shown()
+    >>> sink.adopt((0, 1), [None, None, None])
+    adopted (0, 1)
+    """
+
+    def write(self, jobs: list[Job]) -> dict[Key, list[Any]]:
+        """Encode and write the layer's ``jobs``; the encoder's reports per key."""
+        ...
+
+    def adopt(self, key: Key, estimates: list[Estimate | None]) -> None:
+        """Record an expert this run wrote, with its estimates."""
+        ...
+
+    def annotate(self, key: Key, estimates: list[Estimate | None]) -> None:
+        """Add the estimates to an expert a resume kept."""
+        ...
+
+
+def calibrate_layers(inputs: CalibrationInputs, sink: CalibrationSink) -> dict[str, Any]:
+    """Every decoder layer up to the last with a chosen expert: collect, ``sink.write`` the
     layer's jobs with their statistics (the encoder's reports per key come back),
-    ``adopt`` each new expert with its estimates (``annotate`` a kept one), propagate.
+    ``sink.adopt`` each new expert with its estimates (``annotate`` a kept one), propagate.
     Returns the calibration's counts, seconds and peak memory. :func:`smoe.sculpt.sculpt`
     calls it with ``--calibrate``:
 
@@ -70,30 +116,27 @@ def calibrate_layers(
     >>> res.calibration["experts_calibrated"] + res.calibration["experts_unrouted"]
     16
     """
-    assert run.calibration is not None
     t0 = time.perf_counter()
     torch = import_torch()
     torch.set_num_threads(threads())
-    ckpt, bits = run.ckpt, run.opts.bits
-    seq_len = run.calibration.ids.shape[1]
-    runner = LayerRunner(
-        ckpt, run.calibration.ids, run.opts.device, max(1, TOKENS_PER_BATCH // seq_len)
-    )
+    ckpt, bits, partial = inputs.ckpt, inputs.bits, inputs.partial
+    seq_len = inputs.ids.shape[1]
+    runner = LayerRunner(ckpt, inputs.ids, inputs.device, max(1, TOKENS_PER_BATCH // seq_len))
     runner.start()
     jobs_of: dict[int, list[Job]] = defaultdict(list)
-    for job in todo:
+    for job in inputs.todo:
         jobs_of[job.ref.layer].append(job)
-    chosen = {(r.layer, r.expert) for r in run.refs}
+    chosen = {(r.layer, r.expert) for r in inputs.refs}
     moe = set(ckpt.moe_layers)
     tally = Tally()
     fd = partial_fd(partial)
     try:
-        for n in range(max(r.layer for r in run.refs) + 1):
+        for n in range(max(r.layer for r in inputs.refs) + 1):
             refs = [ckpt.experts[(n, e)] for e in ckpt.layer_experts(n)] if n in moe else []
             weights = source_weights(refs)
             stats = runner.collect(n, weights)
             jobs = [_with_stats(job, stats.get(job.ref.expert)) for job in jobs_of.get(n, [])]
-            reports = write(jobs) if jobs else {}
+            reports = sink.write(jobs) if jobs else {}
             tally.failed += sum(
                 1 for rows in reports.values() for r in rows if r is not None and r.fallback
             )
@@ -102,17 +145,17 @@ def calibrate_layers(
                 key = (n, e)
                 if key not in chosen:
                     continue
-                quantised[e] = decode_blob(fd, partial, slots[key], bits)
+                quantised[e] = decode_blob(fd, partial, inputs.slots[key], bits)
                 st = stats.get(e)
                 hs = st.hessians() if st is not None else (None, None, None)
                 tokens = st.tokens if st is not None else 0
-                _count(tally, key, hs, kept=key in resumed.kept)
+                _count(tally, key, hs, kept=key in inputs.kept)
                 ests = [
                     None if h is None else estimate(w, w_hat, h, bits, tokens)
                     for w, w_hat, h in zip(weights[e], quantised[e], hs)
                 ]
                 tally.estimates[key] = ests
-                (annotate if key in resumed.kept else adopt)(key, ests)
+                (sink.annotate if key in inputs.kept else sink.adopt)(key, ests)
             del stats, jobs, reports
             runner.propagate(n, quantised if n in moe else None)
     finally:
