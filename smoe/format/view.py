@@ -75,7 +75,7 @@ class FileView:
             size = os.fstat(fd).st_size
         except OSError as e:
             os.close(fd)
-            raise fileio.NotRegular(f"{path}: cannot open: {e.strerror or e}") from None
+            raise fileio.CannotOpen.of(path, e) from None
         return cls(fd, path, size)
 
     def __len__(self) -> int:

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DIRECT_ALIGN",
     "READ_ERRNOS",
+    "CannotOpen",
+    "InputDenied",
+    "InputIsFolder",
+    "InputMissing",
     "NotRegular",
     "aligned_empty",
     "create_new",
@@ -75,6 +79,69 @@ class NotRegular(UnreadableInput):
     ...     print(e)
     fixtures: not a regular file (a folder)
     """
+
+
+class CannotOpen(NotRegular, OSError):
+    """An input that cannot be opened (missing, unreadable) or is a folder: a
+    :class:`NotRegular` to the CLI (one ``error:`` line, exit status 2) and, to Python
+    callers, the ``OSError`` ``open()`` raises for it, with its ``errno`` and ``filename``:
+    :class:`FileNotFoundError` for a missing file, :class:`PermissionError`,
+    :class:`IsADirectoryError` (:meth:`of` picks the class).
+
+    >>> try:
+    ...     open_input("no/such.smoe")
+    ... except FileNotFoundError as e:
+    ...     print(e, "|", e.errno == errno.ENOENT, e.filename, isinstance(e, NotRegular))
+    no/such.smoe: cannot open: No such file or directory | True no/such.smoe True
+    """
+
+    def __str__(self) -> str:
+        return f"{self.filename}: cannot open: {self.strerror}"
+
+    @staticmethod
+    def of(path: str | os.PathLike, e: OSError) -> CannotOpen:
+        """The error for a failed open or stat of ``path``, of the class matching ``e``."""
+        for os_kind, kind in _OPEN_KINDS:
+            if isinstance(e, os_kind):
+                return kind(e.errno, _why(e), os.fspath(path))
+        return CannotOpen(e.errno, _why(e), os.fspath(path))
+
+
+class InputMissing(CannotOpen, FileNotFoundError):
+    """An input that is not there (``FileNotFoundError``)."""
+
+
+class InputDenied(CannotOpen, PermissionError):
+    """An input the process may not read (``PermissionError``)."""
+
+
+class InputIsFolder(CannotOpen, IsADirectoryError):
+    """A folder where a file is read (``IsADirectoryError``).
+
+    >>> str(InputIsFolder.at("fixtures"))
+    'fixtures: not a regular file (a folder)'
+    """
+
+    def __str__(self) -> str:
+        return f"{self.filename}: not a regular file (a folder)"
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> InputIsFolder:
+        return cls(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+
+
+_OPEN_KINDS: tuple[tuple[type[OSError], type[CannotOpen]], ...] = (
+    (FileNotFoundError, InputMissing),
+    (PermissionError, InputDenied),
+    (IsADirectoryError, InputIsFolder),
+)
+
+
+def _not_regular(path: str | os.PathLike, mode: int) -> NotRegular:
+    """The refusal of an input that is not a regular file (a folder's is an OSError too)."""
+    if stat.S_ISDIR(mode):
+        return InputIsFolder.at(path)
+    return NotRegular(f"{path}: not a regular file ({_kind(mode)})")
 
 
 def _why(e: OSError) -> str:
@@ -489,11 +556,11 @@ def open_input(path: str | os.PathLike) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
     except OSError as e:
-        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+        raise CannotOpen.of(path, e) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+            raise _not_regular(path, st.st_mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -508,14 +575,14 @@ def require_regular(path: str | os.PathLike) -> os.stat_result:
     147456
     >>> require_regular("fixtures")
     Traceback (most recent call last):
-    smoe.plumbing.fileio.NotRegular: fixtures: not a regular file (a folder)
+    smoe.plumbing.fileio.InputIsFolder: fixtures: not a regular file (a folder)
     """
     try:
         st = os.stat(path)
     except OSError as e:
-        raise NotRegular(f"{path}: cannot open: {_why(e)}") from None
+        raise CannotOpen.of(path, e) from None
     if not stat.S_ISREG(st.st_mode):
-        raise NotRegular(f"{path}: not a regular file ({_kind(st.st_mode)})")
+        raise _not_regular(path, st.st_mode)
     return st
 
 
@@ -551,6 +618,8 @@ def reading() -> Iterator[None]:
     try:
         yield
     except OSError as e:
+        if isinstance(e, SmoeError):  # CannotOpen: already worded and classed
+            raise
         if e.errno in READ_ERRNOS and e.filename is not None:
             raise UnreadableInput.from_os(e) from None
         raise
@@ -691,6 +760,3 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + DIRECT_ALIGN, np.uint8)
     skip = -raw.ctypes.data % DIRECT_ALIGN
     return raw[skip : skip + nbytes]
-
-
-# ---- one writer per target ----------------------------------------------------------------

@@ -345,8 +345,8 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
 
         A file that cannot be opened raises the ``OSError`` ``open()`` would (also a
         ``NotRegular``): ``FileNotFoundError`` when it is missing, ``PermissionError``,
-        ``IsADirectoryError``. A file that is not a vault raises :class:`VaultError`. Use it in a ``with`` block
-        or call :meth:`close`.
+        ``IsADirectoryError``. A file that is not a vault raises :class:`VaultError`. Use it
+        in a ``with`` block or call :meth:`close`.
 
         >>> v = Vault.open("fixtures/q4_v2.smoe")
         >>> v.geometry.version, v.bits

@@ -3,23 +3,28 @@ arrays (the docstring examples run in tests/package/test_docstrings.py)."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
+import pickle
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 from numpy.typing import DTypeLike
 
 from smoe import quant
+from smoe.cli.failures import describe
 from smoe.errors import SmoeError
 from smoe.format import view
+from smoe.plumbing import fileio
 from smoe.vault import reader
 from smoe.vault.reader import ExpertView, TensorView, Vault
 
 from fixtures_data import FIXTURES
-from helpers import python
+from helpers import one_line, python, run
 
 Q4 = FIXTURES / "q4_v2.smoe"
 MODULES = (reader, view)
@@ -253,3 +258,57 @@ def test_bfloat16_without_ml_dtypes_names_the_package() -> None:
         "cannot dequantize to 'bfloat16': bfloat16 needs the ml_dtypes package "
         "(pip install ml-dtypes)\n"
     )
+
+
+# ---- opening: the errors Python code expects (issue 33) ------------------------------------
+def test_a_missing_vault_is_a_file_not_found_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.smoe"
+    with pytest.raises(FileNotFoundError) as caught:
+        Vault.open(missing)
+    e = caught.value
+    assert e.errno == errno.ENOENT and e.filename == str(missing)
+    assert isinstance(e, fileio.NotRegular)  # the CLI's kind: one line, exit status 2
+    assert str(e) == f"{missing}: cannot open: No such file or directory"
+    assert describe(e) == (str(e), 2)
+
+
+def test_a_folder_is_an_is_a_directory_error(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError) as caught:
+        Vault.open(tmp_path)
+    assert isinstance(caught.value, fileio.NotRegular)
+    assert describe(caught.value) == (f"{tmp_path}: not a regular file (a folder)", 2)
+
+
+def test_each_failed_open_is_the_os_error_open_raises() -> None:
+    cases = [
+        (FileNotFoundError(errno.ENOENT, "No such file or directory"), FileNotFoundError),
+        (PermissionError(errno.EACCES, "Permission denied"), PermissionError),
+        (OSError(errno.ELOOP, "Too many levels of symbolic links"), OSError),
+    ]
+    for cause, kind in cases:
+        e = fileio.CannotOpen.of("v.smoe", cause)
+        assert isinstance(e, kind) and isinstance(e, fileio.NotRegular)
+        assert (e.errno, e.filename) == (cause.errno, "v.smoe")
+        assert describe(e) == (f"v.smoe: cannot open: {cause.strerror}", 2)
+
+
+def test_open_errors_survive_pickling(tmp_path: Path) -> None:
+    """Worker processes send their errors back pickled: the class and message arrive."""
+    with pytest.raises(OSError) as caught:
+        Vault.open(tmp_path / "gone.smoe")
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert type(back) is type(caught.value) and str(back) == str(caught.value)
+
+
+def test_vault_of_a_path_says_to_use_open() -> None:
+    with pytest.raises(TypeError, match=r"Vault\.open\('x\.smoe'\)"):
+        Vault("x.smoe")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"Vault\.open"):
+        Vault(path=Q4)  # type: ignore[call-arg]
+
+
+def test_cli_error_for_a_missing_vault_stays_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.smoe"
+    r = run("verify", missing)
+    assert r.returncode == 2 and r.stdout == ""
+    assert one_line(r) == f"error: {missing}: cannot open: No such file or directory"
