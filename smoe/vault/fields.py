@@ -2,8 +2,9 @@
 
 The numpy records the reader checks and the writers copy hold numpy scalars, ``model_type``
 as bytes and float32 fields as binary fractions; code that only wants to look at a vault
-(print it, compare it with a config, serialise it) wants ints, floats and text, as
-safetensors' and gguf-py's metadata give them. The records stay available beside them
+(print it, compare it with a config, serialise it with ``json.dumps``) wants ints, floats
+and text, as safetensors' and gguf-py's metadata give them; byte arrays (``magic``,
+``reserved``) are the hex text ``smoe dump --json`` prints. The records stay available beside them
 (``Vault.header_record``, ``Vault.arch_record``).
 """
 
@@ -19,10 +20,12 @@ __all__ = ["FieldText", "Fields"]
 
 
 class FieldText(str):
-    """A text field (``model_type``): a ``str`` that also answers as the bytes it was.
+    """A text field: a ``str`` that also answers as the bytes it was read from
+    (``model_type``'s text, or the hex text of ``magic`` and ``reserved``).
 
     Until the header and arch block were dicts, ``vault.arch["model_type"]`` was bytes;
-    code written then (``== b"olmoe"``, ``.decode()``, ``bytes(...)``) keeps working.
+    code written then (``== b"olmoe"``, ``.decode()``, ``bytes(...)``) keeps working, and so
+    does ``vault.header["magic"] == layout.MAGIC``.
 
     >>> t = FieldText("olmoe", b"olmoe")
     >>> t == "olmoe", t == b"olmoe", bytes(t), t.upper()
@@ -44,6 +47,14 @@ class FieldText(str):
         """
         return str(self)
 
+    def hex(self) -> str:
+        """The hex of the bytes (what ``bytes.hex`` gave before; a byte array's own text).
+
+        >>> FieldText("olmoe").hex()
+        '6f6c6d6f65'
+        """
+        return self._raw.hex()
+
     def __bytes__(self) -> bytes:
         return self._raw
 
@@ -61,9 +72,11 @@ class FieldText(str):
 
 def _plain(value: Any, dtype: np.dtype) -> Any:
     """One field's value: an int, the shortest decimal that reads back as the same float32
-    (``1e-06``, not ``9.99999997e-07``), :class:`FieldText` for text, bytes for byte arrays."""
+    (``1e-06``, not ``9.99999997e-07``), :class:`FieldText` for text and for byte arrays
+    (their hex, as ``dump --json`` prints them)."""
     if dtype.subdtype is not None:  # magic, reserved: u1 arrays
-        return bytes(np.asarray(value, np.uint8))
+        raw = bytes(np.asarray(value, np.uint8))
+        return FieldText(raw.hex(), raw)
     if dtype.kind == "S":
         return FieldText(model_type_str(value), bytes(value))
     if dtype.kind == "f":
@@ -73,7 +86,8 @@ def _plain(value: Any, dtype: np.dtype) -> Any:
 
 class Fields(dict[str, Any]):
     """A structured record's fields as a new dict: ints, floats, text (:class:`FieldText`),
-    bytes for the byte arrays (``magic``, ``reserved``). Changing it changes nothing else.
+    the byte arrays (``magic``, ``reserved``) as their hex text, as ``smoe dump --json``
+    prints them; ``json.dumps`` takes it as it is. Changing it changes nothing else.
 
     ``dtype`` and ``record`` give the numpy record it was read from (for code written
     against the record: ``vault.header.dtype.names``).
@@ -81,8 +95,8 @@ class Fields(dict[str, Any]):
     >>> from smoe.vault.reader import Vault
     >>> with Vault.open("fixtures/q4_v2.smoe") as v:
     ...     h, a = v.header, v.arch
-    >>> h["version"], h["bits"], h["magic"]
-    (2, 4, b'SMOE\\xde\\xea\\x00\\x01')
+    >>> h["version"], h["bits"], h["magic"], bytes(h["magic"])
+    (2, 4, '534d4f45deea0001', b'SMOE\\xde\\xea\\x00\\x01')
     >>> a["model_type"], a["rope_theta"], a["rms_norm_eps"]
     ('olmoe', 10000.0, 1e-05)
     """

@@ -445,7 +445,8 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
 
     @property
     def header(self) -> Fields:
-        """The header's fields as a new dict of ints (``magic`` as bytes).
+        """The header's fields as a new dict of ints (``magic`` as hex text, as ``dump --json``
+        prints it; ``bytes(h["magic"])`` gives the bytes).
 
         >>> h = Vault.open("fixtures/q4_v2.smoe").header
         >>> h["version"], h["total_experts"], h["d_model"], h["data_offset"]

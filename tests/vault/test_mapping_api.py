@@ -27,6 +27,7 @@ from smoe.vault.reader import ExpertView, Vault
 from smoe_gen import layout
 
 from fixtures_data import CKPTS, FIXTURES
+from helpers import run
 
 Q4 = FIXTURES / "q4_v2.smoe"
 WHOLE = ["q4_v2", "q2_v2", "q4_v1", "qwen3_v2", "deepseek_v2", "noroom_v1"]  # export takes these
@@ -394,7 +395,7 @@ def test_header_and_arch_are_dicts_of_plain_values() -> None:
         h, a = v.header, v.arch
     assert isinstance(h, dict) and isinstance(a, dict)
     assert h == {
-        "magic": layout.MAGIC,
+        "magic": layout.MAGIC.hex(),
         "version": 2,
         "num_moe_layers": 2,
         "max_experts_per_layer": 4,
@@ -408,16 +409,36 @@ def test_header_and_arch_are_dicts_of_plain_values() -> None:
         "ffn_dim": 32,
         "reserved_ext": 1536,
     }
-    assert {k: type(x) for k, x in h.items()} == {k: bytes if k == "magic" else int for k in h}
+    assert {k: type(x) for k, x in h.items()} == {k: FieldText if k == "magic" else int for k in h}
     assert a["model_type"] == "olmoe" and type(a["model_type"]) is FieldText
     assert isinstance(a["model_type"], str) and repr(a["model_type"]) == "'olmoe'"
-    assert (a["magic"], a["reserved"]) == (b"SARC", bytes(44))
+    assert (a["magic"], a["reserved"]) == (b"SARC".hex(), bytes(44).hex())
+    assert (a["magic"], a["reserved"]) == (b"SARC", bytes(44))  # as bytes, as they were
+    assert bytes(h["magic"]) == layout.MAGIC and h["magic"] == layout.MAGIC
     assert (a["rope_theta"], a["rms_norm_eps"]) == (10000.0, 1e-05)  # not 9.99999974737875e-06
     floats = {k for k, x in a.items() if type(x) is float}
     assert floats == {"rope_theta", "rms_norm_eps"}
     others = floats | {"magic", "reserved", "model_type"}
     assert all(type(x) is int for k, x in a.items() if k not in others)
-    assert json.loads(json.dumps({k: x for k, x in a.items() if not isinstance(x, bytes)}))
+    assert json.loads(json.dumps(h)) == h and json.loads(json.dumps(a)) == a
+
+
+def test_header_and_arch_are_what_dump_json_prints() -> None:
+    """One reading of a vault's fields: the Python dicts and ``dump --json`` agree key for
+    key (byte arrays as hex), the arch block's floats compared as the float32 they are."""
+    for name in ("q4_v2.smoe", "q2_v2.smoe", "q4_v1.smoe"):
+        dump = json.loads(run("dump", "--json", FIXTURES / name).stdout)
+        with Vault.open(FIXTURES / name) as v:
+            h, a = v.header, v.arch
+        assert json.loads(json.dumps(h)) == dump["header"], name
+        if a is None:
+            assert dump["arch"] is None, name
+            continue
+        shown = {k: x for k, x in dump["arch"].items() if k != "flag_names"}
+        assert shown.keys() == a.keys(), name
+        for k, x in shown.items():
+            same = np.float32(x) == np.float32(a[k]) if isinstance(x, float) else x == a[k]
+            assert same, (name, k)
 
 
 def test_the_records_stay_available() -> None:
