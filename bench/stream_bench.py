@@ -23,8 +23,8 @@ decoder, where it hides part of the read.
 32 experts a layer, top-8), read with O_DIRECT so the page cache plays no part, replayed on a
 random top-8 routing with a cache of one layer's top-k (every read a miss): expert bytes per
 second of the replay against the raw O_DIRECT read rate of the same file measured in the same
-run (``smoe-stream bench --direct``: the fastest plain read of any pattern and thread count).
-Goal >= 0.8.
+run (``smoe-stream bench --direct``: the fastest plain read of any pattern and thread count),
+the two taking turns (a shared disk's rate drifts), each side its best run. Goal >= 0.8.
 
 (e) Memory. The peak RSS of that replay with a cache of a quarter of the vault (buffered, so
 the page cache could hold it all), against the cache's bytes: goal <= cache + 64 MiB.
@@ -310,13 +310,18 @@ def throughput_figures(workdir: Path, quick: bool) -> list[dict]:
     trace = write_trace(
         workdir / f"random-{layers}.trace.jsonl", vault, routing, list(range(layers))
     )
-    limit, bench = raw_direct_rate(vault, "1" if quick else "3")
-    best: dict | None = None
-    for threads in (2, 4, 8):
-        r = replay(vault, trace, "--cache-slots", k, "--direct", "--io-threads", threads)
-        r["rate"] = r["bytes_read"] / r["seconds"] / 1e9
-        if best is None or r["rate"] > best["rate"]:
-            best = r
+    # the shared disk's rate drifts: the raw reads and the replays take turns, and each side
+    # keeps its best run
+    limit, bench, best = 0.0, {}, None
+    for _ in range(2 if quick else 4):
+        rate, r = raw_direct_rate(vault, "1")
+        if rate > limit:
+            limit, bench = rate, r
+        for threads in (1, 2, 4, 8):
+            r = replay(vault, trace, "--cache-slots", k, "--direct", "--io-threads", threads)
+            r["rate"] = r["bytes_read"] / r["seconds"] / 1e9
+            if best is None or r["rate"] > best["rate"]:
+                best = r
     assert best is not None
     figs = [
         figure(
@@ -328,7 +333,8 @@ def throughput_figures(workdir: Path, quick: bool) -> list[dict]:
             f">= {THROUGHPUT_GOAL:.0%} of raw",
             best["rate"] >= THROUGHPUT_GOAL * limit,
             detail=f"{best['misses']} misses of {best['requests']} requests, "
-            f"{best['io_threads']} I/O threads (best of 2, 4, 8); raw: smoe-stream bench "
+            f"{best['io_threads']} I/O threads (the best of 1, 2, 4, 8 in each round, "
+            f"taking turns with the raw reads); raw: smoe-stream bench "
             f"--direct, fastest plain read of any pattern ({bench['raw_read']['file_limit']})",
         )
     ]

@@ -5,6 +5,7 @@
 #include <common.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
@@ -122,6 +123,11 @@ struct ExpertCache::Impl {
         capacity = std::max(least, std::min<uint64_t>(opt.slots, vault.experts.size()));
         fd = open_reads(vault, opt.direct, direct, refused);
         ring = AlignedBuffer(static_cast<size_t>(capacity * slot_size));
+#ifdef MADV_HUGEPAGE
+        // Huge pages where the kernel gives them on request: an O_DIRECT read pins every page
+        // it fills, and fewer pages helped the miss-bound replay here (one I/O thread).
+        (void)::madvise(ring.data(), ring.size(), MADV_HUGEPAGE);
+#endif
         slots.resize(capacity);
         const unsigned threads = std::clamp(opt.io_threads, 1u, MAX_IO_THREADS);
         // hints never take the last worker: a demand read always finds one free
@@ -149,7 +155,9 @@ struct ExpertCache::Impl {
         return static_cast<uint32_t>(e - v.experts.data());
     }
 
-    uint8_t* slot_data(uint64_t s) const { return ring.data() + s * slot_size; }
+    uint8_t* slot_data(uint64_t s) const {
+        return ring.data() + s * slot_size;
+    }
 
     /// A slot for a new load (under mu): an empty one, else the policy's victim among the
     /// unpinned ready ones; none (NONE) while every other is pinned or loading.
