@@ -4,4 +4,11 @@ The bottom layer: it knows files and processes, nothing of the format. Everythin
 writes through :mod:`smoe.plumbing.atomic` and reads through :mod:`smoe.plumbing.fileio`.
 """
 
-__all__ = ["atomic", "cpus", "fileio", "lock", "text"]  # submodules, imported on use
+__all__ = [
+    "atomic",
+    "cpus",
+    "fileio",
+    "input_errors",
+    "lock",
+    "text",
+]  # submodules, imported on use

@@ -27,6 +27,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from smoe.errors import OutputExists, SmoeError, UnreadableInput, WriteFailed
+from smoe.plumbing.input_errors import (
+    CannotOpen,
+    InputDenied,
+    InputIsFolder,
+    InputMissing,
+    NotRegular,
+    kind_of,
+    not_regular,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Buffer  # bytes, bytearray, memoryview, numpy arrays, ...
@@ -68,80 +77,6 @@ __all__ = [
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-
-
-class NotRegular(UnreadableInput):
-    """An input is not a regular file, or cannot be opened at all (CLI exit status 2).
-
-    >>> try:
-    ...     open_input("fixtures")
-    ... except NotRegular as e:
-    ...     print(e)
-    fixtures: not a regular file (a folder)
-    """
-
-
-class CannotOpen(NotRegular, OSError):
-    """An input that cannot be opened (missing, unreadable) or is a folder: a
-    :class:`NotRegular` to the CLI (one ``error:`` line, exit status 2) and, to Python
-    callers, the ``OSError`` ``open()`` raises for it, with its ``errno`` and ``filename``:
-    :class:`FileNotFoundError` for a missing file, :class:`PermissionError`,
-    :class:`IsADirectoryError` (:meth:`of` picks the class).
-
-    >>> try:
-    ...     open_input("no/such.smoe")
-    ... except FileNotFoundError as e:
-    ...     print(e, "|", e.errno == errno.ENOENT, e.filename, isinstance(e, NotRegular))
-    no/such.smoe: cannot open: No such file or directory | True no/such.smoe True
-    """
-
-    def __str__(self) -> str:
-        return f"{self.filename}: cannot open: {self.strerror}"
-
-    @staticmethod
-    def of(path: str | os.PathLike, e: OSError) -> CannotOpen:
-        """The error for a failed open or stat of ``path``, of the class matching ``e``."""
-        for os_kind, kind in _OPEN_KINDS:
-            if isinstance(e, os_kind):
-                return kind(e.errno, _why(e), os.fspath(path))
-        return CannotOpen(e.errno, _why(e), os.fspath(path))
-
-
-class InputMissing(CannotOpen, FileNotFoundError):
-    """An input that is not there (``FileNotFoundError``)."""
-
-
-class InputDenied(CannotOpen, PermissionError):
-    """An input the process may not read (``PermissionError``)."""
-
-
-class InputIsFolder(CannotOpen, IsADirectoryError):
-    """A folder where a file is read (``IsADirectoryError``).
-
-    >>> str(InputIsFolder.at("fixtures"))
-    'fixtures: not a regular file (a folder)'
-    """
-
-    def __str__(self) -> str:
-        return f"{self.filename}: not a regular file (a folder)"
-
-    @classmethod
-    def at(cls, path: str | os.PathLike) -> InputIsFolder:
-        return cls(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
-
-
-_OPEN_KINDS: tuple[tuple[type[OSError], type[CannotOpen]], ...] = (
-    (FileNotFoundError, InputMissing),
-    (PermissionError, InputDenied),
-    (IsADirectoryError, InputIsFolder),
-)
-
-
-def _not_regular(path: str | os.PathLike, mode: int) -> NotRegular:
-    """The refusal of an input that is not a regular file (a folder's is an OSError too)."""
-    if stat.S_ISDIR(mode):
-        return InputIsFolder.at(path)
-    return NotRegular(f"{path}: not a regular file ({_kind(mode)})")
 
 
 def _why(e: OSError) -> str:
@@ -355,11 +290,11 @@ def existing_output(path: str | os.PathLike, folder: bool = False) -> os.stat_re
     if stat.S_ISLNK(st.st_mode):
         return None
     if folder and not stat.S_ISDIR(st.st_mode):
-        kind = "" if stat.S_ISREG(st.st_mode) else f" ({_kind(st.st_mode)})"
+        kind = "" if stat.S_ISREG(st.st_mode) else f" ({kind_of(st.st_mode)})"
         raise WriteFailed(f"{path}: exists and is not a folder{kind}")
     if not folder and not stat.S_ISREG(st.st_mode):
         raise WriteFailed(
-            f"{path}: exists and is not a regular file ({_kind(st.st_mode)}); "
+            f"{path}: exists and is not a regular file ({kind_of(st.st_mode)}); "
             "refusing to replace it"
         )
     return st
@@ -551,7 +486,7 @@ def open_input(path: str | os.PathLike) -> int:
     >>> os.close(fd)
     >>> open_input("/dev/null")
     Traceback (most recent call last):
-    smoe.plumbing.fileio.NotRegular: /dev/null: not a regular file (a character device)
+    smoe.plumbing.input_errors.NotRegular: /dev/null: not a regular file (a character device)
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
@@ -560,7 +495,7 @@ def open_input(path: str | os.PathLike) -> int:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _not_regular(path, st.st_mode)
+            raise not_regular(path, st.st_mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -575,14 +510,14 @@ def require_regular(path: str | os.PathLike) -> os.stat_result:
     147456
     >>> require_regular("fixtures")
     Traceback (most recent call last):
-    smoe.plumbing.fileio.InputIsFolder: fixtures: not a regular file (a folder)
+    smoe.plumbing.input_errors.InputIsFolder: fixtures: not a regular file (a folder)
     """
     try:
         st = os.stat(path)
     except OSError as e:
         raise CannotOpen.of(path, e) from None
     if not stat.S_ISREG(st.st_mode):
-        raise _not_regular(path, st.st_mode)
+        raise not_regular(path, st.st_mode)
     return st
 
 
@@ -623,19 +558,6 @@ def reading() -> Iterator[None]:
         if e.errno in READ_ERRNOS and e.filename is not None:
             raise UnreadableInput.from_os(e) from None
         raise
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 def pread_exact(fd: int, n: int, offset: int, path: str | os.PathLike) -> bytes:

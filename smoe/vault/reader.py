@@ -21,6 +21,7 @@ writes (as safetensors' ``safe_open`` does). A file that shrinks under the reade
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import operator
@@ -44,6 +45,7 @@ from smoe.interop.safetensors_io import read_header
 from smoe.vault import names
 from smoe.vault.companions import companions
 from smoe.vault.fields import Fields
+from smoe.vault.metadata import stored_metadata
 from smoe.vault.names import OutTensor
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES, Rule
@@ -338,6 +340,7 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
             "expert_id"
         ].astype(np.uint64)
         self._hf: dict[str, OutTensor] | None = None  # export's names, worked out on first use
+        self._sidecar: tuple[dict[str, Any] | None, Path] | None = None  # manifest, on first use
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Vault:
@@ -569,13 +572,52 @@ slices are not supported (vault.keys() lists the (layer, expert) pairs it holds)
             raise _bad_key(key)
         return self.expert(*key)
 
+    # ---- the manifest beside the vault: metadata and provenance ------------------------------
+    def _manifest(self) -> tuple[dict[str, Any] | None, Path]:
+        """The manifest beside the vault and its path, read (bounded by the table's size) and
+        checked to describe the vault, once; None when there is none (or the vault is an
+        array)."""
+        if self._sidecar is None:
+            beside = isinstance(self.data, FileView)
+            self._sidecar = names.load_manifest(self) if beside else (None, Path())
+        return self._sidecar
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The manifest's free-form ``metadata`` (``name``, ``description``, ``license``,
+        ``smoe meta``'s keys) as a new dict of text; ``{}`` when there is none or no
+        manifest. As safetensors' ``safe_open().metadata()``; a manifest of another vault is
+        refused, as ``export --hf`` refuses it.
+
+        >>> Vault.open("fixtures/q4_v2.smoe").metadata
+        {}
+        """
+        doc, where = self._manifest()
+        return {} if doc is None else stored_metadata(doc, where)
+
+    @property
+    def provenance(self) -> dict[str, Any] | None:
+        """Where the weights came from and what made the vault: the manifest's ``source``
+        (model type, shards and their hashes, the model id and revision, the card, the
+        importance matrix or calibration data) and ``tool`` (command, version, options), as
+        new dicts of JSON values; None when there is no manifest (docs/MANIFEST.md).
+
+        >>> p = Vault.open("fixtures/q4_v2.smoe").provenance
+        >>> p["source"]["model_type"], p["tool"]["options"]["bits"]
+        ('olmoe', 4)
+        """
+        doc = self._manifest()[0]
+        if doc is None:
+            return None
+        return copy.deepcopy({"source": doc.get("source"), "tool": doc.get("tool")})
+
     # ---- the names export --hf writes ------------------------------------------------------
     def _hf_layout(self) -> dict[str, OutTensor]:
         """Export's expert tensors by name, in natural order; worked out once,
         from the manifest and scout beside the vault (a vault over an array has neither)."""
         if self._hf is None:
             beside = isinstance(self.data, FileView)
-            doc, manifest_path = names.load_manifest(self) if beside else (None, Path())
+            doc, manifest_path = self._manifest()
             scout = companions(self.path)[0]
 
             def scout_names() -> set[str]:

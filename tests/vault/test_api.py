@@ -6,10 +6,13 @@ from __future__ import annotations
 import errno
 import importlib
 import importlib.util
+import json
 import os
 import pickle
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from numpy.typing import DTypeLike
 
 from smoe import quant
 from smoe.cli.failures import describe
-from smoe.errors import SmoeError
+from smoe.errors import RefusedInput, SmoeError
 from smoe.format import view
 from smoe.plumbing import fileio
 from smoe.vault import reader
@@ -312,3 +315,61 @@ def test_cli_error_for_a_missing_vault_stays_one_line(tmp_path: Path) -> None:
     r = run("verify", missing)
     assert r.returncode == 2 and r.stdout == ""
     assert one_line(r) == f"error: {missing}: cannot open: No such file or directory"
+
+
+# ---- metadata and provenance from the manifest (issue 33) ----------------------------------
+def _copy_with_manifest(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], None] | None = None
+) -> Path:
+    vault = tmp_path / "v.smoe"
+    vault.write_bytes(Q4.read_bytes())
+    doc = json.loads((FIXTURES / "q4_v2.smoe.manifest.json").read_text())
+    if edit is not None:
+        edit(doc)
+    (tmp_path / "v.smoe.manifest.json").write_text(json.dumps(doc))
+    return vault
+
+
+def test_metadata_and_provenance_come_from_the_manifest(tmp_path: Path) -> None:
+    vault = _copy_with_manifest(tmp_path)
+    r = run("meta", vault, "--set", "name=tiny OLMoE", "--set", "license=apache-2.0")
+    assert r.returncode == 0, r.stderr
+    with Vault.open(vault) as v:
+        assert v.metadata == {"license": "apache-2.0", "name": "tiny OLMoE"}
+        p = v.provenance
+    doc = json.loads((tmp_path / "v.smoe.manifest.json").read_text())
+    assert p == {"source": doc["source"], "tool": doc["tool"]}
+    assert json.loads(json.dumps(p)) == p
+    p["source"]["model_type"] = "changed"  # a copy: the vault's own answer is unchanged
+    with Vault.open(vault) as v:
+        assert v.provenance["source"]["model_type"] == "olmoe"  # type: ignore[index]
+
+
+def test_without_a_manifest_metadata_is_empty_and_provenance_none(tmp_path: Path) -> None:
+    vault = tmp_path / "bare.smoe"
+    vault.write_bytes(Q4.read_bytes())
+    with Vault.open(vault) as v:
+        assert v.metadata == {} and v.provenance is None
+    memory = Vault.from_array(np.fromfile(Q4, np.uint8))
+    assert memory.metadata == {} and memory.provenance is None
+
+
+def test_metadata_that_breaks_the_rules_is_refused(tmp_path: Path) -> None:
+    vault = _copy_with_manifest(tmp_path, lambda d: d.update(metadata={"Name": "x"}))
+    with Vault.open(vault) as v, pytest.raises(RefusedInput, match="manifest/metadata breaks"):
+        v.metadata  # noqa: B018 (the property is the read)
+
+
+def test_a_manifest_of_another_vault_is_refused(tmp_path: Path) -> None:
+    vault = _copy_with_manifest(tmp_path, lambda d: d["vault"].update(size=1))
+    with Vault.open(vault) as v, pytest.raises(RefusedInput, match="describes another vault"):
+        v.provenance  # noqa: B018
+
+
+def test_an_oversized_manifest_is_refused_unread(tmp_path: Path) -> None:
+    vault = _copy_with_manifest(tmp_path)
+    side = tmp_path / "v.smoe.manifest.json"
+    with open(side, "r+b") as f:  # a sparse file far above the bound for 8 experts
+        f.truncate(1 << 30)
+    with Vault.open(vault) as v, pytest.raises(SmoeError, match="more than the"):
+        v.metadata  # noqa: B018
