@@ -33,7 +33,7 @@ the page cache could hold it all), against the cache's bytes: goal <= cache + 64
 cache of all its blobs, one compute thread, a prompt of 8 bytes of the eval text and 128 new
 tokens: the routed experts' compute rate (weight bytes over the kernels' wall time, counted
 by generate) against the SIMD kernel's rate on the same vault by ``smoe-stream bench``
-(one thread). Goal >= 0.8.
+(one thread), the two taking turns over three rounds, each keeping its best run. Goal >= 0.8.
 
 (d) Prefill reads each layer's expert union once: generate over a 64-byte prompt (max-new 1,
 a cache of all the blobs) with ``--trace``: the bytes the prefill read against the union of
@@ -71,6 +71,7 @@ THROUGHPUT_GOAL = 0.8
 RSS_SLACK = 64 << 20
 SMOE = [sys.executable, "-m", "smoe"]
 BENCH = [str(BIN), "bench", "--threads", "auto"]
+BENCH_ONE = [str(BIN), "bench", "--threads", "1"]
 
 
 # ---- traces -------------------------------------------------------------------------------
@@ -377,15 +378,23 @@ def decoder_figures(workdir: Path, quick: bool) -> list[dict]:
         return []
     text = np.load(MODEL_HOME / "eval_ids.npy")[0]
     slots = ["--cache-slots", str(vault_blobs(vault))]  # every blob: nothing is evicted
-    kernel = json.loads(
-        subprocess.run(
-            [str(BIN), "bench", str(vault), "--threads", "1", "--pattern", "seq", "--seconds", "1"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )["compute"]
-    g = generate(vault, text[:8], "--max-new", 32 if quick else 128, "--threads", 1, *slots)
+    # both are CPU-bound on a shared machine: they take turns, and each keeps its best run
+    kernel: dict = {}
+    g: dict = {}
+    for _ in range(1 if quick else 3):
+        k = json.loads(
+            subprocess.run(
+                [*BENCH_ONE, str(vault), "--pattern", "seq", "--seconds", "1"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )["compute"]
+        if not kernel or k["gb_per_s"] > kernel["gb_per_s"]:
+            kernel = k
+        r = generate(vault, text[:8], "--max-new", 32 if quick else 128, "--threads", 1, *slots)
+        if not g or r["experts"]["weight_bytes_per_s"] > g["experts"]["weight_bytes_per_s"]:
+            g = r
     x = g["experts"]
     figs = [
         figure(
