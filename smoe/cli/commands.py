@@ -89,6 +89,10 @@ def verdict(report: Report) -> int:
 
 
 # ---- spec ----------------------------------------------------------------------------------
+SPEC_SCHEMA = "smoe-spec/1"  # the "schema" of `smoe spec --json` (docs/JSON.md, Spec document)
+FAMILIES_SCHEMA = "smoe-families/1"  # of `smoe families [TYPE] --json` (Families document)
+
+
 def cmd_spec(args: argparse.Namespace) -> int:
     """Print the format's constants and struct layouts (from the generated layout), or with
     ``--ksy`` the Kaitai Struct spec itself (shipped in the package).
@@ -128,6 +132,7 @@ def _spec_summary() -> dict:
             ],
         }
     return {
+        "schema": SPEC_SCHEMA,
         "magic": layout.MAGIC.hex(" "),
         "arch_magic": layout.ARCH_MAGIC.hex(" "),
         "versions": [layout.VERSION_MIN, layout.VERSION_MAX],
@@ -174,7 +179,7 @@ def cmd_families(args: argparse.Namespace) -> int:
     chosen = None if args.model_type is None else [fam.lookup(args.model_type)]
     listed = fam.families() if chosen is None else chosen
     if args.json:
-        print_json({"families": [fam.family_dict(f) for f in listed]})
+        print_json({"schema": FAMILIES_SCHEMA, "families": [fam.family_dict(f) for f in listed]})
     elif args.markdown:
         sys.stdout.write(fam.markdown_table(listed))
     elif chosen is not None:

@@ -79,7 +79,7 @@ def test_json_round_trips_every_field_of_every_family() -> None:
     proc = run("families", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = strict_json(proc.stdout)
-    assert list(doc) == ["families"]
+    assert list(doc) == ["schema", "families"] and doc["schema"] == "smoe-families/1"
     got = doc["families"]
     assert [d["model_type"] for d in got] == [f.model_type for f in UNIQUE]
     for d, f in zip(got, UNIQUE, strict=True):

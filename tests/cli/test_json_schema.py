@@ -192,3 +192,25 @@ def test_the_warmup_document_has_the_documented_keys(
     assert code == 0 and set(doc) == documented_keys("Warmup document") - {"note"}
     assert doc["schema"] == "smoe-warmup/1"
     assert isinstance(doc["damaged"], list) and isinstance(doc["not_kept"], list)
+
+
+# ---- families and spec (issue 33) ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "args", [["families"], ["families", "olmoe"], ["families", "dbrx"], ["families", "aria_text"]]
+)
+def test_the_families_document_has_the_documented_keys(
+    args: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    code, doc = python(capsys, *args, "--json")
+    assert code == 0 and set(doc) == documented_keys("Families document")
+    assert doc["schema"] == "smoe-families/1" and doc["families"]
+    for family in doc["families"]:
+        assert set(family) == documented_keys("Family"), family["model_type"]
+
+
+def test_the_spec_document_has_the_documented_keys(capsys: pytest.CaptureFixture) -> None:
+    code, doc = python(capsys, "spec", "--json")
+    assert code == 0 and set(doc) == documented_keys("Spec document")
+    assert doc["schema"] == "smoe-spec/1" and doc["magic"] == layout.MAGIC.hex(" ")
+    for struct in doc["structs"].values():
+        assert {k for f in struct["fields"] for k in f} == {"name", "offset", "size", "doc"}
