@@ -286,3 +286,28 @@ def test_mutated_traces_never_crash(make, vault: Path, steps, tmp_path) -> None:
             line = refused(proc, 1)
             assert line.startswith(f"smoe-stream: {trace}: line "), line
     assert seen <= {0, 1} and 1 in seen
+
+
+@pytest.mark.usefixtures("smoe_stream")
+@pytest.mark.parametrize("slots", [2, 3, 7, 16])
+def test_replay_of_generates_own_trace_counts_the_same(tmp_path: Path, slots: int) -> None:
+    """generate --trace writes what its cache was asked (prefill unions included), so
+    replaying that trace through the same cache gives generate's own counts and Belady."""
+    made = run("sculpt", ROOT / "fixtures" / "checkpoints" / "qwen3_moe", tmp_path, "--name", "d")
+    assert made.returncode == 0, made.stderr
+    vault, trace = tmp_path / "d.smoe", tmp_path / "t.jsonl"
+    prompt = ",".join(map(str, range(1, 11)))
+    gen = run(
+        *(vault, "--prompt", prompt, "--max-new", 24, "--cache-slots", slots),
+        *("--trace", trace, "--json"),
+        command=[SMOE_STREAM, "generate"],
+    )
+    assert gen.returncode == 0, gen.stderr
+    cache = strict_json(gen.stdout)["cache"]
+    doc = replay(vault, trace, "--cache-slots", slots)
+    assert (doc["hits"], doc["misses"], doc["bytes_read"]) == (
+        cache["hits"],
+        cache["misses"],
+        cache["bytes"],
+    )
+    assert doc["belady_hit_rate"] == cache["belady_hit_rate"]
