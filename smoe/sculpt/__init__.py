@@ -57,7 +57,8 @@ The modules, one role each: :mod:`~smoe.sculpt.options` (what is asked, what was
 :mod:`~smoe.sculpt.inputs` (experts chosen, worker count, importance matrix opened),
 :mod:`~smoe.sculpt.paths` (the files in OUT_DIR), :mod:`~smoe.sculpt.provenance` (the
 manifest's provenance), :mod:`~smoe.sculpt.workers` (quantising and writing the experts,
-in worker processes), :mod:`~smoe.sculpt.journal` (``--resume``),
+in worker processes), :mod:`~smoe.sculpt.journal` (``--resume``'s journal file),
+:mod:`~smoe.sculpt.resume` (what of it the partial file and the sources bear out),
 :mod:`~smoe.sculpt.driver` (the run, step by step); the readers of what a sculpt reads
 are :mod:`~smoe.sculpt.source`, :mod:`~smoe.sculpt.expert_reader` and
 :mod:`~smoe.sculpt.blob_writer`.

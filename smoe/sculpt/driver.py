@@ -31,10 +31,11 @@ from smoe.sculpt.inputs import (
     resolve_jobs,
     select,
 )
-from smoe.sculpt.journal import Entry, Journal, Resumed, fingerprint, keep_verified
+from smoe.sculpt.journal import Entry, Journal, fingerprint
 from smoe.sculpt.options import SculptOptions, SculptResult
 from smoe.sculpt.paths import Paths, checkpoint_inputs
 from smoe.sculpt.provenance import metadata_of, provenance, tensor_entries
+from smoe.sculpt.resume import Resumed, keep_verified
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.workers import Job, Target, run_jobs
 from smoe.vault.writer import State, VaultWriter

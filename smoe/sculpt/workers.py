@@ -194,7 +194,7 @@ def expert_importance(
     """Per matrix of expert ``ref`` (gate, up, down), its per-column importance from
     ``imatrix`` (None for a matrix it has no data for), or None without an importance
     matrix: what :func:`quantise_expert` encodes with, and what ``--resume`` weighs the
-    SNR it recomputes by (:func:`smoe.sculpt.journal.keep_verified`).
+    SNR it recomputes by (:func:`smoe.sculpt.resume.keep_verified`).
 
     >>> from smoe.sculpt.source.checkpoint import Checkpoint
     >>> from smoe.sculpt.source.imatrix import ImportanceMatrix

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from smoe.errors import SmoeError
-from smoe.export.hf import checkpoint as hf_export
+from smoe.export.hf import output as hf_output
 from smoe.export.hf.checkpoint import export_hf
 from smoe.families.registry import family_of
 from smoe.format import manifest
@@ -421,7 +421,7 @@ def test_a_failed_write_leaves_nothing(
 ) -> None:
     q4 = sculpted("deepseek_v2", 4)
     calls = []
-    real = hf_export.write_expert
+    real = hf_output.write_expert  # as the folder writer calls it
 
     def failing(fd, path, out, dtype, offset, decoder) -> None:  # type: ignore[no-untyped-def]
         calls.append(out.name)
@@ -429,7 +429,7 @@ def test_a_failed_write_leaves_nothing(
             raise SmoeError(f"{path}: cannot write: No space left on device")
         real(fd, path, out, dtype, offset, decoder)
 
-    monkeypatch.setattr(hf_export, "write_expert", failing)
+    monkeypatch.setattr(hf_output, "write_expert", failing)
     out = tmp_path / "hf"
     with pytest.raises(SmoeError, match="No space left on device"):
         export_hf(q4, out, config=CKPTS / "deepseek_v2" / "config.json")

@@ -27,7 +27,6 @@ LONG_MODULES = {
 
 # Over MAX_LINES and doing several jobs: each to be split (issue #34), then removed here.
 NOT_YET_SPLIT = {
-    "smoe/export/hf/checkpoint.py": "its banners, one module each (#34 point 2)",
     "smoe/cli/commands.py": "one module per command (#34 point 4)",
     "smoe/sculpt/source/checkpoint.py": "tensor discovery apart from the index (#34)",
     "smoe/sculpt/source/imatrix.py": "the GGUF and legacy forms apart (#34)",
