@@ -17,6 +17,7 @@
 
 #include <exit_codes.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -226,6 +227,22 @@ void check_outputs(const GenerateArgs& g, const Vault& v, const Scout& s) {
         throw UsageError("generate: --logits and --trace name the same file");
 }
 
+/// The KV cache is allocated whole for the run's positions: one larger than this machine's
+/// memory is refused before it is touched (the kernel would kill the process instead).
+void refuse_oversized_kv(const Model& m, uint64_t positions) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0)
+        return;
+    const ModelConfig& c = m.cfg;
+    const long double need = 2.0L * c.layers * positions * c.kv_heads * c.head_dim * sizeof(float);
+    const long double have = static_cast<long double>(pages) * static_cast<long double>(page);
+    if (need > have)
+        throw UsageError("--max-new: the KV cache of " + std::to_string(positions) +
+                         " positions needs " + std::to_string(static_cast<uint64_t>(need)) +
+                         " bytes, more than this machine's memory (" +
+                         std::to_string(static_cast<uint64_t>(have)) + ")");
+}
+
 int run_generate(const GenerateArgs& g) {
     Vault v;
     v.open(g.vault);
@@ -250,8 +267,10 @@ int run_generate(const GenerateArgs& g) {
     ExpertCache cache(v, co);
     if (!cache.direct_refused().empty() && !g.json)
         std::fprintf(stderr, "smoe-stream: warning: %s\n", shown(cache.direct_refused()).c_str());
+    const uint64_t positions = g.prompt.size() + std::max<uint64_t>(g.max_new, 1);
+    refuse_oversized_kv(model, positions);
     ThreadPool pool(g.threads);
-    Decoder dec(v, model, cache, pool, g.prompt.size() + std::max<uint64_t>(g.max_new, 1));
+    Decoder dec(v, model, cache, pool, positions);
     Sampler sampler(g.sampling);
     Run r;
     std::vector<float> all_logits;

@@ -99,11 +99,6 @@ Decoder::Decoder(const Vault& vault, const Model& model, ExpertCache& cache, Thr
       v_cache_(model.cfg.layers),
       kernels_(pool.size()) {
     const ModelConfig& c = m_.cfg;
-    const uint64_t kv_rows = uint64_t{c.kv_heads} * c.head_dim;
-    for (uint32_t L = 0; L < c.layers; ++L) {
-        k_cache_[L].resize(max_positions * kv_rows);
-        v_cache_[L].resize(max_positions * kv_rows);
-    }
     next_moe_.assign(c.layers, c.layers);
     for (uint32_t L = c.layers; L-- > 1;)
         next_moe_[L - 1] = m_.layers[L].moe ? L : next_moe_[L];
@@ -111,6 +106,18 @@ Decoder::Decoder(const Vault& vault, const Model& model, ExpertCache& cache, Thr
         inv_freq_.push_back(static_cast<float>(
             1.0 / std::pow(double(c.rope_theta),
                            double(static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim)))));
+}
+
+float* Decoder::kv_at(std::vector<std::vector<float>>& blocks, uint64_t pos) {
+    const uint64_t kv_rows = uint64_t{m_.cfg.kv_heads} * m_.cfg.head_dim;
+    while (blocks.size() <= pos / KV_BLOCK)
+        blocks.emplace_back(KV_BLOCK * kv_rows);
+    return blocks[pos / KV_BLOCK].data() + pos % KV_BLOCK * kv_rows;
+}
+
+const float* Decoder::kv_read(const std::vector<std::vector<float>>& blocks, uint64_t pos) const {
+    const uint64_t kv_rows = uint64_t{m_.cfg.kv_heads} * m_.cfg.head_dim;
+    return blocks[pos / KV_BLOCK].data() + pos % KV_BLOCK * kv_rows;
 }
 
 void Decoder::rope(float* x, uint32_t heads, uint64_t pos) const {
@@ -152,9 +159,9 @@ void Decoder::attention(uint32_t layer, const std::vector<float>& h, size_t T,
             rope(qt, c.heads, pos_ + t);
             rope(kt, c.kv_heads, pos_ + t);
         }
-        std::copy(kt, kt + kv_rows, k_cache_[layer].data() + (pos_ + t) * kv_rows);
+        std::copy(kt, kt + kv_rows, kv_at(k_cache_[layer], pos_ + t));
         std::copy(v.data() + t * kv_rows, v.data() + (t + 1) * kv_rows,
-                  v_cache_[layer].data() + (pos_ + t) * kv_rows);
+                  kv_at(v_cache_[layer], pos_ + t));
     }
     std::vector<float> ctx(T * q_rows);
     const uint32_t group = c.heads / c.kv_heads;
@@ -168,8 +175,7 @@ void Decoder::attention(uint32_t layer, const std::vector<float>& h, size_t T,
             w.assign(n, 0.0);
             double top = -std::numeric_limits<double>::infinity(), sum = 0;
             for (uint64_t j = 0; j < n; ++j) {
-                w[j] = double(dot(qh, k_cache_[layer].data() + j * kv_rows + g * D, D)) *
-                       c.attention_scale;
+                w[j] = double(dot(qh, kv_read(k_cache_[layer], j) + g * D, D)) * c.attention_scale;
                 top = std::max(top, w[j]);
             }
             for (uint64_t j = 0; j < n; ++j)
@@ -178,7 +184,7 @@ void Decoder::attention(uint32_t layer, const std::vector<float>& h, size_t T,
             std::fill(o, o + D, 0.0f);
             for (uint64_t j = 0; j < n; ++j) {
                 const float p = static_cast<float>(w[j] / sum);
-                const float* vj = v_cache_[layer].data() + j * kv_rows + g * D;
+                const float* vj = kv_read(v_cache_[layer], j) + g * D;
                 for (uint32_t d = 0; d < D; ++d)
                     o[d] += p * vj[d];
             }

@@ -61,8 +61,13 @@ private:
     std::vector<uint32_t> next_moe_;  // per layer: the next MoE layer (layers when none)
     TraceStep guess_;                 // the next MoE layer's likely experts, to prefetch
     uint64_t max_positions_, pos_ = 0;
-    std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_positions, kv_rows]
-    std::vector<ExpertKernel> kernels_;                  // one per worker
+    /// The KV cache: per layer, blocks of KV_BLOCK positions x kv_rows, added as positions
+    /// are filled (memory follows the tokens seen, not the most a run may see).
+    static constexpr uint64_t KV_BLOCK = 256;
+    std::vector<std::vector<std::vector<float>>> k_cache_, v_cache_;
+    float* kv_at(std::vector<std::vector<float>>& blocks, uint64_t pos);  // adds blocks
+    const float* kv_read(const std::vector<std::vector<float>>& blocks, uint64_t pos) const;
+    std::vector<ExpertKernel> kernels_;  // one per worker
     std::vector<float> inv_freq_;
 };
 
