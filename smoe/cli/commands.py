@@ -9,6 +9,7 @@ command, so that ``smoe --help`` stays quick.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -202,9 +203,12 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
     >>> code, json.loads(out.getvalue())["experts"]
     (0, 16)
     """
+    from smoe.cli.sculpt_output import finished, target
     from smoe.sculpt import SculptOptions
+    from smoe.sculpt.paths import Paths
     from smoe.sculpt.source.hub import resolve
 
+    where = target(args.out_dir, args.name)  # OUT/<stem>.smoe, or OUT itself if it ends .smoe
     # the local folder from here on (a model id resolved to its snapshot in the cache)
     args.model_dir, stem = resolve(args.model_dir, args.revision)
     opts = SculptOptions(
@@ -215,9 +219,9 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         resume=args.resume,
         dry_run=args.dry_run,
-        replace=args.force,
+        replace=args.force or args.dry_run,  # a dry run writes nothing: an output is no bar
         scale=args.scale,
-        name=args.name if args.name is not None else stem,
+        name=where.name if where.name is not None else stem,
         imatrix=args.imatrix,
         calibrate=args.calibrate,
         device=args.device,
@@ -227,8 +231,12 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
         description=args.description,
         license=args.license,
     )
+    args.out_dir = where.out_dir
+    vault = Paths.of(Path(args.model_dir), where.out_dir, opts.name)
     if args.dry_run:
-        return _sculpt_dry_run(args, opts)
+        return _sculpt_dry_run(args, opts, vault.vault)
+    if args.resume and not args.force and finished(vault):
+        return _sculpt_complete(args, vault.vault)
     summary = _sculpt_with_progress(args, opts, make_console(stderr=True))
     if args.json:
         print_json(summary)
@@ -237,17 +245,32 @@ def cmd_sculpt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sculpt_dry_run(args: argparse.Namespace, opts: SculptOptions) -> int:
+def _sculpt_dry_run(args: argparse.Namespace, opts: SculptOptions, vault: Path) -> int:
+    """The plan, and where the vault would go: an existing one is said, not refused."""
     from smoe.sculpt import sculpt
 
     plan = sculpt(args.model_dir, args.out_dir, opts)
     assert isinstance(plan, dict)  # with dry_run: the planned layout
+    exists = os.path.lexists(vault)
     if args.json:
         from smoe.sculpt.options import PLAN_SCHEMA
 
-        print_json({"schema": PLAN_SCHEMA, **plan})
+        print_json({"schema": PLAN_SCHEMA, **plan, "vault": str(vault), "vault_exists": exists})
     else:
         _show_dry_run(plan)
+        if exists:
+            print_notes([f"{vault}: exists; the run itself needs --force to replace it"])
+    return 0
+
+
+def _sculpt_complete(args: argparse.Namespace, vault: Path) -> int:
+    """``--resume`` of a run that finished: nothing to resume, nothing written."""
+    from smoe.cli.sculpt_output import RESUMED_SCHEMA
+
+    if args.json:
+        print_json({"schema": RESUMED_SCHEMA, "vault": str(vault), "complete": True})
+    else:
+        print_notes([f"{vault}: complete: the run finished, nothing to resume (--force redoes it)"])
     return 0
 
 
@@ -586,6 +609,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         "in-place": "upgraded in place to v2",
         "re-stamp": "re-stamped the arch block of",
         "rewrite": "wrote a v2 copy",
+        "current": "already version 2 with this arch block, nothing written",
     }[result.mode]
     make_console().print(
         f"{verb}: {escape(shown(result.path))} (arch block at {result.arch_offset}, "
@@ -669,6 +693,10 @@ def cmd_meta(args: argparse.Namespace) -> int:
         done += [f"unset {', '.join(result.unset)}"] if result.unset else []
         what = f"updated: {'; '.join(done)}" if result.changed else "unchanged"
         c.print(f"{escape(shown(result.manifest))}: {what}", soft_wrap=True)
+        if result.absent:
+            has = ", ".join(result.metadata) or "none"
+            keys = ", ".join(repr(k) for k in result.absent)
+            print_notes([f"{result.manifest}: no key {keys} to unset (it has: {has})"])
         return 0
     if not result.metadata:
         print_notes([f"{result.vault}: no metadata (smoe meta VAULT --set KEY=VALUE adds some)"])

@@ -213,8 +213,10 @@ def _add_sculpt(sub: _Subparsers) -> None:
     )
     p.add_argument(
         "out_dir",
-        type=Path,
-        help="where <stem>.smoe, .scout.safetensors, .smoe.manifest.json and .config.json go",
+        metavar="OUT",
+        help="the folder where <stem>.smoe, .scout.safetensors, .smoe.manifest.json and "
+        ".config.json go; or, ending in .smoe, the vault itself (its companions beside it, "
+        "the stem its name)",
     )
     p.add_argument(
         "--name",

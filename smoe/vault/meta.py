@@ -89,6 +89,8 @@ class MetaResult:
     changed: bool = False
     set: list[str] = field(default_factory=list)
     unset: list[str] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
+    """Keys ``unset`` asked to remove that the metadata did not hold (nothing to do)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document of ``smoe meta`` (docs/JSON.md, "Meta document").
@@ -105,6 +107,7 @@ class MetaResult:
             "changed": self.changed,
             "set": self.set,
             "unset": self.unset,
+            "absent": self.absent,
         }
 
 
@@ -136,8 +139,8 @@ def edit_meta(
     (:func:`check_key`, :func:`check_value`) or a key both set and unset (UsageError); a vault
     that cannot be opened or is no vault; a vault without a manifest, a manifest that cannot
     be read, or one that does not match the vault; metadata in the manifest that breaks the
-    rules, a key to remove that it does not hold (RefusedInput); another smoe process writing
-    the vault (WriteFailed).
+    rules (RefusedInput); another smoe process writing the vault (WriteFailed). A key to
+    remove that the metadata does not hold is already as asked: listed in ``absent``.
 
     >>> import shutil, tempfile
     >>> d = tempfile.mkdtemp()
@@ -148,6 +151,9 @@ def edit_meta(
     ({'license': 'apache-2.0', 'name': 'OLMoE tiny'}, True, ['license', 'name'])
     >>> edit_meta(v, unset=["license"]).metadata
     {'name': 'OLMoE tiny'}
+    >>> r = edit_meta(v, unset=["license"])
+    >>> r.changed, r.unset, r.absent
+    (False, [], ['license'])
     >>> from smoe.format.verify import verify_path
     >>> verify_path(v, deep=True).ok
     True
@@ -162,12 +168,8 @@ def edit_meta(
     with Lock(lock_path(path), path):
         where, doc = _checked(path)
         old = stored_metadata(doc, where)
-        missing = [k for k in dropped if k not in old]
-        if missing:
-            has = ", ".join(old) or "none"
-            raise RefusedInput(
-                f"{where}: the metadata has no key {missing[0]!r} to unset (it has: {has})"
-            )
+        absent = [k for k in dropped if k not in old]  # already as asked: a note, not an error
+        dropped = [k for k in dropped if k in old]
         new = {k: v for k, v in old.items() if k not in dropped} | wanted
         new = dict(sorted(new.items()))
         if len(new) > MAX_KEYS:
@@ -176,7 +178,7 @@ def edit_meta(
                 f"{MAX_KEYS} allowed"
             )
         set_keys = [k for k in wanted if old.get(k) != wanted[k]]
-        result = MetaResult(path, where, new, bool(set_keys or dropped), set_keys, dropped)
+        result = MetaResult(path, where, new, bool(set_keys or dropped), set_keys, dropped, absent)
         if not result.changed:
             return result
         if new:

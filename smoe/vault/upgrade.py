@@ -142,8 +142,9 @@ class OsOps:
 
 @dataclass(frozen=True)
 class UpgradeResult:
-    """What :func:`upgrade` did: the v2 vault's path, how (``"in-place"``, ``"re-stamp"`` or
-    ``"rewrite"``), where its arch block lies and its ``data_offset``.
+    """What :func:`upgrade` did: the v2 vault's path, how (``"in-place"``, ``"re-stamp"``,
+    ``"rewrite"``, or ``"current"``: a v2 vault that holds this very arch block already,
+    nothing written), where its arch block lies and its ``data_offset``.
 
     >>> import shutil, tempfile
     >>> from smoe.format.records import ArchInfo
@@ -156,7 +157,7 @@ class UpgradeResult:
     """
 
     path: Path
-    mode: str  # "in-place", "re-stamp" or "rewrite"
+    mode: str  # "in-place", "re-stamp", "rewrite" or "current" (nothing to do)
     arch_offset: int
     data_offset: int
 
@@ -357,7 +358,13 @@ def _in_place(
     _check_against(vault, arch, configs)
     g = vault.geometry
     if g.version >= layout.VERSION_WITH_ARCH and not force:
-        raise RefusedInput(f"{path}: already version {g.version}; --force re-stamps its arch block")
+        assert vault.arch_record is not None  # a v2 vault has its block
+        if vault.arch_record.tobytes() == arch_record(arch).tobytes():
+            return UpgradeResult(path, "current", g.reserved_ext, g.data_offset)
+        raise RefusedInput(
+            f"{path}: already version {g.version}, with another arch block; --force "
+            "re-stamps its arch block"
+        )
     if g.version >= layout.VERSION_WITH_ARCH:
         slot, mode = g.reserved_ext, "re-stamp"
     else:

@@ -24,6 +24,7 @@ from smoe.vault.upgrade import lock_path, upgrade
 
 from fixtures_data import FIXTURES
 from fixtures_data import OLMOE_ARCH as ARCH
+from helpers import one_line, run
 
 KEY_RULE = (
     "expected lower-case letters, digits and '_', in parts joined by '.' or '-', starting "
@@ -89,6 +90,7 @@ def test_show_set_unset_and_json(vault: Path, capsys: pytest.CaptureFixture) -> 
         "changed": False,
         "set": [],
         "unset": [],
+        "absent": [],
     }
     code, out, _ = smoe(capsys, "meta", vault, "--set", "name=x", "--json")
     doc = json.loads(out)
@@ -311,13 +313,19 @@ def test_stored_metadata_that_breaks_the_rules(vault: Path) -> None:
         assert refusal(lambda: edit_meta(vault, {"name": "x"})) == f"{meta_of(vault)}: {why}"
 
 
-def test_unsetting_a_key_it_does_not_hold(vault: Path) -> None:
+def test_unsetting_a_key_it_does_not_hold_is_idempotent(vault: Path) -> None:
+    """Issue 33: the key is already absent, as asked: exit 0 with a note, nothing written."""
     edit_meta(vault, {"name": "x"})
     before = meta_of(vault).read_bytes()
-    assert refusal(lambda: edit_meta(vault, unset=["licence"])) == (
-        f"{meta_of(vault)}: the metadata has no key 'licence' to unset (it has: name)"
-    )
+    r = edit_meta(vault, unset=["licence"])
+    assert (r.changed, r.unset, r.absent, r.metadata) == (False, [], ["licence"], {"name": "x"})
     assert meta_of(vault).read_bytes() == before
+    proc = run("meta", vault, "--unset", "licence")
+    assert proc.returncode == 0 and meta_of(vault).read_bytes() == before
+    assert proc.stdout == f"{meta_of(vault)}: unchanged\n"
+    assert one_line(proc) == (f"note: {meta_of(vault)}: no key 'licence' to unset (it has: name)")
+    doc = json.loads(run("meta", vault, "--unset", "licence", "--json").stdout)
+    assert (doc["changed"], doc["unset"], doc["absent"]) == (False, [], ["licence"])
 
 
 def test_too_many_keys(vault: Path) -> None:

@@ -65,8 +65,10 @@ def test_v2_refused_without_force_and_restamped_with_it(tmp_path: Path) -> None:
     p = copy_of("q4_v2.smoe", tmp_path)
     before = p.read_bytes()
     with pytest.raises(SmoeError) as info:
-        upgrade(p, ARCH)
-    assert str(info.value) == f"{p}: already version 2; --force re-stamps its arch block"
+        upgrade(p, replace(ARCH, moe_top_k=4))
+    assert str(info.value) == (
+        f"{p}: already version 2, with another arch block; --force re-stamps its arch block"
+    )
     assert p.read_bytes() == before
     res = upgrade(p, replace(ARCH, moe_top_k=4), force=True)
     assert res.mode == "re-stamp" and state(p) == 2
@@ -225,9 +227,20 @@ def test_cli_upgrade_with_config_and_model(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mode"] == "in-place"
     assert state(p) == 2
-    again = run("upgrade", p, "--config", cfg)
-    assert again.returncode == 1
-    assert "already version 2; --force re-stamps its arch block" in again.stderr
+    before = p.read_bytes()
+    again = run("upgrade", p, "--config", cfg)  # idempotent: the same block is there already
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == f"already version 2 with this arch block, nothing written: {p} " + (
+        "(arch block at 1536, data_offset 16384)\n"
+    )
+    assert p.read_bytes() == before
+    doc = json.loads(run("upgrade", p, "--config", cfg, "--json").stdout)
+    assert (doc["mode"], doc["path"]) == ("current", str(p))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**CONFIG, "rope_theta": 5.0}))
+    refused = run("upgrade", p, "--config", other)
+    assert refused.returncode == 1 and p.read_bytes() == before
+    assert "already version 2, with another arch block; --force" in refused.stderr
     noroom = copy_of("noroom_v1.smoe", tmp_path)
     cfg2 = tmp_path / "c2.json"
     cfg2.write_text(  # noroom_v1's shapes: 30 experts per layer in MoE layers 0..2
