@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -273,7 +274,10 @@ int run_generate(const GenerateArgs& g) {
     Decoder dec(v, model, cache, pool, positions);
     Sampler sampler(g.sampling);
     Run r;
-    std::vector<float> all_logits;
+    // every step's logits go straight to the temporary file (renamed into place at the end)
+    std::unique_ptr<AtomicFile> logits_out;
+    if (!g.logits.empty())
+        logits_out = std::make_unique<AtomicFile>(g.logits);
     double t0 = now_seconds();
     CacheCounters before = cache.counters();
     std::vector<float> logits;
@@ -289,7 +293,7 @@ int run_generate(const GenerateArgs& g) {
         r.tokens.push_back(cost.token);
         r.steps.push_back(cost);
         if (!g.logits.empty())
-            all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+            logits_out->write(logits.data(), logits.size() * sizeof(float));
         if (i + 1 == g.max_new)
             break;
         t0 = now_seconds();
@@ -315,8 +319,8 @@ int run_generate(const GenerateArgs& g) {
         }
         tw.commit();
     }
-    if (!g.logits.empty())
-        write_whole_file(g.logits, all_logits.data(), all_logits.size() * sizeof(float));
+    if (logits_out)
+        logits_out->commit();
     if (g.json) {
         std::fputs(generate_json(g, model, r).c_str(), stdout);
     } else {
