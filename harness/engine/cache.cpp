@@ -86,6 +86,19 @@ Fd open_reads(const Vault& v, bool want_direct, bool& direct, std::string& refus
 
 constexpr int64_t NONE = -1;
 
+/// Refuses a ring larger than this machine's memory, before it is allocated (a cache is
+/// touched whole at once: it would not fit).
+void refuse_beyond_memory(const Vault& v, uint64_t slots, uint64_t slot_size) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return;  // unknown: nothing to hold it against
+    const uint64_t memory = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    if (slot_size > 0 && slots > memory / slot_size)
+        throw RefusedInput(v.name + ": a cache of " + std::to_string(slots) + " slots of " +
+                           std::to_string(slot_size) + " bytes is more than this machine's " +
+                           std::to_string(memory) + " bytes of memory");
+}
+
 /// A slot's state: EMPTY (nothing), LOADING (a read in flight), READY (the blob's bytes).
 enum class State : uint8_t { empty, loading, ready };
 
@@ -121,6 +134,7 @@ struct ExpertCache::Impl {
                                " slots is below one layer's top-k (" + std::to_string(least) +
                                " blobs of " + std::to_string(slot_size) + " bytes)");
         capacity = std::max(least, std::min<uint64_t>(opt.slots, vault.experts.size()));
+        refuse_beyond_memory(vault, capacity, slot_size);
         fd = open_reads(vault, opt.direct, direct, refused);
         ring = AlignedBuffer(static_cast<size_t>(capacity * slot_size));
 #ifdef MADV_HUGEPAGE

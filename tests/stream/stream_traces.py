@@ -48,19 +48,22 @@ def make_vault(
 
 def vault_id(path: Path) -> str:
     """The trace's vault id: the CRC-32C of the header and the expert table, 8 hex digits."""
-    data = path.read_bytes()
-    total, table = struct.unpack_from("<I", data, 20)[0], struct.unpack_from("<Q", data, 24)[0]
-    return f"{crc32c.crc32c(data[:64] + data[table : table + 48 * total]):08x}"
+    with path.open("rb") as f:
+        head = f.read(64)
+        total, table = struct.unpack_from("<IQ", head, 20)
+        f.seek(table)
+        return f"{crc32c.crc32c(head + f.read(48 * total)):08x}"
 
 
 def header(path: Path) -> dict:
     """The first line of a trace of the vault at ``path``."""
-    data = path.read_bytes()
-    layers, width = struct.unpack_from("<II", data, 12)
-    arch_at = struct.unpack_from("<I", data, 60)[0]
-    top_k = struct.unpack_from("<I", data, arch_at + 32)[0]
+    with path.open("rb") as f:
+        head = f.read(64)
+        layers, width = struct.unpack_from("<II", head, 12)
+        f.seek(struct.unpack_from("<I", head, 60)[0] + 32)
+        top_k = struct.unpack("<I", f.read(4))[0]
     vault = {
-        "size": len(data),
+        "size": path.stat().st_size,
         "num_moe_layers": layers,
         "num_experts": width,
         "top_k": top_k,

@@ -7,6 +7,7 @@ refused in one line, with a valid JSON error document under --json."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from stream_traces import belady, header, lru, make_vault, random_steps, write_trace
+
+from smoe.format.plan import make_plan
+from smoe.format.records import ArchInfo, ModelInfo, metadata_bytes
 
 from fixtures_data import ROOT
 from helpers import SMOE_STREAM, refused, run, strict_json
@@ -153,6 +157,32 @@ def test_a_cache_below_one_layers_top_k_is_refused(vault: Path, steps, tmp_path)
     )
     line = replay_refused(vault, trace, "--cache-mb", 0)
     assert "a cache of 0 slots is below one layer's top-k" in line
+
+
+@pytest.mark.usefixtures("smoe_stream")
+def test_a_cache_beyond_the_machines_memory_is_refused(tmp_path: Path) -> None:
+    """A 113 GB vault (sparse: only its metadata is written), every blob asked to be cached:
+    refused before the ring is allocated."""
+    d_model, ffn, layers, experts = 4096, 1536, 48, 240
+    shapes = ((ffn, d_model), (ffn, d_model), (d_model, ffn))
+    plan = make_plan(
+        {(lay, e): shapes for lay in range(layers) for e in range(experts)}, bits=4, version=2
+    )
+    model = ModelInfo(layers, experts, d_model, 151936, ffn)
+    arch = ArchInfo(1e6, 32, 4, 128, 8, ffn, layers, 1e-6, "qwen3_moe")
+    huge = tmp_path / "huge.smoe"
+    with open(huge, "wb") as f:
+        f.write(metadata_bytes(plan, model, arch))
+        f.truncate(plan.file_size)
+    trace = write_trace(tmp_path / "t.jsonl", huge, [(0, list(range(8)))])
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    slot = max(e.padded_size for e in plan.experts)
+    assert layers * experts * slot > memory, "a machine with more memory than this test assumes"
+    line = replay_refused(huge, trace, "--cache-slots", layers * experts)
+    assert line == (
+        f"smoe-stream: {huge}: a cache of {layers * experts} slots of {slot} bytes is more "
+        f"than this machine's {memory} bytes of memory"
+    )
 
 
 GOOD = '{"token": 0, "layer": 0, "experts": [0, 1]}'
