@@ -62,6 +62,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
         _add_warmup,
     ):
         add(sub)
+    _add_completion(sub, ap)
     for name, p in sub.choices.items():
         _debug_flag(p)
         _describe(p, name)
@@ -127,6 +128,15 @@ ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
             "smoe meta out/model.smoe --set license=Apache-2.0 --unset description",
         ),
     ),
+    "completion": (
+        "Print a completion script for bash, zsh or fish, generated from this command "
+        "line's own parser (its commands, options and choices); nothing is written.",
+        (
+            "source <(smoe completion bash)    # in ~/.bashrc",
+            "source <(smoe completion zsh)     # in ~/.zshrc, after compinit",
+            "smoe completion fish > ~/.config/fish/completions/smoe.fish",
+        ),
+    ),
     "warmup": (
         "Compile the compiled kernels (smoe[fast], numba) now, once per machine, so that no "
         "later command pays the compile; say how long it took.",
@@ -171,6 +181,14 @@ def build_dump_parser() -> argparse.ArgumentParser:
 
 
 # ---- one per command -----------------------------------------------------------------------
+def _add_completion(sub: _Subparsers, top: argparse.ArgumentParser) -> None:
+    from smoe.cli.completion import SHELLS, cmd_completion
+
+    p = sub.add_parser("completion", help="print a shell completion script (bash, zsh, fish)")
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete smoe in")
+    p.set_defaults(func=lambda args: cmd_completion(args, top))
+
+
 def _add_spec(sub: _Subparsers) -> None:
     p = sub.add_parser("spec", help="show the format's constants and struct layouts")
     form = p.add_mutually_exclusive_group()
