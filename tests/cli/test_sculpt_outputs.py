@@ -107,3 +107,21 @@ def test_resume_with_a_partial_or_a_foreign_file_is_no_finished_run(tmp_path: Pa
     paths.vault.write_bytes(b"not a vault")
     with pytest.raises(WriteFailed, match="smoe did not write it"):
         finished(paths)
+
+
+def test_a_sculpt_into_a_smoe_path_writes_the_vault_there_and_resumes_complete(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "q" / "model-q4.smoe"
+    proc = run("sculpt", MODEL, out, "--jobs", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert strict_json(proc.stdout)["vault"] == str(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "model-q4.config.json",
+        "model-q4.scout.safetensors",
+        "model-q4.smoe",
+        "model-q4.smoe.manifest.json",
+    ]
+    assert out.is_file() and run("verify", "--deep", out).returncode == 0
+    again = run("sculpt", MODEL, out, "--resume", "--jobs", "1")
+    assert again.returncode == 0 and "complete" in one_line(again)
