@@ -305,7 +305,7 @@ def test_open_errors_survive_pickling(tmp_path: Path) -> None:
 
 def test_vault_of_a_path_says_to_use_open() -> None:
     with pytest.raises(TypeError, match=r"Vault\.open\('x\.smoe'\)"):
-        Vault("x.smoe")  # type: ignore[call-arg]
+        Vault("x.smoe")  # type: ignore[call-arg, arg-type]
     with pytest.raises(TypeError, match=r"Vault\.open"):
         Vault(path=Q4)  # type: ignore[call-arg]
 
