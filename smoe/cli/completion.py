@@ -79,7 +79,7 @@ def _command(name: str, help: str, parser: argparse.ArgumentParser) -> Command:
         if isinstance(action, argparse._SubParsersAction):
             continue
         allowed = tuple(str(c) for c in action.choices) if action.choices is not None else ()
-        if action.option_strings:
+        if action.option_strings and action.help != argparse.SUPPRESS:
             takes = action.nargs != 0
             options.append(Option(tuple(action.option_strings), takes, allowed, _text(action.help)))
         elif not choices and allowed:
@@ -95,13 +95,19 @@ def commands_of(parser: argparse.ArgumentParser) -> list[Command]:
     >>> sub = ap.add_subparsers(dest="command")
     >>> run = sub.add_parser("run", help="run it")
     >>> _ = run.add_argument("--mode", choices=["a", "b"], help="how")
+    >>> _ = sub.add_parser("secret", help=argparse.SUPPRESS)
     >>> [(c.name, c.choices) for c in commands_of(ap)]
     [('', ('run',)), ('run', ())]
     >>> commands_of(ap)[1].options[-1]
     Option(flags=('--mode',), takes_value=True, choices=('a', 'b'), help='how')
     """
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    listed = [(c.dest, _text(c.help)) for s in subs for c in s._choices_actions]
+    listed = [
+        (c.dest, _text(c.help))
+        for s in subs
+        for c in s._choices_actions
+        if c.help != argparse.SUPPRESS
+    ]
     top = _command("", "", parser)
     found = [Command("", "", top.options, tuple(name for name, _ in listed))]
     for name, help in listed:
