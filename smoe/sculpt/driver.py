@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -33,6 +33,7 @@ from smoe.sculpt.inputs import (
 )
 from smoe.sculpt.journal import Entry, Journal, fingerprint
 from smoe.sculpt.options import SculptOptions, SculptResult
+from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.sculpt.paths import Paths, checkpoint_inputs
 from smoe.sculpt.provenance import metadata_of, provenance, tensor_entries
 from smoe.sculpt.resume import Resumed, keep_verified
@@ -324,18 +325,12 @@ class _Tally:
     keys: list[tuple[int, int]] = field(default_factory=list)
     bytes_in: int = 0
 
-    def add(
-        self,
-        key: tuple[int, int],
-        snrs: list[float | None],
-        wsnrs: list[float | None],
-        nbytes: int,
-    ) -> None:
-        for name, value, wvalue in zip(TENSOR_NAMES, snrs, wsnrs):
-            self.snr[name].append(value)
-            self.wsnr[name].append(wvalue)
-        self.keys.append(key)
-        self.bytes_in += nbytes
+    def add(self, outcome: ExpertOutcome) -> None:
+        for name, t in zip(TENSOR_NAMES, outcome.tensors):
+            self.snr[name].append(t.snr)
+            self.wsnr[name].append(t.weighted_snr)
+        self.keys.append(outcome.key)
+        self.bytes_in += outcome.source_bytes
         self.done += 1
 
     @classmethod
@@ -343,8 +338,7 @@ class _Tally:
         """The tally of the experts a resume kept, in (layer, expert) order."""
         tally = cls()
         for key, entry in sorted(resumed.kept.items()):
-            weighted: list[float | None] = list(entry.weighted or (None, None, None))
-            tally.add(key, list(entry.snrs), weighted, resumed.source_bytes[key])
+            tally.add(entry.outcome(key, resumed.source_bytes[key]))
         return tally
 
 
@@ -391,11 +385,11 @@ class _Locked:
         tally = _Tally.of(resumed)
         results = run_jobs(todo, run.jobs, target, marks)
         try:
-            for key, crc, srcs, snrs, wsnrs, nbytes, _ in results:
-                w = tuple(wsnrs) if run.weighted else None
-                writer.adopt(*key, crc, tensor_entries(by_key[key], srcs, snrs, w))
-                journal.append(Entry(crc, srcs, tuple(snrs), w).line(key))
-                tally.add(key, snrs, wsnrs, nbytes)
+            for outcome in results:
+                entries = tensor_entries(by_key[outcome.key], outcome.tensors, run.weighted)
+                writer.adopt(*outcome.key, outcome.blob_crc, entries)
+                journal.append(Entry.of(outcome, run.weighted).line(outcome.key))
+                tally.add(outcome)
                 if run.progress:
                     run.progress(tally.done, len(run.refs), tally.bytes_in)
         finally:
@@ -484,25 +478,23 @@ class _CalibratedSink:
     target: Target
     resumed: Resumed
     by_key: dict[tuple[int, int], ExpertRef]
-    pending: dict[tuple[int, int], tuple[int, tuple[int, ...], list[float | None], int]] = field(
-        default_factory=dict
-    )
+    pending: dict[tuple[int, int], ExpertOutcome] = field(default_factory=dict)
 
     def write(self, jobs: list[Job]) -> dict[tuple[int, int], list[Any]]:
         reports: dict[tuple[int, int], list[Any]] = {}
         results = run_jobs(jobs, self.locked.run.jobs, self.target)
         try:
-            for key, crc, srcs, snrs, _, nbytes, calib in results:
-                reports[key] = calib or [None, None, None]
-                self.pending[key] = (crc, srcs, snrs, nbytes)
+            for outcome in results:
+                reports[outcome.key] = outcome.reports or [None, None, None]
+                self.pending[outcome.key] = outcome
         finally:
             results.close()
         return reports
 
     def _entries(
-        self, key: tuple[int, int], srcs: Any, snrs: Any, estimates: list[Any]
+        self, key: tuple[int, int], tensors: Sequence[TensorOutcome], estimates: list[Any]
     ) -> list[dict[str, Any]]:
-        out = tensor_entries(self.by_key[key], srcs, snrs)
+        out = tensor_entries(self.by_key[key], tensors)
         for entry, est in zip(out, estimates):
             if est is not None:
                 entry.update(est.entry())
@@ -511,16 +503,16 @@ class _CalibratedSink:
     def adopt(self, key: tuple[int, int], estimates: list[Any]) -> None:
         run, writer, journal = self.locked.run, self.locked.writer, self.locked.journal
         assert journal is not None
-        crc, srcs, snrs, nbytes = self.pending.pop(key)
-        writer.adopt(*key, crc, self._entries(key, srcs, snrs, estimates))
-        journal.append(Entry(crc, srcs, tuple(snrs), None).line(key))
-        self.tally.add(key, snrs, [None, None, None], nbytes)
+        outcome = self.pending.pop(key).unweighted()  # a calibrated run weighs by no imatrix
+        writer.adopt(*key, outcome.blob_crc, self._entries(key, outcome.tensors, estimates))
+        journal.append(Entry.of(outcome, weighted=False).line(key))
+        self.tally.add(outcome)
         if run.progress:
             run.progress(self.tally.done, len(run.refs), self.tally.bytes_in)
 
     def annotate(self, key: tuple[int, int], estimates: list[Any]) -> None:
         kept = self.resumed.kept[key]  # adopted by the resume: its entries gain the estimates
-        self.locked.writer.annotate(*key, self._entries(key, kept.sources, kept.snrs, estimates))
+        self.locked.writer.annotate(*key, self._entries(key, kept.tensors, estimates))
 
 
 def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> SculptResult:

@@ -18,6 +18,7 @@ from smoe import __version__
 from smoe.errors import SmoeError
 from smoe.plumbing import fileio
 from smoe.sculpt.options import SculptOptions
+from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 
 if TYPE_CHECKING:
@@ -63,6 +64,45 @@ class Entry:
         snrs = " ".join("-" if v is None else repr(float(v)) for v in values)
         crcs = " ".join(str(c) for c in self.sources)
         return f"{key[0]} {key[1]} {self.blob} {crcs} {snrs}\n".encode("ascii")
+
+    @classmethod
+    def of(cls, outcome: ExpertOutcome, weighted: bool) -> Entry:
+        """The entry of an expert as written (``weighted``: the run has an importance
+        matrix, so its line carries the weighted SNRs).
+
+        >>> t = TensorOutcome(source_crc=1, snr=12.5, weighted_snr=13.0)
+        >>> Entry.of(ExpertOutcome((0, 1), 7, (t, t, t), 64), weighted=False).line((0, 1))
+        b'0 1 7 1 1 1 12.5 12.5 12.5\\n'
+        """
+        return cls(
+            blob=outcome.blob_crc,
+            sources=outcome.sources,
+            snrs=outcome.snrs,
+            weighted=outcome.weighted if weighted else None,
+        )
+
+    @property
+    def tensors(self) -> tuple[TensorOutcome, ...]:
+        """Per tensor, what the line says of it.
+
+        >>> Entry(7, (1, 2), (12.5, None), (13.0, None)).tensors[0]
+        TensorOutcome(source_crc=1, snr=12.5, weighted_snr=13.0, report=None)
+        """
+        weighted = self.weighted or (None,) * len(self.snrs)
+        return tuple(
+            TensorOutcome(source_crc=crc, snr=snr, weighted_snr=w)
+            for crc, snr, w in zip(self.sources, self.snrs, weighted)
+        )
+
+    def outcome(self, key: tuple[int, int], source_bytes: int) -> ExpertOutcome:
+        """The expert ``key`` as this entry (recomputed by a resume) has it written.
+
+        >>> Entry(7, (1, 2, 3), (12.5, None, 9.0)).outcome((0, 1), 64).snrs
+        (12.5, None, 9.0)
+        """
+        return ExpertOutcome(
+            key=key, blob_crc=self.blob, tensors=self.tensors, source_bytes=source_bytes
+        )
 
 
 def fingerprint(

@@ -26,6 +26,7 @@ from smoe.format.manifest import tool_info
 from smoe.plumbing import fileio
 from smoe.plumbing.text import utf8_text
 from smoe.sculpt.options import SculptOptions, finite
+from smoe.sculpt.outcome import TensorOutcome
 from smoe.sculpt.source.card import CARD, read_card
 from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.source.hub import cache_origin, lfs_sha256
@@ -189,16 +190,15 @@ def text_of(name: str) -> str:
 
 
 def tensor_entries(
-    ref: ExpertRef,
-    src_crcs: Sequence[int],
-    snrs: Sequence[float | None],
-    weighted: Sequence[float | None] | None = None,
+    ref: ExpertRef, tensors: Sequence[TensorOutcome], weighted: bool = False
 ) -> list[dict[str, Any]]:
     """Per tensor provenance of one expert for the manifest (docs/MANIFEST.md); with
     ``weighted`` (a run with an importance matrix) also ``weighted_snr_db``.
 
+    >>> from smoe.sculpt.outcome import TensorOutcome
     >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe_fused").experts[(0, 1)]
-    >>> gate = tensor_entries(ref, [7, 8, 9], [12.5, 12.0, None], [13.123456, None, None])[0]
+    >>> tensors = [TensorOutcome(source_crc=7, snr=12.5, weighted_snr=13.123456)] * 3
+    >>> gate = tensor_entries(ref, tensors, weighted=True)[0]
     >>> gate["source"], gate["index"], gate["rows"], gate["weighted_snr_db"]
     ('model.layers.0.mlp.experts.gate_up_proj', 1, [0, 48], 13.1235)
     """
@@ -208,10 +208,10 @@ def tensor_entries(
             "source": info.name,
             "index": idx,
             "rows": None if rows is None else [rows.start, rows.stop],
-            "source_crc32c": crc,
-            "snr_db": snr,
+            "source_crc32c": t.source_crc,
+            "snr_db": t.snr,
         }
-        for name, (info, idx, rows), crc, snr in zip(TENSOR_NAMES, ref.sources, src_crcs, snrs)
+        for name, (info, idx, rows), t in zip(TENSOR_NAMES, ref.sources, tensors)
     ]
     for entry, scale in zip(out, ref.scales):  # FP8: read with these scales, as BF16
         if scale is not None:
@@ -219,7 +219,8 @@ def tensor_entries(
     if ref.transposed:  # the source slab holds the transposes: [E, H, 2I], [E, I, H]
         for entry in out:
             entry["transposed"] = True
-    if weighted is not None:
-        for entry, value in zip(out, weighted):
+    if weighted:
+        for entry, t in zip(out, tensors):
+            value = t.weighted_snr
             entry["weighted_snr_db"] = None if not finite(value) else round(float(value), 4)
     return out

@@ -116,7 +116,8 @@ def keep_verified(
     >>> blob = np.zeros(slot.raw_size, np.uint8)
     >>> sources = tuple(checksum(a) for a, _ in ref.load())
     >>> job = Job(ref, slot, 4, "optimal")
-    >>> key, crc, _, snrs, _, _, _ = quantise_expert(job, ref.load(), sources, blob)
+    >>> o = quantise_expert(job, ref.load(), sources, blob)
+    >>> key, crc, snrs = o.key, o.blob_crc, list(o.snrs)
     >>> hole = Entry(checksum(bytes(slot.raw_size)), sources, tuple(snrs))  # never written
     >>> keep_verified(w, [ref], {key: hole}, threads=1).contradicted
     [(0, 0)]
@@ -142,15 +143,15 @@ def keep_verified(
     threads = max(1, min(threads, len(candidates)))
     weighted = imatrix is not None
     path = writer.partial_path
-    verdicts: dict[tuple[int, int], tuple[str, Entry | None, int]] = {}
+    verdicts: dict[tuple[int, int], _Verdict] = {}
     fd = _open_partial(writer)
     try:
         with ExpertReader(slots=threads) as reader, ThreadPoolExecutor(threads) as pool:
 
-            def check(t: int) -> dict[tuple[int, int], tuple[str, Entry | None, int]]:
+            def check(t: int) -> dict[tuple[int, int], _Verdict]:
                 """The verdicts on this thread's share of the candidates."""
                 buf = np.empty(0, np.uint8)
-                out: dict[tuple[int, int], tuple[str, Entry | None, int]] = {}
+                out: dict[tuple[int, int], _Verdict] = {}
                 for k in candidates[t::threads]:
                     slot = slots[k]
                     if buf.size < slot.raw_size:
@@ -159,7 +160,7 @@ def keep_verified(
                     try:
                         fileio.preadv_exact(fd, blob, slot.byte_offset, path)
                     except SmoeError:
-                        out[k] = (_STALE, None, 0)  # (the partial is shorter than planned)
+                        out[k] = _Verdict(_STALE)  # (the partial is shorter than planned)
                         continue
                     out[k] = _verdict(done[k], by_key[k], slot, blob, reader, t, writer, imatrix)
                 return out
@@ -170,17 +171,16 @@ def keep_verified(
         os.close(fd)
     resumed = Resumed()
     for key in sorted(verdicts):
-        verdict, entry, nbytes = verdicts[key]
-        if verdict == _CONTRADICTED:
+        verdict = verdicts[key]
+        if verdict.verdict == _CONTRADICTED:
             resumed.contradicted.append(key)
+        entry = verdict.entry
         if entry is None:
             continue
-        wsnrs = entry.weighted if weighted else None
-        writer.adopt(
-            *key, entry.blob, tensor_entries(by_key[key], entry.sources, entry.snrs, wsnrs)
-        )
+        shown = weighted and entry.weighted is not None
+        writer.adopt(*key, entry.blob, tensor_entries(by_key[key], entry.tensors, shown))
         resumed.kept[key] = entry
-        resumed.source_bytes[key] = nbytes
+        resumed.source_bytes[key] = verdict.source_bytes
     return resumed
 
 
@@ -200,6 +200,16 @@ def _open_partial(writer: VaultWriter) -> int:
     return fd
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """The verdict on one journal line (kept, stale or contradicted) and, kept, the entry
+    as recomputed and the bytes of the sources read to verify it."""
+
+    verdict: str
+    entry: Entry | None = None
+    source_bytes: int = 0
+
+
 def _verdict(
     entry: Entry,
     ref: ExpertRef,
@@ -209,24 +219,25 @@ def _verdict(
     t: int,
     writer: VaultWriter,
     imatrix: ImportanceMatrix | None,
-) -> tuple[str, Entry | None, int]:
+) -> _Verdict:
     """Whether the journal's ``entry`` for ``ref`` holds for its ``blob`` as the partial
-    has it (see :func:`keep_verified`): ``(verdict, the entry as recomputed if kept, source
-    bytes)``; the sources are read into buffer ``t`` of ``reader``."""
+    has it (see :func:`keep_verified`); the sources are read into buffer ``t`` of
+    ``reader``."""
     if checksum(blob) != entry.blob:
-        return _STALE, None, 0
+        return _Verdict(_STALE)
     if (entry.weighted is not None) != (imatrix is not None) or untouched(slot, blob):
-        return _CONTRADICTED, None, 0
+        return _Verdict(_CONTRADICTED)
     mats, crcs = reader.read(ref, t)
     if crcs != entry.sources:
-        return _STALE, None, 0
+        return _Verdict(_STALE)
     importance = expert_importance(ref, imatrix)
     stats = blob_stats(slot, mats, writer.bits, writer.scale, blob, importance, entry)
     if stats is None:
-        return _CONTRADICTED, None, 0
+        return _Verdict(_CONTRADICTED)
     snrs = tuple(s.finite_snr_db for s in stats)
     weighted = tuple(s.weighted_snr_db for s in stats) if imatrix is not None else None
-    return _KEPT, Entry(entry.blob, crcs, snrs, weighted), ref.source_bytes
+    kept = Entry(blob=entry.blob, sources=crcs, snrs=snrs, weighted=weighted)
+    return _Verdict(_KEPT, kept, ref.source_bytes)
 
 
 def untouched(slot: ExpertSlot, blob: np.ndarray) -> bool:
@@ -285,7 +296,8 @@ def blob_stats(
     >>> slot = make_plan({(0, 1): ref.shapes}, 4, 2).experts[0]
     >>> blob = np.zeros(slot.raw_size, np.uint8)
     >>> job = Job(ref, slot, 4, "optimal")
-    >>> _, crc, srcs, snrs, _, _, _ = quantise_expert(job, ref.load(), (1, 2, 3), blob)
+    >>> o = quantise_expert(job, ref.load(), (1, 2, 3), blob)
+    >>> crc, srcs, snrs = o.blob_crc, o.sources, list(o.snrs)
     >>> [s.finite_snr_db for s in blob_stats(slot, ref.load(), 4, "optimal", blob)] == snrs
     True
     >>> edited = Entry(crc, srcs, (99.5, *snrs[1:]))

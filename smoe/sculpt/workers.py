@@ -27,6 +27,7 @@ from smoe.plumbing.cpus import limit_blas_threads, usable_cores
 from smoe.quant.replay import tensor_stats
 from smoe.sculpt.blob_writer import BlobWriter
 from smoe.sculpt.expert_reader import ExpertReader
+from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.sculpt.source.checkpoint import ExpertRef
 from smoe.vault.writer import encode_blob
 from smoe_gen.layout import TENSOR_NAMES
@@ -40,7 +41,6 @@ __all__ = [
     "BATCH",
     "Claims",
     "Job",
-    "Result",
     "Target",
     "expert_importance",
     "file_order",
@@ -86,17 +86,6 @@ class Target:
     ident: tuple[int, int]  # st_dev, st_ino of the file the parent created
 
 
-# key, blob crc32c, source crc32c per tensor, SNR and weighted SNR per tensor, bytes in,
-# per tensor the Hessian-aware encoder's report (None: not calibrated)
-Result = tuple[
-    tuple[int, int],
-    int,
-    tuple[int, ...],
-    list[float | None],
-    list[float | None],
-    int,
-    "list[quant.HessianReport | None] | None",
-]
 BATCH = 4  # no worker process is started for fewer experts than this
 
 
@@ -135,7 +124,7 @@ def file_order(todo: list[Job]) -> list[Job]:
     return sorted(todo, key=lambda job: min((str(p), o) for p, o, _ in job.ref.ranges()))
 
 
-def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray) -> Result:
+def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray) -> ExpertOutcome:
     """Quantise one expert's matrices (``srcs``: their CRC-32C, as read) into its blob in
     ``out`` (``uint8``, the blob's size; see :func:`encode_blob`), with an importance
     matrix weighted by it; the result to report once ``out`` is written at
@@ -147,10 +136,9 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
     >>> ref = Checkpoint.open("fixtures/checkpoints/qwen3_moe").experts[(0, 1)]
     >>> job = Job(ref, make_plan({(0, 1): ref.shapes}, 4, 2).experts[0], 4, "optimal")
     >>> out = np.zeros(job.slot.raw_size, np.uint8)
-    >>> key, crc, srcs, snrs, weighted, nbytes, calib = quantise_expert(
-    ...     job, ref.load(), (1, 2, 3), out)
-    >>> key, srcs, weighted, nbytes, calib, crc == checksum(out)
-    ((0, 1), (1, 2, 3), [None, None, None], 18432, None, True)
+    >>> o = quantise_expert(job, ref.load(), (1, 2, 3), out)
+    >>> o.key, o.sources, o.weighted, o.source_bytes, o.reports, o.blob_crc == checksum(out)
+    ((0, 1), (1, 2, 3), (None, None, None), 18432, None, True)
     """
     stats = [quant.QuantStats() for _ in mats]  # SNR from the encoder's own pass, no decode
     importance = expert_importance(job.ref, job.imatrix)
@@ -175,16 +163,24 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
                 scales = out[t.scales_offset : t.scales_offset + t.scales_size]
                 got = tensor_stats(w, src, job.bits, packed, scales)
                 stats[i] = got if got is not None else quant.QuantStats()
-    return (
-        (job.ref.layer, job.ref.expert),
-        checksum(out),
-        srcs,
-        [s.finite_snr_db for s in stats],
-        [s.weighted_snr_db for s in stats],
-        job.ref.source_bytes,  # as stored: FP8 codes and scales, not their BF16 reading
-        None
-        if reports is None or hessians is None
-        else [r if h is not None else None for r, h in zip(reports, hessians)],
+    calibrated = reports is not None and hessians is not None
+    shown: list[quant.HessianReport | None] = [None] * len(stats)
+    if reports is not None and hessians is not None:
+        shown = [r if h is not None else None for r, h in zip(reports, hessians)]
+    return ExpertOutcome(
+        key=(job.ref.layer, job.ref.expert),
+        blob_crc=checksum(out),
+        tensors=tuple(
+            TensorOutcome(
+                source_crc=crc,
+                snr=s.finite_snr_db,
+                weighted_snr=s.weighted_snr_db,
+                report=report,
+            )
+            for crc, s, report in zip(srcs, stats, shown)
+        ),
+        source_bytes=job.ref.source_bytes,  # as stored: FP8 codes and scales, not BF16
+        calibrated=calibrated,
     )
 
 
@@ -235,23 +231,35 @@ class Claims:
         return i
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """One claimed job's source matrices as read, their CRC-32C, and whether they came
+    from the page cache (then the blob may be written with O_DIRECT: the expert is
+    CPU-bound)."""
+
+    job: Job
+    mats: list
+    crcs: tuple[int, ...]
+    cached: bool
+
+
 def quantise_stream(
     todo: Sequence[Job], claims: Claims, target: Target, reader: ExpertReader
-) -> Iterator[Result]:
+) -> Iterator[ExpertOutcome]:
     """Quantise the jobs ``claims`` hands out while one thread claims the next one and
     reads and hashes its sources into the reader's other buffer (preadv and CRC-32C drop
     the GIL) and another writes the previous blob (:class:`BlobWriter`, with
     ``O_DIRECT`` where it can), so reading and writing never wait for quantising nor the
     other way round. Each result comes once its blob is written."""
 
-    def fetch(slot: int) -> tuple[Job, list, tuple[int, ...], bool] | None:
+    def fetch(slot: int) -> _Fetched | None:
         i = claims()
         if i is None:
             return None
         reader.hint(todo[i].ref)  # the whole expert at once: a deeper queue than chunk by chunk
         before = reader.direct_reads
         mats, crcs = reader.read(todo[i].ref, slot)
-        return todo[i], mats, crcs, reader.direct_reads > before
+        return _Fetched(todo[i], mats, crcs, cached=reader.direct_reads == before)
 
     fd = open_target(target)
     try:
@@ -262,15 +270,15 @@ def quantise_stream(
     direct = again if fileio.direct_io(again) else None
     if direct is None:
         os.close(again)
-    with BlobWriter[Result](fd, target.name, direct) as out:
+    with BlobWriter[ExpertOutcome](fd, target.name, direct) as out:
         with ThreadPoolExecutor(max_workers=1) as pool:
             ahead, slot = pool.submit(fetch, 0), 0
             while (got := ahead.result()) is not None:
                 slot ^= 1  # the other buffer: the expert being quantised stays untouched
                 ahead = pool.submit(fetch, slot)
-                job, blob = got[0], out.buffer(got[0].slot.raw_size)
-                result = quantise_expert(job, got[1], got[2], blob)
-                yield from out.write(blob, job.slot.byte_offset, result, direct=not got[3])
+                job, blob = got.job, out.buffer(got.job.slot.raw_size)
+                result = quantise_expert(job, got.mats, got.crcs, blob)
+                yield from out.write(blob, job.slot.byte_offset, result, direct=got.cached)
         yield from out.drain()
 
 
@@ -369,7 +377,7 @@ class Workers:
         for p in self._procs:
             p.join()
 
-    def run(self, todo: list[Job], target: Target) -> Generator[Result, None, None]:
+    def run(self, todo: list[Job], target: Target) -> Generator[ExpertOutcome, None, None]:
         ctx = mp.get_context("fork")
         claims = Claims(len(todo), ctx.Value("q", 0))
         live: dict[Connection, Any] = {}
@@ -436,7 +444,7 @@ def _no_collections() -> Iterator[None]:
 
 def run_jobs(
     todo: list[Job], jobs: int, target: Target, marks: dict[str, float] | None = None
-) -> Generator[Result, None, None]:
+) -> Generator[ExpertOutcome, None, None]:
     """Results as experts finish, in file order: in this process, or in up to ``jobs``
     worker processes, never more than there are batches of :data:`BATCH` experts (of one
     expert, when one is encoded Hessian-aware: each takes far longer than a fork).
@@ -477,7 +485,7 @@ def run_jobs(
 
 def _start_jobs(
     todo: list[Job], workers: int, target: Target, marks: dict[str, float] | None
-) -> Generator[Result, None, None]:
+) -> Generator[ExpertOutcome, None, None]:
     """:func:`run_jobs` once the kernels are loaded: the work itself."""
     if workers <= 1:
         with ExpertReader() as reader:
