@@ -102,6 +102,14 @@ void JsonReader::literal(std::string_view word) {
     pos_ += word.size();
 }
 
+bool JsonReader::boolean() {
+    if (peek() != Kind::boolean)
+        fail("expected true or false");
+    const bool value = text_[pos_] == 't';
+    literal(value ? "true" : "false");
+    return value;
+}
+
 void JsonReader::skip() {
     switch (peek()) {
         case Kind::object:

@@ -48,6 +48,8 @@ public:
     /// The next value, a string, decoded (a lone surrogate escape becomes U+FFFD).
     std::string string();
     JsonNumber number();
+    /// The next value, true or false.
+    bool boolean();
 
     /// Reads an object; `on_member(std::string key)` must read the member's value.
     template <class F>

@@ -270,6 +270,11 @@ int run_generate(const GenerateArgs& g) {
         std::fprintf(stderr, "smoe-stream: warning: %s\n", shown(cache.direct_refused()).c_str());
     const uint64_t positions = g.prompt.size() + std::max<uint64_t>(g.max_new, 1);
     refuse_oversized_kv(model, positions);
+    if (model.cfg.sliding_window != 0 && positions > model.cfg.sliding_window)
+        throw RefusedInput(g.vault + ": " + std::to_string(positions) +
+                           " positions outgrow the config copy's sliding_window of " +
+                           std::to_string(model.cfg.sliding_window) +
+                           ", which the decoder does not implement");
     ThreadPool pool(g.threads);
     Decoder dec(v, model, cache, pool, positions);
     Sampler sampler(g.sampling);

@@ -3,6 +3,8 @@
 #include "io.hpp"
 #include "json_read.hpp"
 
+#include <cstdio>
+
 namespace smoe::harness::engine {
 
 namespace {
@@ -62,17 +64,26 @@ std::vector<std::string> split_families() {
     return out;
 }
 
-std::map<std::string, double> read_config_numbers(const std::string& path) {
+ConfigValues read_config(const std::string& path) {
     const auto bytes = read_whole_file(path, CONFIG_MAX_BYTES);
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    std::map<std::string, double> out;
+    ConfigValues out;
     try {
         JsonReader(text, 64).validate();
         JsonReader j(text, 64);
         auto value = [&](const std::string& key, auto&& self, int depth) -> void {
-            switch (j.peek()) {
+            const JsonReader::Kind kind = j.peek();
+            if (kind != JsonReader::Kind::null)
+                out.set.insert(key);
+            switch (kind) {
                 case JsonReader::Kind::number:
-                    out[key] = j.number().value;
+                    out.numbers[key] = j.number().value;
+                    break;
+                case JsonReader::Kind::string:
+                    out.texts[key] = j.string();
+                    break;
+                case JsonReader::Kind::boolean:
+                    out.flags[key] = j.boolean();
                     break;
                 case JsonReader::Kind::object:
                     if (depth == 0) {
@@ -90,6 +101,48 @@ std::map<std::string, double> read_config_numbers(const std::string& path) {
         throw RefusedInput(path + ": not a JSON config: " + e.what());
     }
     return out;
+}
+
+std::map<std::string, double> read_config_numbers(const std::string& path) {
+    return read_config(path).numbers;
+}
+
+namespace {
+
+/// A setting's value as a config writes it (8, 0.5), for messages.
+std::string shown_number(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+}
+
+}  // namespace
+
+Unimplemented unimplemented(const ConfigValues& cfg) {
+    Unimplemented u;
+    auto text = [&](const std::string& key) {
+        auto it = cfg.texts.find(key);
+        return it == cfg.texts.end() ? std::string() : it->second;
+    };
+    // RoPE scaling (YaRN, linear, dynamic, llama3, ...): only the plain rotation is run
+    for (const char* key :
+         {"rope_parameters.rope_type", "rope_scaling.rope_type", "rope_scaling.type"}) {
+        const std::string kind = text(key);
+        if (!kind.empty() && kind != "default")
+            u.keys.push_back(std::string(key) + " " + kind);
+    }
+    if (cfg.set.count("rope_scaling") && text("rope_scaling.rope_type").empty() &&
+        text("rope_scaling.type").empty())
+        u.keys.emplace_back("rope_scaling (set, of no type the decoder knows)");
+    if (auto it = cfg.numbers.find("clip_qkv"); it != cfg.numbers.end())
+        u.keys.push_back("clip_qkv " + shown_number(it->second));
+    auto window = cfg.numbers.find("sliding_window");
+    auto use = cfg.flags.find("use_sliding_window");
+    if (window != cfg.numbers.end() && window->second >= 1 &&
+        (use == cfg.flags.end() || use->second))
+        u.sliding_window =
+            window->second >= 1e18 ? uint64_t{1} << 60 : static_cast<uint64_t>(window->second);
+    return u;
 }
 
 }  // namespace smoe::harness::engine

@@ -3,7 +3,9 @@
 // smoe/families/registry.py `beyond`, and the manifest's source.family.config_keys).
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,9 +32,28 @@ std::string families_run();
 /// The same as a list.
 std::vector<std::string> split_families();
 
-/// The numeric settings of a config copy: top-level keys and one level
-/// inside objects ("rope_parameters.partial_rotary_factor"). Bounded (RefusedInput for a
+/// The settings of a config copy: top-level keys and one level inside objects
+/// ("rope_parameters.partial_rotary_factor"), by kind. Bounded (RefusedInput for a
 /// malformed or oversized file).
+struct ConfigValues {
+    std::map<std::string, double> numbers;
+    std::map<std::string, std::string> texts;
+    std::map<std::string, bool> flags;
+    std::set<std::string> set;  // every key whose value is not null
+};
+ConfigValues read_config(const std::string& path);
+
+/// The numeric settings alone (read_config's numbers).
 std::map<std::string, double> read_config_numbers(const std::string& path);
+
+/// The settings of a config copy that change the math and that the decoder does not
+/// implement, one "key value" each (empty: none): a RoPE scaling other than the default, a
+/// clip of q/k/v. A sliding window is returned apart (0: none), since it changes nothing
+/// until the positions outgrow it.
+struct Unimplemented {
+    std::vector<std::string> keys;
+    uint64_t sliding_window = 0;
+};
+Unimplemented unimplemented(const ConfigValues& cfg);
 
 }  // namespace smoe::harness::engine

@@ -1,5 +1,7 @@
 #include "engine/model.hpp"
 
+#include <sys/stat.h>
+
 #include "json_read.hpp"
 
 #include <common.hpp>
@@ -208,9 +210,21 @@ ModelConfig config_of(const Vault& v, const Scout& s, const std::string& prefix,
 void apply_family(ModelConfig& c, const FamilyRule& rule, const std::string& config_path,
                   std::vector<std::string>& warnings) {
     c.scoring = rule.scoring;
-    std::map<std::string, double> cfg;
-    if (!rule.keys.empty())
-        cfg = read_config_numbers(config_path);
+    // read whenever it is there (the settings no rule names may still change the math);
+    // required when the rule names keys
+    struct stat st {};
+    ConfigValues all;
+    if (!rule.keys.empty() || ::stat(config_path.c_str(), &st) == 0)
+        all = read_config(config_path);
+    const Unimplemented u = unimplemented(all);
+    if (!u.keys.empty()) {
+        std::string what;
+        for (const std::string& k : u.keys)
+            what += (what.empty() ? "" : ", ") + k;
+        throw RefusedInput(config_path + ": sets what the decoder does not implement: " + what);
+    }
+    c.sliding_window = u.sliding_window;
+    const std::map<std::string, double>& cfg = all.numbers;
     auto key = [&](const char* name, double fallback) {
         for (const auto& [k, dflt] : rule.keys)
             if (std::string(k) == name) {

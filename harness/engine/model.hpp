@@ -59,6 +59,7 @@ struct ModelConfig {
     float embedding_multiplier = 1, residual_multiplier = 1, logits_scaling = 1;
     float routed_scaling = 1;
     uint32_t n_group = 1, topk_group = 1;
+    uint64_t sliding_window = 0;  // the config copy's attention window (0: none)
 };
 
 struct Model {

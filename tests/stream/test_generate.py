@@ -238,3 +238,55 @@ def test_the_scouts_shapes_win_over_the_block(
     assert proc.stdout == generate(vault, "--prompt", PROMPT, "--max-new", 4).stdout
     doc = strict_json(generate(copy, "--prompt", PROMPT, "--max-new", 1, "--json").stdout)
     assert doc["warnings"] == [proc.stderr.removeprefix("smoe-stream: warning: ").strip()]
+
+
+def with_config(vault: Path, tmp_path: Path, **settings: Any) -> Path:
+    """A copy of the vault and its companions whose config copy sets ``settings``."""
+    folder = tmp_path / "copy"
+    shutil.copytree(vault.parent, folder)
+    config = folder / vault.name.replace(".smoe", ".config.json")
+    doc = json.loads(config.read_text())
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            doc[key].update(value)
+        else:
+            doc[key] = value
+    config.write_text(json.dumps(doc))
+    return folder / vault.name
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+            "rope_parameters.rope_type yarn",
+        ),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.type linear"),
+        ({"clip_qkv": 8.0}, "clip_qkv 8"),
+    ],
+)
+def test_refuses_a_config_setting_it_does_not_implement(
+    smoe_stream: Path, vault: Path, tmp_path: Path, settings: dict[str, Any], named: str
+) -> None:
+    """A setting that changes the math and that the decoder does not run is refused in one
+    line naming it, never run as if it were not there."""
+    copy = with_config(vault, tmp_path, **settings)
+    proc = generate(copy, "--prompt", PROMPT, "--max-new", 2, "--buffered")
+    line = refusal(proc)
+    assert "sets what the decoder does not implement" in line and named in line
+
+
+def test_a_sliding_window_counts_only_once_outgrown(
+    smoe_stream: Path, vault: Path, tmp_path: Path
+) -> None:
+    """A window the run stays inside changes nothing (the same tokens); one it outgrows is
+    refused naming it."""
+    copy = with_config(vault, tmp_path, sliding_window=8, use_sliding_window=True)
+    plain = generate(vault, "--prompt", PROMPT, "--max-new", 3, "--buffered")
+    inside = generate(copy, "--prompt", PROMPT, "--max-new", 3, "--buffered")
+    assert inside.returncode == 0 and inside.stdout == plain.stdout
+    line = refusal(generate(copy, "--prompt", PROMPT, "--max-new", 6, "--buffered"))
+    assert "outgrow the config copy's sliding_window of 8" in line
+    off = with_config(vault, tmp_path / "off", sliding_window=8, use_sliding_window=False)
+    assert generate(off, "--prompt", PROMPT, "--max-new", 6, "--buffered").returncode == 0
