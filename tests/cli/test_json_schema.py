@@ -173,8 +173,9 @@ def test_the_documented_codes_are_the_registry() -> None:
     """docs/JSON.md names the codes by the registry table of SPEC.md (which holds every
     registered code) and mentions only registered ones."""
     assert "generated/docs/SPEC.md" in JSON_MD
-    for code in re.findall(r"`([a-z]+\.[a-z_]+)`", JSON_MD):
-        assert code in layout.RULES, code
+    kinds = {code.split(".")[0] for code in layout.RULES}  # header, arch, table, ...
+    for code in re.findall(r"`([a-z]+\.[a-z_]+)`", JSON_MD):  # (`vault.size` is a key)
+        assert code.split(".")[0] not in kinds or code in layout.RULES, code
     for rule in layout.Rule:
         assert f"| `{rule.code}` |" in SPEC_MD, rule.code
 

@@ -179,11 +179,13 @@ def test_a_replaced_file_keeps_its_mode(
     command: str, vault: Path, config: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / out_name(command)
-    out.write_bytes(b"old\n")
+    args = file_commands(vault, config)[command](out)
+    assert run(*args).returncode == 0  # an earlier output (--force replaces only smoe's)
     os.chmod(out, 0o600)
-    proc = run(*file_commands(vault, config)[command](out), "--force")  # (the policy)
+    old = out.stat().st_ino
+    proc = run(*args, "--force")  # (the policy)
     assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() != b"old\n"
+    assert out.stat().st_ino != old
     assert mode_of(out) == (0o600, os.geteuid(), os.getegid())
 
 
@@ -193,10 +195,11 @@ def test_a_replaced_file_keeps_its_owner_and_group(
     command: str, vault: Path, config: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / out_name(command)
-    out.write_bytes(b"old\n")
+    args = file_commands(vault, config)[command](out)
+    assert run(*args).returncode == 0  # an earlier output (--force replaces only smoe's)
     os.chown(out, DAEMON, DAEMON)
     os.chmod(out, 0o640)
-    proc = run(*file_commands(vault, config)[command](out), "--force")  # (the policy)
+    proc = run(*args, "--force")  # (the policy)
     assert proc.returncode == 0, proc.stderr
     assert mode_of(out) == (0o640, DAEMON, DAEMON)
 
