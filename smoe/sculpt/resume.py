@@ -247,12 +247,12 @@ def untouched(slot: ExpertSlot, blob: np.ndarray) -> bool:
     ``2**(bits-1)``.
 
     >>> from smoe.format.plan import make_plan
-    >>> from smoe.vault.writer import encode_blob
+    >>> from smoe.vault.blob import MatrixInput, encode_blob
     >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
     >>> untouched(slot, np.zeros(slot.raw_size, np.uint8))
     True
     >>> zeros = [np.zeros((32, 64)), np.zeros((32, 64)), np.zeros((64, 32))]
-    >>> blob = np.frombuffer(encode_blob(slot, zeros, 4, "optimal"), np.uint8)
+    >>> blob = np.frombuffer(encode_blob(slot, MatrixInput.each(zeros), 4, "optimal"), np.uint8)
     >>> untouched(slot, blob), hex(blob[0])  # all-zero weights: scale 0, every code 8
     (False, '0x88')
     """

@@ -29,7 +29,7 @@ from smoe.sculpt.blob_writer import BlobWriter
 from smoe.sculpt.expert_reader import ExpertReader
 from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.sculpt.source.checkpoint import ExpertRef
-from smoe.vault.writer import encode_blob
+from smoe.vault.blob import MatrixInput, encode_blob
 from smoe_gen.layout import TENSOR_NAMES
 
 if TYPE_CHECKING:
@@ -144,18 +144,18 @@ def quantise_expert(job: Job, mats: list, srcs: tuple[int, ...], out: np.ndarray
     importance = expert_importance(job.ref, job.imatrix)
     hessians = job.hessians
     reports = [quant.HessianReport() for _ in mats] if hessians else None
-    encode_blob(
-        job.slot,
-        [a for a, _ in mats],
-        job.bits,
-        job.scale,
-        [src for _, src in mats],
-        stats,
-        importance,
-        out=out,
-        hessians=hessians,
-        reports=reports,
-    )
+    matrices = [
+        MatrixInput(
+            weights=w,
+            src_dtype=src,
+            importance=importance[i] if importance else None,
+            hessian=hessians[i] if hessians else None,
+            stats=stats[i],
+            report=reports[i] if reports else None,
+        )
+        for i, (w, src) in enumerate(mats)
+    ]
+    encode_blob(job.slot, matrices, job.bits, job.scale, out=out)
     if hessians:  # its SNR from the codes, as a resume recomputes it (numpy's order)
         for i, (t, (w, src)) in enumerate(zip(job.slot.tensors, mats)):
             if hessians[i] is not None:

@@ -32,22 +32,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
-from smoe import quant
 from smoe.errors import FormatError, RefusedInput, SmoeError, WriterStateError
 from smoe.format.manifest import ManifestBuilder, checksum, encode, path_for, tool_info
 from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.format.records import U32_MAX, VAULT_SIGNATURE, ArchInfo, ModelInfo, metadata_bytes
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, put_in_place
+from smoe.vault.blob import MatrixInput, encode_blob, expert_name
 from smoe.vault.meta import check_metadata
 from smoe_gen import layout
 from smoe_gen.layout import TENSOR_NAMES
 
-__all__ = ["State", "VaultWriter", "encode_blob", "expert_name", "write_vault"]
+__all__ = ["State", "VaultWriter", "write_vault"]
 
 
 class State(enum.Enum):
@@ -66,109 +66,6 @@ class State(enum.Enum):
     STREAMING = "streaming"
     COMMITTED = "committed"
     ABORTED = "aborted"
-
-
-def expert_name(layer: int, expert: int) -> str:
-    """How messages name an expert.
-
-    >>> expert_name(3, 5)
-    'layer 3 expert 5'
-    """
-    return f"layer {layer} expert {expert}"
-
-
-_Out = TypeVar("_Out", bytearray, np.ndarray)
-
-
-def encode_blob(
-    slot: ExpertSlot,
-    weights: Sequence[np.ndarray],
-    bits: int,
-    scale: str,
-    src_dtypes: Sequence[str | None] = (None, None, None),
-    stats: Sequence[quant.QuantStats] | None = None,
-    importance: Sequence[np.ndarray | None] | None = None,
-    out: _Out | None = None,
-    hessians: Sequence[np.ndarray | None] | None = None,
-    reports: Sequence[quant.HessianReport] | None = None,
-) -> _Out | bytearray:
-    """One expert's blob (D3): each matrix quantised straight into its planned slices
-    (``importance``: per matrix, its per-column importance or None; see ``quant.encode``).
-
-    ``hessians``: per matrix, the second moments of its inputs (``--calibrate``) or None; a
-    matrix with one is encoded by :func:`smoe.quant.encode_hessian_into` (the same codes and
-    scales the format always holds, chosen for the least output error), its
-    :class:`~smoe.quant.HessianReport` filled into ``reports[i]``, and its ``stats`` left
-    untouched (the caller measures them from the codes).
-
-    ``out``: a blob of ``slot.raw_size`` bytes to reuse (a ``bytearray`` or a ``uint8``
-    array, e.g. the previous expert's): encoded in place and returned, byte for byte the
-    blob a fresh call gives (every byte the tensors do not cover is zeroed); None: a new
-    ``bytearray``.
-    Weights the format cannot hold are refused, never clipped: ``quant.NonFiniteWeights``
-    (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
-    expert and tensor, e.g. ``layer 3 expert 5 down_proj: 2 weights are inf or nan, ...``.
-
-    >>> from smoe.format.plan import make_plan
-    >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
-    >>> mats = [np.full((32, 64), 0.5), np.full((32, 64), -0.25), np.eye(64, 32)]
-    >>> blob = encode_blob(slot, mats, 4, "optimal")
-    >>> len(blob), bytes(blob[:4]).hex(), checksum(blob)
-    (3264, 'ffffffff', 3141431214)
-    >>> encode_blob(slot, mats, 4, "optimal", out=bytearray([170]) * 3264) == blob
-    True
-    >>> bytes(encode_blob(slot, mats, 4, "optimal", out=np.full(3264, 170, np.uint8))) == blob
-    True
-    """
-    mode = cast("quant.ScaleMode", scale)  # encode_into refuses any other value
-    kinds = cast("Sequence[quant.SrcDtype | None]", src_dtypes)  # likewise
-    blob: _Out | bytearray
-    if out is None:
-        blob = bytearray(slot.raw_size)
-    elif len(out) != slot.raw_size:
-        raise ValueError(f"out has {len(out)} bytes, the blob has {slot.raw_size}")
-    else:
-        blob = out
-    view = np.frombuffer(blob, np.uint8)  # the same bytes, writable, whichever ``out`` is
-    if out is not None:  # the encoder writes every byte of its slices; zero the rest
-        at = 0
-        for lo, hi in sorted(
-            (o, o + n)
-            for t in slot.tensors
-            for o, n in ((t.packed_offset, t.packed_size), (t.scales_offset, t.scales_size))
-        ):
-            view[at:lo] = 0
-            at = max(at, hi)
-        view[at:] = 0
-    for i, (t, w) in enumerate(zip(slot.tensors, weights)):
-        h = hessians[i] if hessians else None
-        try:
-            if h is not None:
-                quant.encode_hessian_into(
-                    quant.as_float32(w, kinds[i]),
-                    h,
-                    bits,
-                    view[t.packed_offset : t.packed_offset + t.packed_size],
-                    view[t.scales_offset : t.scales_offset + t.scales_size],
-                    overflow="raise",
-                    report=reports[i] if reports else None,
-                )
-                continue
-            quant.encode_into(
-                w,
-                bits,
-                view[t.packed_offset : t.packed_offset + t.packed_size],
-                view[t.scales_offset : t.scales_offset + t.scales_size],
-                mode,
-                src_dtype=kinds[i],
-                stats=stats[i] if stats else None,
-                overflow="raise",
-                importance=importance[i] if importance else None,
-            )
-        except quant.UnrepresentableWeights as e:
-            where = f"{expert_name(slot.layer_id, slot.expert_id)} {TENSOR_NAMES[i]}"
-            raise e.within(where) from None
-    return blob
 
 
 class VaultWriter:
@@ -459,7 +356,7 @@ of gate_proj shape (32, 64)
                     f"{expert_name(layer, expert)}: {tname} has shape "
                     f"{tuple(w.shape)}, declared {(t.rows, t.cols)}"
                 )
-        blob = encode_blob(slot, weights, self.bits, self.scale, (src_dtype,) * 3)
+        blob = encode_blob(slot, MatrixInput.each(weights, src_dtype), self.bits, self.scale)
         self._write_blob(key, slot, blob)
 
     def write_encoded(

@@ -21,7 +21,7 @@ from smoe.errors import SmoeError
 from smoe.format.plan import make_plan
 from smoe.interop.safetensors_io import read_header
 from smoe.sculpt import SculptResult
-from smoe.vault.writer import encode_blob
+from smoe.vault.blob import MatrixInput, encode_blob
 from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
 from smoe_testkit.synth import write_checkpoint
 
@@ -149,7 +149,7 @@ def test_encode_blob_names_layer_expert_and_tensor() -> None:
         "layer 3 expert 5 down_proj: 2 weights are inf or "
         "nan, the first (nan) at row 7 col 12; the format stores finite values only",
     ):
-        encode_blob(slot, mats, 4, "optimal")
+        encode_blob(slot, MatrixInput.each(mats), 4, "optimal")
     mats[2][7, 12] = mats[2][9, 0] = 0
     mats[0][0, 5] = 1e6
     with exactly(
@@ -159,7 +159,7 @@ def test_encode_blob_names_layer_expert_and_tensor() -> None:
         "col 5; the largest magnitude Q4 can hold is 65504 (top level 1.0 x scale "
         "65504)",
     ):
-        encode_blob(slot, mats, 4, "optimal")
+        encode_blob(slot, MatrixInput.each(mats), 4, "optimal")
 
 
 # ---------------------------------------------------------------------------- SNR figures

@@ -26,7 +26,7 @@ from smoe.sculpt import expert_reader as reader_mod
 from smoe.sculpt.blob_writer import BlobWriter
 from smoe.sculpt.expert_reader import ExpertReader, cached_fraction
 from smoe.sculpt.source.checkpoint import Checkpoint
-from smoe.vault.writer import encode_blob
+from smoe.vault.blob import MatrixInput, encode_blob
 from smoe_testkit.synth import write_checkpoint
 
 from fixtures_data import CHECKPOINT_LAYOUTS
@@ -60,12 +60,12 @@ def test_a_reused_blob_is_byte_identical_to_a_fresh_one(
         mats[1][3, :] = 0.0  # a zero run
         if src == "bf16":
             mats = [(m.view(np.uint32) >> 16).astype(np.uint16) for m in mats]
-        fresh = encode_blob(slot, mats, bits, "optimal", (src,) * 3)
+        fresh = encode_blob(slot, MatrixInput.each(mats, src), bits, "optimal")
         stale = bytearray(rng.integers(0, 256, slot.raw_size, np.uint8).tobytes())
-        reused = encode_blob(slot, mats, bits, "optimal", (src,) * 3, out=stale)
+        reused = encode_blob(slot, MatrixInput.each(mats, src), bits, "optimal", out=stale)
         assert reused is stale and reused == fresh
     with pytest.raises(ValueError, match="out has 3 bytes"):
-        encode_blob(slot, mats, bits, "optimal", out=bytearray(3))
+        encode_blob(slot, MatrixInput.each(mats), bits, "optimal", out=bytearray(3))
 
 
 def force_direct(monkeypatch: pytest.MonkeyPatch) -> None:

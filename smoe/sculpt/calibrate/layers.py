@@ -25,11 +25,12 @@ def decode_blob(fd: int, path: str | os.PathLike, slot: ExpertSlot, bits: int) -
 
     >>> import tempfile
     >>> from smoe.format.plan import make_plan
-    >>> from smoe.vault.writer import encode_blob
+    >>> from smoe.vault.blob import MatrixInput, encode_blob
     >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
     >>> mats = [np.full((32, 64), 0.5), np.full((32, 64), -0.25), np.full((64, 32), 2.0)]
     >>> f = tempfile.TemporaryFile()
-    >>> _ = f.write(bytes(slot.byte_offset) + bytes(encode_blob(slot, mats, 4, "optimal")))
+    >>> blob = encode_blob(slot, MatrixInput.each(mats), 4, "optimal")
+    >>> _ = f.write(bytes(slot.byte_offset) + bytes(blob))
     >>> [float(m[0, 0]) for m in decode_blob(f.fileno(), "v.smoe", slot, 4)]
     [0.5, -0.25, 2.0]
     """
