@@ -41,7 +41,6 @@ from smoe.sculpt.source.checkpoint import Checkpoint, ExpertRef
 from smoe.sculpt.workers import Job, Target, run_jobs
 from smoe.vault.writer import State, VaultWriter
 from smoe_gen import layout
-from smoe_gen.layout import TENSOR_NAMES
 
 if TYPE_CHECKING:
     from smoe.sculpt.calibrate.data import CalibrationData
@@ -310,26 +309,17 @@ def dry_run_plan(ckpt: Checkpoint, plan: Plan, scout_bytes: int, refs: list[Expe
 @dataclass
 class _Tally:
     """The experts of the vault so far, those kept by ``--resume`` first (with the values
-    recomputed from their blobs, :func:`keep_verified`), then those this run writes: per
-    tensor name their SNR (and weighted SNR), in the order of ``keys``; the bytes of their
+    recomputed from their blobs, :func:`keep_verified`), then those this run writes, as
+    written (their SNR and weighted SNR per tensor); the bytes of their
     source matrices (``bytes_in``: what the summary's compression ratio and throughput
     count; a resume reads every kept expert's sources too, to verify it); experts done."""
 
     done: int = 0
-    snr: dict[str, list[float | None]] = field(
-        default_factory=lambda: {n: [] for n in TENSOR_NAMES}
-    )
-    wsnr: dict[str, list[float | None]] = field(
-        default_factory=lambda: {n: [] for n in TENSOR_NAMES}
-    )
-    keys: list[tuple[int, int]] = field(default_factory=list)
+    experts: list[ExpertOutcome] = field(default_factory=list)
     bytes_in: int = 0
 
     def add(self, outcome: ExpertOutcome) -> None:
-        for name, t in zip(TENSOR_NAMES, outcome.tensors):
-            self.snr[name].append(t.snr)
-            self.wsnr[name].append(t.weighted_snr)
-        self.keys.append(outcome.key)
+        self.experts.append(outcome)
         self.bytes_in += outcome.source_bytes
         self.done += 1
 
@@ -552,11 +542,10 @@ def _sculpt_locked(run: Run, writer: VaultWriter, paths: Paths, fp: str) -> Scul
         plan.file_size,
         scout_bytes,
         end - run.t0,
-        tally.snr,
+        tuple(tally.experts),
         locked.warnings,
-        snr_keys=tally.keys,
         bits=run.opts.bits,
-        weighted_snr=tally.wsnr if run.weighted else None,
+        weighted=run.weighted,
         config=paths.config,
         placement=run.ckpt.placement(),
         calibration=calibrated,

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from smoe import quant
+from smoe.sculpt.outcome import ExpertOutcome
 from smoe_gen import layout
+from smoe_gen.layout import TENSOR_NAMES
 
 __all__ = ["PLAN_SCHEMA", "SUMMARY_SCHEMA", "SculptOptions", "SculptResult", "finite", "spread"]
 
@@ -89,15 +91,13 @@ class SculptResult:
     vault_bytes: int
     scout_bytes: int
     seconds: float
-    snr: dict[str, list[float | None]] = field(default_factory=dict)
+    experts: tuple[ExpertOutcome, ...] = ()
+    """Every expert in the vault (a resume's kept ones first), as written."""
     warnings: list[str] = field(default_factory=list)
-    snr_keys: list[tuple[int, int]] = field(default_factory=list)
-    """(layer, expert) of the i-th value of every list in ``snr``."""
     bits: int | None = None
     """Bit width of the run: selects ``quant.SNR_FLOOR_DB`` (no SNR warnings if None)."""
-    weighted_snr: dict[str, list[float | None]] | None = None
-    """With an importance matrix: per tensor name, the importance-weighted SNR of every
-    expert in the vault (as ``snr``; None for a tensor quantised unweighted)."""
+    weighted: bool = False
+    """Quantised with an importance matrix: :attr:`weighted_snr` is shown."""
     imatrix: dict[str, Any] | None = None
     """The importance matrix used (``ImatrixInfo.as_json()``), or None."""
     config: Path | None = None
@@ -116,6 +116,48 @@ class SculptResult:
 
     SHOW_EACH = 3
     """Up to this many low-SNR tensors get a warning line each; more collapse into one."""
+
+    @property
+    def snr(self) -> dict[str, list[float | None]]:
+        """Per tensor name, the SNR of every expert in the vault, in :attr:`experts` order.
+
+        >>> from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
+        >>> t = TensorOutcome(source_crc=0, snr=7.25)
+        >>> figures = (Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0)
+        >>> SculptResult(*figures, experts=(ExpertOutcome((3, 5), 0, (t, t, t), 1),)).snr
+        {'gate_proj': [7.25], 'up_proj': [7.25], 'down_proj': [7.25]}
+        """
+        return {
+            name: [o.tensors[i].snr for o in self.experts] for i, name in enumerate(TENSOR_NAMES)
+        }
+
+    @property
+    def weighted_snr(self) -> dict[str, list[float | None]] | None:
+        """With an importance matrix: per tensor name, the importance-weighted SNR of every
+        expert in the vault (as :attr:`snr`; None for a tensor quantised unweighted).
+
+        >>> figures = (Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0)
+        >>> SculptResult(*figures).weighted_snr is None
+        True
+        """
+        if not self.weighted:
+            return None
+        return {
+            name: [o.tensors[i].weighted_snr for o in self.experts]
+            for i, name in enumerate(TENSOR_NAMES)
+        }
+
+    @property
+    def snr_keys(self) -> list[tuple[int, int]]:
+        """(layer, expert) of every expert in the vault, in :attr:`experts` order.
+
+        >>> from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
+        >>> t = TensorOutcome(source_crc=0, snr=7.25)
+        >>> figures = (Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0)
+        >>> SculptResult(*figures, experts=(ExpertOutcome((3, 5), 0, (t, t, t), 1),)).snr_keys
+        [(3, 5)]
+        """
+        return [o.key for o in self.experts]
 
     def summary(self) -> dict:
         """The CLI's summary (``smoe sculpt --json``, schema :data:`SUMMARY_SCHEMA`, keys in
@@ -138,13 +180,16 @@ class SculptResult:
         tensor name ``{"min", "median"}`` of the importance-weighted SNR (the expected SNR of
         the output ``W x``), or None.
 
-        >>> res = SculptResult(Path("m.smoe"), Path("m.scout.safetensors"), 2, 0, 4096, 2048,
-        ...                    64, 0.5, {"gate_proj": [6.5, float("nan")]}, bits=4)
+        >>> from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
+        >>> low, exact = TensorOutcome(source_crc=0, snr=6.5), TensorOutcome(0, float("nan"))
+        >>> experts = (ExpertOutcome((0, 0), 0, (low, exact, exact), 4096),)
+        >>> res = SculptResult(Path("m.smoe"), Path("m.scout.safetensors"), 1, 0, 4096, 2048,
+        ...                    64, 0.5, experts, bits=4)
         >>> s = res.summary()
-        >>> s["compression_ratio"], s["throughput_mb_s"], s["snr_db"], s["snr_exact"]
-        (2.0, 0.008192, {'gate_proj': {'min': 6.5, 'median': 6.5}}, 1)
+        >>> s["compression_ratio"], s["throughput_mb_s"], s["snr_db"]["gate_proj"], s["snr_exact"]
+        (2.0, 0.008192, {'min': 6.5, 'median': 6.5}, 2)
         >>> s["warnings"]
-        ['expert #0 gate_proj: SNR 6.50 dB is below the Q4 floor of 10 dB']
+        ['layer 0 expert 0 gate_proj: SNR 6.50 dB is below the Q4 floor of 10 dB']
         """
         snr, exact = {}, 0
         for t, values in self.snr.items():
@@ -189,28 +234,27 @@ class SculptResult:
         quantised with importance is judged by its importance-weighted SNR: weighting
         lowers the plain one on purpose.
 
-        >>> res = SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0,
-        ...                    {"up_proj": [7.25]}, snr_keys=[(3, 5)], bits=2)
-        >>> res.snr_warnings()
+        >>> from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
+        >>> up, none = TensorOutcome(source_crc=0, snr=7.25), TensorOutcome(0, None)
+        >>> experts = (ExpertOutcome((3, 5), 0, (none, up, none), 1),)
+        >>> figures = (Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0)
+        >>> SculptResult(*figures, experts=experts, bits=2).snr_warnings()
         []
-        >>> SculptResult(Path("m.smoe"), Path("s"), 1, 0, 1, 1, 1, 1.0, {"up_proj": [7.25]},
-        ...              snr_keys=[(3, 5)], bits=4).snr_warnings()
+        >>> SculptResult(*figures, experts=experts, bits=4).snr_warnings()
         ['layer 3 expert 5 up_proj: SNR 7.25 dB is below the Q4 floor of 10 dB']
         """
         floor = quant.SNR_FLOOR_DB.get(self.bits) if self.bits is not None else None
         if floor is None:
             return []
-        low = []  # (snr, (layer, expert) or (i,), tensor ordinal, who, tensor name, weighted)
-        for j, (t, values) in enumerate(self.snr.items()):
-            wvalues = (self.weighted_snr or {}).get(t, [])
-            for i, v in enumerate(values):
-                w = wvalues[i] if i < len(wvalues) else None
+        low = []  # (snr, (layer, expert), tensor ordinal, who, tensor name, weighted)
+        for j, t in enumerate(TENSOR_NAMES):
+            for o in self.experts:
+                w = o.tensors[j].weighted_snr if self.weighted else None
                 weighted = finite(w)
-                v = w if weighted else v
+                v = w if weighted else o.tensors[j].snr
                 if finite(v) and v < floor:
-                    key = self.snr_keys[i] if i < len(self.snr_keys) else None
-                    who = f"layer {key[0]} expert {key[1]}" if key else f"expert #{i}"
-                    low.append((v, key or (i,), j, who, t, weighted))
+                    who = f"layer {o.key[0]} expert {o.key[1]}"
+                    low.append((v, o.key, j, who, t, weighted))
         below = f"the Q{self.bits} floor of {floor:g} dB"
         if len(low) <= self.SHOW_EACH:
             return [

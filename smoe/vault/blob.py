@@ -79,6 +79,7 @@ def encode_blob(
     (NaN/Inf) or ``quant.ScaleOverflow`` (``|w| > 65504``), a SmoeError naming the layer,
     expert and tensor, e.g. ``layer 3 expert 5 down_proj: 2 weights are inf or nan, ...``.
 
+    >>> from smoe.format.manifest import checksum
     >>> from smoe.format.plan import make_plan
     >>> slot = make_plan({(0, 0): ((32, 64), (32, 64), (64, 32))}, bits=4, version=2).experts[0]
     >>> mats = [np.full((32, 64), 0.5), np.full((32, 64), -0.25), np.eye(64, 32)]

@@ -21,8 +21,9 @@ from smoe.errors import SmoeError
 from smoe.format.plan import make_plan
 from smoe.interop.safetensors_io import read_header
 from smoe.sculpt import SculptResult
+from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.vault.blob import MatrixInput, encode_blob
-from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS
+from smoe_gen.layout import GROUP_SIZE, SUPPORTED_BITS, TENSOR_NAMES
 from smoe_testkit.synth import write_checkpoint
 
 from helpers import run, strict_json
@@ -198,6 +199,20 @@ def test_quant_stats_survive_float32_overflow() -> None:
 
 
 def result(snr: dict, keys: list, bits: int | None = 4) -> SculptResult:
+    """A result whose experts ``keys`` have, per tensor name, the SNRs ``snr`` lists (None
+    for a tensor it leaves out)."""
+    experts = tuple(
+        ExpertOutcome(
+            key=key,
+            blob_crc=0,
+            tensors=tuple(
+                TensorOutcome(source_crc=0, snr=snr.get(name, [None] * len(keys))[i])
+                for name in TENSOR_NAMES
+            ),
+            source_bytes=0,
+        )
+        for i, key in enumerate(keys)
+    )
     return SculptResult(
         Path("m.smoe"),
         Path("m.scout.safetensors"),
@@ -207,9 +222,8 @@ def result(snr: dict, keys: list, bits: int | None = 4) -> SculptResult:
         500,
         100,
         1.0,
-        snr,
+        experts,
         ["from the checkpoint"],
-        snr_keys=keys,
         bits=bits,
     )
 

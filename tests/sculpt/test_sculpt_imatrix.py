@@ -20,6 +20,7 @@ from test_imatrix import RAISED_ALL, absurd_entries, moe_entries, write_dat, wri
 from smoe import quant
 from smoe.errors import SmoeError
 from smoe.sculpt import SculptOptions, SculptResult, sculpt
+from smoe.sculpt.outcome import ExpertOutcome, TensorOutcome
 from smoe.sculpt.source.checkpoint import Checkpoint
 from smoe.sculpt.source.imatrix import RANGE_BOUND, ImportanceMatrix
 from smoe_gen.smoe_kaitai import Smoe
@@ -312,6 +313,12 @@ def test_command_line(model: Path, imatrix: Path, tmp_path: Path) -> None:
     assert verify.returncode == 0, verify.stdout
 
 
+def _expert(key: tuple[int, int], *snrs: tuple[float, float | None]) -> ExpertOutcome:
+    """An expert as written, its (SNR, weighted SNR) per tensor: gate, up, down."""
+    tensors = tuple(TensorOutcome(source_crc=0, snr=s, weighted_snr=w) for s, w in snrs)
+    return ExpertOutcome(key=key, blob_crc=0, tensors=tensors, source_bytes=0)
+
+
 def test_the_snr_floor_judges_weighted_tensors_by_their_weighted_snr() -> None:
     r = SculptResult(
         Path("v"),
@@ -322,10 +329,12 @@ def test_the_snr_floor_judges_weighted_tensors_by_their_weighted_snr() -> None:
         1,
         1,
         1.0,
-        snr={"gate_proj": [8.0, 8.0], "up_proj": [12.0, 12.0], "down_proj": [9.0, 15.0]},
-        snr_keys=[(0, 0), (0, 1)],
+        experts=(
+            _expert((0, 0), (8.0, 14.0), (12.0, 9.5), (9.0, None)),
+            _expert((0, 1), (8.0, None), (12.0, 13.0), (15.0, 16.0)),
+        ),
         bits=4,
-        weighted_snr={"gate_proj": [14.0, None], "up_proj": [9.5, 13.0], "down_proj": [None, 16.0]},
+        weighted=True,
     )
     floor = "is below the Q4 floor of 10 dB"
     assert r.snr_warnings() == [
