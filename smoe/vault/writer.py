@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import enum
 import os
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,7 +39,8 @@ from smoe.format.manifest import ManifestBuilder, checksum, encode, path_for, to
 from smoe.format.plan import ExpertSlot, Plan, Shape, make_plan
 from smoe.format.records import U32_MAX, VAULT_SIGNATURE, ArchInfo, ModelInfo, metadata_bytes
 from smoe.plumbing import fileio
-from smoe.plumbing.atomic import AtomicFile, put_in_place
+from smoe.plumbing.atomic import AtomicFile
+from smoe.plumbing.atomic_group import commit_together
 from smoe.vault.blob import MatrixInput, encode_blob, expert_name
 from smoe.vault.meta import check_metadata
 from smoe_gen import layout
@@ -535,8 +534,9 @@ of gate_proj shape (32, 64)
         """Write the metadata and the manifest, then commit them with ``companions``.
 
         ``companions`` (staged files, e.g. the scout) are renamed first, then the manifest,
-        then the vault (the commit point); see :func:`_commit_together`. On failure every
-        temporary file is removed (on KeyboardInterrupt the vault's is kept, for a resume).
+        then the vault (the commit point); see
+        :func:`smoe.plumbing.atomic_group.commit_together`. On failure every temporary file
+        is removed (on KeyboardInterrupt the vault's is kept, for a resume).
 
         >>> import tempfile
         >>> from smoe.format.records import ModelInfo
@@ -577,7 +577,7 @@ of gate_proj shape (32, 64)
                 staged[-1].pwrite(encode(doc), 0)
             else:  # one left by an older vault of this name would describe another file
                 fileio.unlink_owned(path_for(self.path))
-            _commit_together([*staged, self._out])
+            commit_together([*staged, self._out])
         except KeyboardInterrupt:
             for f in staged:
                 f.abort()
@@ -639,95 +639,6 @@ def _check_provenance(builder: ManifestBuilder) -> None:
         raise FormatError(
             f"manifest: the tool and source provenance is not strict JSON ({e})"
         ) from None
-
-
-def _commit_together(files: Sequence[AtomicFile]) -> None:
-    """fsync every file, rename each onto its final name in order, fsync the folders.
-
-    The last file's rename is the commit point. When it may not replace anything
-    (``replace`` False), its name is checked before any file is renamed, so that a vault
-    that appeared meanwhile keeps its companions. Each earlier file keeps what it replaces
-    under a hard link until the commit point: if anything fails before it, each file this
-    call renamed is taken back (only while its name still holds it) and what it replaced is
-    put back, so nothing that was there is lost. After the commit point the set is complete
-    (each file fsynced) and stays, even if flushing a folder then fails (that error is still
-    raised). Temporary files not yet renamed stay for the caller to drop or keep.
-    """
-    placed: list[_Placed] = []
-    try:
-        for f in files:
-            f.sync()
-        if files and not files[-1].replace:
-            fileio.refuse_existing(files[-1].path)  # every name checked before any rename
-        for i, f in enumerate(files):
-            assert f.fd is not None
-            st = os.fstat(f.fd)
-            os.close(f.fd)
-            f.fd = None
-            kept = _keep_aside(f.path) if i < len(files) - 1 else None
-            try:
-                put_in_place(f)
-            except BaseException:
-                if kept is not None:
-                    fileio.unlink_owned(kept)  # nothing was replaced: the name still holds it
-                raise
-            placed.append(_Placed(f.path, (st.st_dev, st.st_ino), kept))
-        for folder in dict.fromkeys(f.path.parent for f in files):
-            fileio.fsync_dir(folder)
-    except BaseException:
-        if len(placed) < len(files):
-            for p in reversed(placed):
-                p.undo()
-            placed = []
-        raise
-    finally:
-        for p in placed:
-            if p.kept is not None:
-                fileio.unlink_owned(p.kept)
-
-
-@dataclass(frozen=True)
-class _Placed:
-    """A file put in place by :func:`_commit_together`: its name, its (device, inode), and
-    the hard link keeping what it replaced (None: nothing was there)."""
-
-    path: Path
-    identity: tuple[int, int]
-    kept: Path | None
-
-    def undo(self) -> None:
-        """Take the file back if its name still holds it, and put back what it replaced."""
-        try:
-            st = os.lstat(self.path)
-            ours = (st.st_dev, st.st_ino) == self.identity
-        except OSError:
-            ours = False
-        if self.kept is None:
-            if ours:
-                fileio.unlink_owned(self.path)
-            return
-        try:
-            if ours:
-                os.replace(self.kept, self.path)
-                return
-        except OSError:
-            pass
-        fileio.unlink_owned(self.kept)
-
-
-def _keep_aside(path: Path) -> Path | None:
-    """A hard link to what is at ``path`` (a file or a symlink, never followed) under a
-    temporary name the sweep of stale files knows; None if nothing is there (or the file
-    system has no hard links: then nothing can be put back)."""
-    while True:
-        kept = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            os.link(path, kept, follow_symlinks=False)
-            return kept
-        except FileExistsError:
-            continue
-        except OSError:
-            return None
 
 
 def write_vault(

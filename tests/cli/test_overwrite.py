@@ -172,13 +172,13 @@ def test_a_vault_that_appears_during_a_sculpt_is_kept(tmp_path: Path) -> None:
     from smoe.vault import writer
 
     vault = tmp_path / "qwen3_moe.smoe"
-    real = writer._commit_together
+    real = writer.commit_together
 
     def meanwhile(files: list) -> None:
         vault.write_bytes(b"theirs")
         real(files)
 
-    patched = mock.patch.object(writer, "_commit_together", meanwhile)
+    patched = mock.patch.object(writer, "commit_together", meanwhile)
     with patched, pytest.raises(OutputExists) as e:
         sculpt(MODEL, tmp_path, SculptOptions(jobs=1, replace=False))
     assert str(e.value) == f"{vault}: exists; --force replaces it"

@@ -31,7 +31,6 @@ NOT_YET_SPLIT = {
     "smoe/cli/commands.py": "one module per command (#34 point 4)",
     "smoe/sculpt/source/checkpoint.py": "tensor discovery apart from the index (#34)",
     "smoe/sculpt/source/imatrix.py": "the GGUF and legacy forms apart (#34)",
-    "smoe/vault/writer.py": "the commit (write_vault, staging) apart from the writer (#34)",
 }
 
 

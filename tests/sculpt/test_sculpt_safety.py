@@ -636,14 +636,14 @@ def test_a_vault_set_that_appears_before_the_commit_is_kept_whole(
     before any is renamed; none of theirs is replaced or deleted."""
     from smoe.vault import writer
 
-    real = writer._commit_together
+    real = writer.commit_together
     theirs: dict[str, bytes] = {}
 
     def meanwhile(files: list) -> None:
         theirs.update(put_theirs(tmp_path))
         real(files)
 
-    monkeypatch.setattr(writer, "_commit_together", meanwhile)
+    monkeypatch.setattr(writer, "commit_together", meanwhile)
     sculpt_no_clobber(tmp_path)
     assert {n: (tmp_path / n).read_bytes() for n in THEIRS} == theirs
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
@@ -659,12 +659,12 @@ def test_a_vault_that_appears_at_the_last_instant_loses_nothing(
     the vault's no-clobber link refuses, and each companion this run put in place is taken
     back (only if its name still holds it) and what it replaced is put back: their
     companions (``whole``), or the leftovers of an earlier run that were there."""
-    from smoe.vault import writer
+    from smoe.plumbing import atomic_group
 
     before = {n: f"leftover: {n}".encode() for n in THEIRS[1:]}
     for name, data in before.items():
         (tmp_path / name).write_bytes(data)
-    real = writer.put_in_place
+    real = atomic_group.put_in_place  # as the set is committed
     theirs: dict[str, bytes] = {}
 
     def late(f: object) -> None:
@@ -675,7 +675,7 @@ def test_a_vault_that_appears_at_the_last_instant_loses_nothing(
                 (tmp_path / "qwen3_moe.smoe").write_bytes(b"theirs")
         real(f)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writer, "put_in_place", late)
+    monkeypatch.setattr(atomic_group, "put_in_place", late)
     sculpt_no_clobber(tmp_path)
     want = theirs if whole else {**before, "qwen3_moe.smoe": b"theirs"}
     assert {n: (tmp_path / n).read_bytes() for n in THEIRS} == want
