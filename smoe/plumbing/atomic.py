@@ -37,6 +37,16 @@ class Signature:
     CLI's ``--force``, the API's default) never replaces a file smoe did not write.
 
     ``probe`` reads an open, regular existing file (bounded) and says whether it is one.
+
+    >>> import tempfile
+    >>> greeting = Signature("a greeting", lambda fd: os.pread(fd, 5, 0) == b"hello")
+    >>> path = tempfile.mkdtemp() + "/out.txt"
+    >>> with AtomicFile(path, ours=greeting) as f:  # nothing there yet: created
+    ...     f.pwrite(b"hello", 0)
+    ...     _ = f.commit()
+    >>> fd = os.open(path, os.O_RDONLY); greeting.probe(fd)
+    True
+    >>> os.close(fd)
     """
 
     what: str  # "a .smoe vault", for the refusal
