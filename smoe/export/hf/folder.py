@@ -93,7 +93,18 @@ Identity = tuple[int, int, int]
 @dataclass(frozen=True)
 class Earlier:
     """An earlier export found replaceable: the folder (device, inode) and each entry's
-    :data:`Identity` when it was checked, the marker's included."""
+    :data:`Identity` when it was checked, the marker's included.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "config.json").write_text("{}")
+    >>> write_marker(d, ["config.json"], "v.smoe")
+    >>> e = check_earlier(d)
+    >>> e.path == d, e.folder == (os.stat(d).st_dev, os.stat(d).st_ino)
+    (True, True)
+    >>> e.entries["config.json"][1]  # (inode, size, mtime_ns)
+    2
+    """
 
     path: Path
     folder: tuple[int, int]
@@ -208,7 +219,15 @@ class Hashes:
     while the export writes: a shard's bytes are read back (from the page cache) range by
     range as the writer reports them complete (:meth:`written`), so hashing overlaps
     decoding and writing; any other file is read back whole (:meth:`files`). A context
-    manager: leaving it stops the thread."""
+    manager: leaving it stops the thread.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "config.json").write_text("{}")
+    >>> with Hashes(d) as h:
+    ...     h.files(["config.json"])[0]["sha256"][:8]
+    '44136fa3'
+    """
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -231,7 +250,20 @@ class Hashes:
 
     def written(self, name: str, fd: int, start: int, end: int) -> None:
         """Bytes ``[start, end)`` of the file ``name`` (open as ``fd``) are written; the
-        bytes before the first range reported (the header) are taken as written too."""
+        bytes before the first range reported (the header) are taken as written too.
+
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> fd = os.open(d / "model.safetensors", os.O_RDWR | os.O_CREAT, 0o644)
+        >>> _ = os.pwrite(fd, b"header" + b"x" * 10, 0)
+        >>> with Hashes(d) as h:
+        ...     h.written("model.safetensors", fd, 6, 16)  # bytes 0-5 count as written
+        ...     h.complete("model.safetensors")
+        ...     got = h.files(["model.safetensors"])[0]["sha256"]
+        >>> os.close(fd)
+        >>> got == hashlib.sha256(b"header" + b"x" * 10).hexdigest()
+        True
+        """
         stream = self._streams.get(name)
         if stream is None:
             stream = self._streams[name] = _Stream(fd, self.tmp / name)
@@ -244,7 +276,16 @@ class Hashes:
 
     def complete(self, name: str) -> None:
         """The file ``name`` is complete (under its name): its digest, from its ranges when
-        they covered it in order, else read back whole."""
+        they covered it in order, else read back whole.
+
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "config.json").write_text("{}")
+        >>> with Hashes(d) as h:
+        ...     h.complete("config.json")  # never reported by range: read back whole
+        ...     h.files(["config.json"])[0]["size"]
+        2
+        """
         stream = self._streams.pop(name, None)
         if stream is not None and not stream.broken:
             self._done[name] = self._pool.submit(stream.finish)
@@ -255,7 +296,15 @@ class Hashes:
         self._done[name] = self._pool.submit(_hash_at, self._fd, name, where, self._stop)
 
     def files(self, names: list[str]) -> list[dict[str, Any]]:
-        """``{"name", "size", "sha256"}`` of each of ``names`` (hashed now if not yet)."""
+        """``{"name", "size", "sha256"}`` of each of ``names`` (hashed now if not yet).
+
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "config.json").write_text("{}")
+        >>> with Hashes(d) as h:
+        ...     h.files(["config.json"])
+        [{'name': 'config.json', 'size': 2, 'sha256': '44136fa3...'}]
+        """
         for name in names:
             if name not in self._done:
                 self.complete(name)
@@ -453,7 +502,20 @@ def _rename_aside(path: Path, aside: Path) -> None:
 def move_aside(earlier: Earlier) -> Path:
     """Check the folder once more (:func:`recheck`), rename it aside, and make sure what
     was renamed is that folder (not a symlink swapped in meanwhile: it is put back, and
-    WriteFailed); the aside name, one the sweep of stale folders knows."""
+    WriteFailed); the aside name, one the sweep of stale folders knows.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()) / "out"
+    >>> d.mkdir(); _ = (d / "config.json").write_text("{}")
+    >>> write_marker(d, ["config.json"], "v.smoe")
+    >>> e = check_earlier(d)
+    >>> aside = move_aside(e)
+    >>> bool(_STALE.match(aside.name)), d.exists(), sorted(os.listdir(aside))
+    (True, False, ['config.json', 'smoe-export.json'])
+    >>> d.mkdir(); move_aside(e)  # a different folder there now
+    Traceback (most recent call last):
+    smoe.errors.WriteFailed: /.../out: was replaced (by a symlink or another folder) while...
+    """
     recheck(earlier)
     path = earlier.path
     aside = path.parent / f".{path.name}.{secrets.token_hex(4)}.old"
@@ -471,7 +533,19 @@ def move_aside(earlier: Earlier) -> Path:
 
 
 def put_back(aside: Path, path: Path) -> None:
-    """Rename ``aside`` back to ``path`` if nothing took its place meanwhile."""
+    """Rename ``aside`` back to ``path`` if nothing took its place meanwhile.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> (d / ".out.0123abcd.old").mkdir()
+    >>> put_back(d / ".out.0123abcd.old", d / "out")
+    >>> sorted(os.listdir(d))
+    ['out']
+    >>> (d / ".again.old").mkdir()
+    >>> put_back(d / ".again.old", d / "out")  # "out" is taken: left as it is
+    >>> sorted(os.listdir(d))
+    ['.again.old', 'out']
+    """
     if not os.path.lexists(path):
         with contextlib.suppress(OSError):
             os.rename(aside, path)
@@ -480,7 +554,20 @@ def put_back(aside: Path, path: Path) -> None:
 def remove_earlier(aside: Path, earlier: Earlier) -> list[str]:
     """Unlink, through a descriptor of ``aside`` that must be the folder checked, each name
     the earlier export's marker lists that is still the file checked, the marker last, then
-    the folder if it is empty; the names left in it (none: it is gone)."""
+    the folder if it is empty; the names left in it (none: it is gone).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()) / "out"
+    >>> d.mkdir(); _ = (d / "config.json").write_text("{}")
+    >>> write_marker(d, ["config.json"], "v.smoe")
+    >>> e = check_earlier(d)
+    >>> aside = move_aside(e)
+    >>> _ = (aside / "notes.txt").write_text("mine")  # appeared in the last instant: kept
+    >>> remove_earlier(aside, e), sorted(os.listdir(aside))
+    (['notes.txt'], ['notes.txt'])
+    >>> (aside / "notes.txt").unlink(); remove_earlier(aside, e), aside.exists()
+    ([], False)
+    """
     try:
         dir_fd = _open_folder(aside)
     except WriteFailed:
@@ -507,7 +594,17 @@ def remove_earlier(aside: Path, earlier: Earlier) -> list[str]:
 def remove_written(path: Path) -> None:
     """Remove a temporary export folder of ours: its regular files of the names an export
     writes (:data:`WRITTEN`), through a descriptor that follows no link, then the folder
-    if that empties it; anything else stays, and the folder with it."""
+    if that empties it; anything else stays, and the folder with it.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for name in ("config.json", "model.safetensors", "notes.txt"):
+    ...     _ = (d / name).write_text("x")
+    >>> remove_written(d); sorted(os.listdir(d))
+    ['notes.txt']
+    >>> (d / "notes.txt").unlink(); remove_written(d); d.exists()
+    False
+    """
     try:
         dir_fd = _open_folder(path)
     except WriteFailed:
@@ -530,7 +627,18 @@ def sweep(out_dir: Path) -> None:
     """The folders a killed export of ``out_dir`` left beside it (call under the lock): a
     new folder being written (``.<name>.<hex>.tmp``: :func:`remove_written`) and an earlier
     export moved aside (``.<name>.<hex>.old``: removed only as :func:`check_earlier` allows
-    and :func:`remove_earlier` does)."""
+    and :func:`remove_earlier` does).
+
+    >>> import tempfile
+    >>> parent = Path(tempfile.mkdtemp())
+    >>> tmp, old, foreign = (parent / n for n in (".out.0a0a0a0a.tmp", ".out.1b1b1b1b.old",
+    ...                                            ".out.2c2c2c2c.old"))
+    >>> for d in (tmp, old, foreign):
+    ...     d.mkdir(); _ = (d / "config.json").write_text("{}")
+    >>> write_marker(old, ["config.json"], "v.smoe")  # an earlier export moved aside
+    >>> sweep(parent / "out"); sorted(os.listdir(parent))  # no marker: not ours, kept
+    ['.out.2c2c2c2c.old']
+    """
     try:
         names = os.listdir(out_dir.parent)
     except OSError:
@@ -562,7 +670,18 @@ def source_checkpoint(out_dir: Path, doc: dict[str, Any] | None) -> str | None:
     ``doc`` (None: it is not, as far as the manifest tells): one of its shards has the size
     and header SHA-256 the manifest records (``source.files``), and its bytes give a source
     tensor's recorded CRC-32C (an export with the same header holds dequantised bytes,
-    which do not; a manifest without one: the header decides)."""
+    which do not; a manifest without one: the header decides).
+
+    >>> import tempfile
+    >>> ckpt = Path("fixtures/checkpoints/qwen3_moe")
+    >>> shard = ckpt / "model.safetensors"
+    >>> doc = {"source": {"files": [{"name": "model.safetensors", "size": shard.stat().st_size,
+    ...                              "header_sha256": header_sha256(shard)}]}}
+    >>> source_checkpoint(ckpt, doc)
+    "model.safetensors has the size and header SHA-256 the vault's manifest records of its ..."
+    >>> source_checkpoint(Path(tempfile.mkdtemp()), doc), source_checkpoint(ckpt, None)
+    (None, None)
+    """
     source = doc.get("source") if isinstance(doc, dict) else None
     files = source.get("files") if isinstance(source, dict) else None
     if doc is None or not isinstance(files, list):
