@@ -22,7 +22,7 @@ from typing import Literal, cast, overload
 
 import numpy as np
 
-from smoe.errors import RefusedInput, WriteFailed
+from smoe.errors import RefusedInput, SmoeError, WriteFailed
 from smoe.plumbing import fileio
 from smoe.plumbing.atomic import AtomicFile, Signature
 
@@ -516,6 +516,8 @@ def write_file(
         for i in order:
             try:
                 fill(fd, i, base + places[i])
+            except SmoeError:  # (an input that cannot be opened is an OSError too)
+                raise
             except OSError as e:  # a fill that wrote with a bare os.pwrite
                 raise WriteFailed(
                     f"{path}: cannot write tensor {items[i][0]!r} at offset "

@@ -231,12 +231,14 @@ def test_deep_check_against_a_manifest_that_cannot_be_read(
 def test_report_with_a_manifest_that_cannot_be_read(
     work: Path, tmp_path: Path, bad: Callable[[str], Path], kind: str, deep: bool
 ) -> None:
+    """A manifest named with --manifest is an input: one that cannot be opened is refused
+    (exit 2, issue 31), never a page saying there is no manifest."""
     b = bad(kind)
     argv = ["report", work / "s/ck.smoe", "-o", tmp_path / "r.html", "--manifest", b, "--json"]
     proc = run(*argv, *(["--deep"] if deep else []))
-    assert (proc.returncode, proc.stderr) == (int(deep), "")
-    doc = strict_json(proc.stdout)
-    assert (doc["manifest"], doc["snr"], doc["errors"]) == (None, False, int(deep))
+    assert (proc.returncode, proc.stderr) == (2, f"error: {b}: {OPEN[kind]}\n")
+    assert strict_json(proc.stdout)["error"] == {"message": f"{b}: {OPEN[kind]}", "exit_code": 2}
+    assert not (tmp_path / "r.html").exists()
 
 
 # ---- a vault too short for a header -------------------------------------------------------------
