@@ -187,18 +187,6 @@ CheckArgs parse_check(const std::vector<std::string>& args) {
     return c;
 }
 
-/// The --json document of a command that failed before it could judge the vault (it
-/// cannot be read, or the command line is wrong): {"schema", "ok": false, "error":
-/// {"message", "exit_code"}}, as the Python CLI prints it (the message on one line).
-void print_json_error(const std::string& message, int exit_code) {
-    JsonWriter j;
-    j.begin_object().member("schema", SCHEMA).member("ok", false).key("error").begin_object();
-    j.member("message", fold_lines(message));
-    j.member("exit_code", static_cast<uint64_t>(exit_code));
-    j.end_object().end_object();
-    std::fputs((j.str() + "\n").c_str(), stdout);
-}
-
 /// check: 0 valid, 1 a rule broken (InvalidVault, a manifest that cannot be read included),
 /// IoError's kind otherwise (2 unreadable, UnreadableVault among them); with --json the findings
 /// document on stdout in every case that judged the vault (a file shorter than a header included),
@@ -261,25 +249,8 @@ int cmd_check(const Args& args) {
         else if (current_vault().empty() && !args[k].empty() && args[k][0] != '-')
             current_vault() = args[k];
     }
-    try {
-        return run_check(parse_check(args));
-    } catch (const InvalidVault&) {
-        throw;  // the findings document is out
-    } catch (const UnreadableVault&) {
-        throw;
-    } catch (const UsageError& e) {
-        if (json)
-            print_json_error(usage_message(e), exit_codes::USAGE.status);
-        throw;
-    } catch (const IoError& e) {
-        if (json)
-            print_json_error(e.what(), e.kind->status);
-        throw;
-    } catch (const std::bad_alloc&) {
-        if (json)
-            print_json_error("internal error: out of memory", exit_codes::INTERNAL.status);
-        throw;
-    }
+    return with_json_errors(
+        json, SCHEMA, [&] { return run_check(parse_check(args)); }, true);
 }
 
 }  // namespace smoe::harness::commands

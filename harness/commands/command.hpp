@@ -3,6 +3,7 @@
 #pragma once
 
 #include <charconv>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ std::string usage_message(const UsageError& e);
 
 /// The vault the current command works on, for the one-line error report of an invalid one.
 std::string& current_vault();
+
+/// Runs a command's `body`; with `json`, a failure also prints the command's error document
+/// ({"schema": `schema`, "ok": false, "error": {"message", "exit_code"}}) on stdout before
+/// it goes on to main's one line on stderr. `findings_printed`: the command printed its own
+/// findings document for an invalid or too short vault (check), so nothing more for those.
+int with_json_errors(bool json, const char* schema, const std::function<int()>& body,
+                     bool findings_printed = false);
 
 /// One command: its name, its usage (after "smoe-stream "; continuation lines included), or
 /// nullptr for a hidden one (for the test suite), and what runs it.

@@ -337,43 +337,11 @@ int run_generate(const GenerateArgs& g) {
     return 0;
 }
 
-/// The --json document of a failure: {"schema", "ok": false, "error": {"message",
-/// "exit_code"}}.
-void print_json_error(const std::string& message, int exit_code) {
-    JsonWriter j;
-    j.begin_object().member("schema", SCHEMA).member("ok", false).key("error").begin_object();
-    j.member("message", fold_lines(message));
-    j.member("exit_code", static_cast<uint64_t>(exit_code));
-    j.end_object().end_object();
-    std::fputs((j.str() + "\n").c_str(), stdout);
-}
-
 }  // namespace
 
 int cmd_generate(const Args& args) {
     const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
-    try {
-        return run_generate(parse_generate(args));
-    } catch (const UsageError& e) {
-        if (json)
-            print_json_error(usage_message(e), exit_codes::USAGE.status);
-        throw;
-    } catch (const InvalidVault& e) {
-        if (json)
-            print_json_error(current_vault() + ": " + e.issue.code + " at offset " +
-                                 std::to_string(e.issue.offset) + " (" + e.issue.field +
-                                 "): " + e.issue.message,
-                             exit_codes::INVALID.status);
-        throw;
-    } catch (const IoError& e) {
-        if (json)
-            print_json_error(e.what(), e.kind->status);
-        throw;
-    } catch (const std::bad_alloc&) {
-        if (json)
-            print_json_error("internal error: out of memory", exit_codes::INTERNAL.status);
-        throw;
-    }
+    return with_json_errors(json, SCHEMA, [&] { return run_generate(parse_generate(args)); });
 }
 
 }  // namespace smoe::harness::commands

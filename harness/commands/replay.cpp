@@ -179,15 +179,6 @@ std::string text_report(const ReplayArgs& a, const Replayed& r) {
     return buf;
 }
 
-void print_json_error(const std::string& message, int exit_code) {
-    JsonWriter j;
-    j.begin_object().member("schema", SCHEMA).member("ok", false).key("error").begin_object();
-    j.member("message", fold_lines(message));
-    j.member("exit_code", static_cast<uint64_t>(exit_code));
-    j.end_object().end_object();
-    std::fputs((j.str() + "\n").c_str(), stdout);
-}
-
 int run_replay(const ReplayArgs& a) {
     current_vault() = a.vault;
     Vault v;
@@ -205,28 +196,7 @@ int run_replay(const ReplayArgs& a) {
 
 int cmd_replay(const Args& args) {
     const bool json = std::find(args.begin(), args.end(), "--json") != args.end();
-    try {
-        return run_replay(parse(args));
-    } catch (const InvalidVault& e) {
-        if (json)
-            print_json_error(current_vault() + ": " + e.issue.code + " at offset " +
-                                 std::to_string(e.issue.offset) + " (" + e.issue.field +
-                                 "): " + e.issue.message,
-                             exit_codes::INVALID.status);
-        throw;
-    } catch (const UsageError& e) {
-        if (json)
-            print_json_error(usage_message(e), exit_codes::USAGE.status);
-        throw;
-    } catch (const IoError& e) {
-        if (json)
-            print_json_error(e.what(), e.kind->status);
-        throw;
-    } catch (const std::bad_alloc&) {
-        if (json)
-            print_json_error("internal error: out of memory", exit_codes::INTERNAL.status);
-        throw;
-    }
+    return with_json_errors(json, SCHEMA, [&] { return run_replay(parse(args)); });
 }
 
 }  // namespace smoe::harness::commands
