@@ -24,42 +24,17 @@ namespace smoe::harness {
 
 namespace {
 
-/// A descriptor for the benchmark's reads: O_DIRECT if asked and the filesystem
-/// accepts it (some refuse at open, some only at the first read), else buffered.
-/// Either way it reads the very file that was checked: the buffered one is a dup of the
-/// vault's descriptor, the O_DIRECT one is reopened without blocking and must have the
-/// same device and inode.
+/// The benchmark's reads (vault.hpp's open_blob_reads), O_DIRECT refused said on stderr.
 struct Reader {
     Fd fd;
     bool direct = false;
 };
 
 void open_reader(const Vault& v, bool want_direct, Reader& r) {
-    if (want_direct) {
-        Fd fd(::open(v.name.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK));
-        struct stat st {};
-        if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
-            (st.st_dev != v.id.dev || st.st_ino != v.id.ino))
-            throw ReadFailed(v.name +
-                             ": replaced since it was checked; refusing to read another file");
-        if (fd.get() >= 0 && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
-            AlignedBuffer probe(PAGE_SIZE);
-            const uint64_t at = v.experts.empty() ? 0 : v.experts[0].byte_offset;
-            if (::pread(fd.get(), probe.data(), PAGE_SIZE, static_cast<off_t>(at)) >= 0) {
-                r.fd = std::move(fd);
-                r.direct = true;
-                return;
-            }
-        }
-        const int err = errno;
-        const std::string note =
-            v.name + ": O_DIRECT refused (" + std::strerror(err) + "); using buffered reads";
-        std::fprintf(stderr, "smoe-stream: %s\n", shown(note).c_str());
-    }
-    r.fd = Fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
-    if (r.fd.get() < 0)
-        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno), 0,
-                      exit_codes::FAILED);
+    std::string refused;
+    r.fd = open_blob_reads(v, want_direct, r.direct, refused);
+    if (!refused.empty())
+        std::fprintf(stderr, "smoe-stream: %s\n", shown(refused).c_str());
 }
 
 /// The order in which experts are read. seq: table entries in file order. random:

@@ -634,4 +634,34 @@ void Vault::check_blob(size_t i, std::vector<uint8_t>& scratch) const {
     }
 }
 
+Fd open_blob_reads(const Vault& v, bool want_direct, bool& direct, std::string& refused) {
+    direct = false;
+    if (want_direct) {
+        Fd fd(::open(v.name.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK));
+        int err = errno;
+        struct stat st {};
+        if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
+            (st.st_dev != v.id.dev || st.st_ino != v.id.ino))
+            throw ReadFailed(v.name +
+                             ": replaced since it was checked; refusing to read another file");
+        if (fd.get() >= 0 && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
+            AlignedBuffer probe(PAGE_SIZE);
+            const uint64_t at = v.experts.empty() ? 0 : v.experts[0].byte_offset;
+            if (::pread(fd.get(), probe.data(), PAGE_SIZE, static_cast<off_t>(at)) >= 0) {
+                direct = true;
+                return fd;
+            }
+            err = errno;
+        } else if (fd.get() >= 0) {
+            err = errno;
+        }
+        refused = v.name + ": O_DIRECT refused (" + std::strerror(err) + "); using buffered reads";
+    }
+    Fd fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
+    if (fd.get() < 0)
+        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno), 0,
+                      exit_codes::FAILED);
+    return fd;
+}
+
 }  // namespace smoe::harness

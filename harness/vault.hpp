@@ -108,4 +108,10 @@ private:
     std::unordered_map<uint64_t, uint32_t> index_;
 };
 
+/// A descriptor to read the blobs of the very file `v` checked: O_DIRECT when asked for and
+/// the file system takes it (some refuse at open, some only at the first read, so one page is
+/// read to find out), else a duplicate of the vault's own descriptor, with `refused` saying
+/// why O_DIRECT was not used. A file replaced since the check is refused (ReadFailed).
+Fd open_blob_reads(const Vault& v, bool want_direct, bool& direct, std::string& refused);
+
 }  // namespace smoe::harness

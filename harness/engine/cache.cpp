@@ -51,39 +51,6 @@ uint64_t ExpertCache::slots_for_bytes(const Vault& v, uint64_t bytes) {
 
 namespace {
 
-/// A descriptor on the very file the vault checked: O_DIRECT when asked for and the file
-/// system takes it (some refuse at open, some only at the first read), else a duplicate of
-/// the vault's own descriptor; `refused` says why O_DIRECT was not used.
-Fd open_reads(const Vault& v, bool want_direct, bool& direct, std::string& refused) {
-    direct = false;
-    if (want_direct) {
-        Fd fd(::open(v.name.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK));
-        int err = errno;
-        struct stat st {};
-        if (fd.get() >= 0 && ::fstat(fd.get(), &st) == 0 &&
-            (st.st_dev != v.id.dev || st.st_ino != v.id.ino))
-            throw ReadFailed(v.name +
-                             ": replaced since it was checked; refusing to read another file");
-        if (fd.get() >= 0 && ::fcntl(fd.get(), F_SETFL, O_DIRECT) == 0) {
-            AlignedBuffer probe(PAGE_SIZE);
-            const uint64_t at = v.experts.empty() ? 0 : v.experts[0].byte_offset;
-            if (::pread(fd.get(), probe.data(), PAGE_SIZE, static_cast<off_t>(at)) >= 0) {
-                direct = true;
-                return fd;
-            }
-            err = errno;
-        } else if (fd.get() >= 0) {
-            err = errno;
-        }
-        refused = v.name + ": O_DIRECT refused (" + std::strerror(err) + "); using buffered reads";
-    }
-    Fd fd(::fcntl(v.fd, F_DUPFD_CLOEXEC, 0));
-    if (fd.get() < 0)
-        throw IoError(v.name + ": cannot duplicate the descriptor: " + std::strerror(errno), 0,
-                      exit_codes::FAILED);
-    return fd;
-}
-
 constexpr int64_t NONE = -1;
 
 /// Refuses a ring larger than this machine's memory, before it is allocated (a cache is
@@ -135,7 +102,7 @@ struct ExpertCache::Impl {
                                " blobs of " + std::to_string(slot_size) + " bytes)");
         capacity = std::max(least, std::min<uint64_t>(opt.slots, vault.experts.size()));
         refuse_beyond_memory(vault, capacity, slot_size);
-        fd = open_reads(vault, opt.direct, direct, refused);
+        fd = open_blob_reads(vault, opt.direct, direct, refused);
         ring = AlignedBuffer(static_cast<size_t>(capacity * slot_size));
 #ifdef MADV_HUGEPAGE
         // Huge pages where the kernel gives them on request: an O_DIRECT read pins every page
