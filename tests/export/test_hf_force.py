@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from smoe.errors import SmoeError
-from smoe.export.hf import folder
+from smoe.export.hf import folder, source_guard
 from smoe.export.hf.checkpoint import export_hf
 
 from fixtures_data import CKPTS
@@ -74,7 +74,7 @@ def test_an_export_of_the_same_header_is_not_the_source(
 ) -> None:
     """An export writes the source's very header (same names, dtypes, offsets): its bytes,
     dequantised, are what tell it from the source, so it is replaced."""
-    assert folder.source_checkpoint(earlier, None) is None
+    assert source_guard.source_checkpoint(earlier, None) is None
     old = inodes(earlier)
     assert export_again(source[1], earlier) == []
     assert sorted(os.listdir(earlier)) == sorted(old) and inodes(earlier) != old

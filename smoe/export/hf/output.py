@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from smoe.errors import OutputExists, WriteFailed
-from smoe.export.hf import folder
+from smoe.export.hf import folder, source_guard
 from smoe.export.hf import transformers_config as hf_config
 from smoe.export.hf.decode import Decoder, write_expert
 from smoe.export.hf.plan import INDEX_NAME, ExportPlan, shard_names
@@ -83,7 +83,7 @@ def refuse_outputs(
     fileio.existing_output(out_dir, folder=True)  # a file, a FIFO, a device: refused
     if not os.listdir(out_dir):
         return None
-    source = folder.source_checkpoint(out_dir, doc)
+    source = source_guard.source_checkpoint(out_dir, doc)
     if source is not None:
         raise WriteFailed(
             f"{out_dir}: is the checkpoint the vault was sculpted from ({source}); "
