@@ -317,6 +317,19 @@ class _Found:
     prefixes: set[str] = field(default_factory=set)
     stems: set[str] = field(default_factory=set)  # the prefix and layers./blocks.
 
+    def note(self, prefix: str, stem: str, *names: str) -> None:
+        """Record where expert tensors ``names`` were found."""
+        self.names.update(names)
+        self.prefixes.add(prefix)
+        self.stems.add(stem)
+
+
+def _put_role(root: Path, roles: Roles, role: int, info: TensorInfo, where: str) -> None:
+    """``info`` as ``role`` of ``roles``; a role already held is one matrix under two names."""
+    if role in roles:
+        raise _stored_twice(root, roles[role].name, info.name, where)
+    roles[role] = info
+
 
 def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
     """Every routed-expert tensor under a known prefix and layout; an expert bias is refused."""
@@ -335,24 +348,16 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
         m = _STACKED.match(rest)
         if m and len(info.shape) == 3:
             roles = found.stacked.setdefault(layer, {})
-            role = STACKED_ROLES[m.group(2)]
-            if role in roles:
-                raise _stored_twice(root, roles[role].name, name, f"layer {layer}")
-            roles[role] = info
-            found.names.add(name)
-            found.prefixes.add(prefix)
-            found.stems.add(stem)
+            _put_role(root, roles, STACKED_ROLES[m.group(2)], info, f"layer {layer}")
+            found.note(prefix, stem, name)
             continue
         m = _PER_EXPERT.match(rest)
         if m:
-            key, role = (layer, int(m.group(1))), PER_EXPERT_ROLES[m.group(2)]
+            key = (layer, int(m.group(1)))
             roles = found.parts.setdefault(key, {})
-            if role in roles:
-                raise _stored_twice(root, roles[role].name, name, f"layer {layer} expert {key[1]}")
-            roles[role] = info
-            found.names.add(name)
-            found.prefixes.add(prefix)
-            found.stems.add(stem)
+            where = f"layer {layer} expert {key[1]}"
+            _put_role(root, roles, PER_EXPERT_ROLES[m.group(2)], info, where)
+            found.note(prefix, stem, name)
             continue
         for (pattern, down), (gu_name, _) in zip(_FUSED, FUSED_NAMES):
             if pattern.match(rest):
@@ -364,9 +369,7 @@ def _find_experts(root: Path, tensors: dict[str, TensorInfo]) -> _Found:
                 if layer in found.fused:
                     raise _stored_twice(root, found.fused[layer][0].name, name, f"layer {layer}")
                 found.fused[layer] = (info, tensors[down_name])
-                found.names.update((name, down_name))
-                found.prefixes.add(prefix)
-                found.stems.add(stem)
+                found.note(prefix, stem, name, down_name)
     for layer, e in sorted(found.parts):
         if layer in found.fused:  # a layer's experts are in one layout
             first = min(t.name for t in found.parts[(layer, e)].values())
